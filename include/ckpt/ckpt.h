@@ -1,0 +1,8 @@
+#pragma once
+
+/// \file
+/// Umbrella header of ckpt, activation checkpointing for LibTorch.
+
+#include <ckpt/checkpoint.h>
+#include <ckpt/memory_tracker.h>
+#include <ckpt/options.h>

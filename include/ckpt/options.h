@@ -1,0 +1,43 @@
+#pragma once
+
+#include <c10/core/DeviceType.h>
+#include <torch/arg.h>
+
+namespace ckpt {
+
+/// Options for `ckpt::checkpoint` and `ckpt::checkpoint_sequential`.
+///
+/// Mirrors the keyword arguments of Python's `torch.utils.checkpoint.checkpoint`; see
+/// https://pytorch.org/docs/stable/checkpoint.html for the exact semantics.
+///
+/// Example:
+/// ```
+/// auto y = ckpt::checkpoint(ckpt::CheckpointOptions().use_reentrant(true), block, x);
+/// ```
+struct CheckpointOptions {
+  /// Use the reentrant algorithm of the original PyTorch documentation: the forward runs under
+  /// no-grad and the backward recomputes and runs a nested backward. It does not work with
+  /// `torch::autograd::grad`, needs an input that requires grad, and gives no double backward.
+  /// Default: false (the non-reentrant algorithm, which has none of these limits).
+  TORCH_ARG(bool, use_reentrant) = false;
+  /// Stash the CPU RNG state and that of the device type of the tensor arguments at forward time
+  /// and replay it during the recompute, so that dropout draws the same masks. Default: true
+  TORCH_ARG(bool, preserve_rng_state) = true;
+  /// Check that the recompute produces outputs of the same shapes, dtypes and devices as the
+  /// forward, and raise an error naming the first difference otherwise. Default: true
+  TORCH_ARG(bool, determinism_check) = true;
+};
+
+/// The device type whose RNG state is preserved when the tensor arguments of a region sit on no
+/// device other than the CPU, as `torch.utils.checkpoint.DefaultDeviceType` does in Python.
+///
+/// Among the tensor arguments, CUDA is preferred when several non-CPU device types are present
+/// (with a warning), otherwise the single non-CPU device type found is used.
+struct DefaultDeviceType {
+  /// Sets the fallback device type. Default: `c10::DeviceType::CUDA`.
+  static void set_device_type(c10::DeviceType type);
+  /// Returns the fallback device type.
+  static c10::DeviceType get_device_type();
+};
+
+}  // namespace ckpt

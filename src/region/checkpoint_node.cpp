@@ -1,0 +1,162 @@
+#include "checkpoint_node.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <mutex>
+#include <utility>
+
+namespace ckpt {
+namespace detail {
+namespace {
+
+using torch::autograd::Engine;
+
+void add_gradient(at::Tensor& sum, const at::Tensor& grad) {
+  if (!grad.defined()) return;
+  sum = sum.defined() ? sum + grad : grad;
+}
+
+bool any_defined(const variable_list& grads) {
+  for (const auto& grad : grads) {
+    if (grad.defined()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+NonReentrantBackward::NonReentrantBackward(std::shared_ptr<RegionState> state, edge_list boundary)
+    : Node(edge_list(boundary)), state_(std::move(state)), boundary_(std::move(boundary)) {}
+
+void NonReentrantBackward::release_variables() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_->release();
+}
+
+variable_list NonReentrantBackward::apply(variable_list&& grads) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_->check_not_released();
+  const size_t boundary_count = boundary_.size();
+  variable_list result(boundary_count);
+
+  std::vector<size_t> needed;
+  for (size_t k = 0; k < boundary_count; ++k) {
+    if (task_should_compute_output(k)) needed.push_back(k);
+  }
+  if (needed.empty() || !any_defined(grads)) return result;
+
+  state_->check_inputs_unmodified();
+  const bool create_graph = at::GradMode::is_enabled();
+  const RegionMarker marker;
+  const variable_list outputs = state_->run_recompute(/*replacement=*/nullptr);
+  state_->check_recomputed(outputs);
+
+  const BoundaryIndex index(boundary_);
+  edge_list roots;
+  variable_list root_grads;
+  for (size_t slot = 0; slot < grads.size(); ++slot) {
+    if (!grads[slot].defined()) continue;
+    const at::Tensor& output = outputs[state_->connected[slot]];
+    TORCH_CHECK(output.requires_grad(), "ckpt::checkpoint: output #", state_->connected[slot],
+                " of the region required grad in the forward pass but not in the recomputation. "
+                "The checkpointed function must compute the same thing when it runs again.");
+    Edge edge = torch::autograd::impl::gradient_edge(output);
+    if (marker.created_inside(*edge.function)) {
+      roots.push_back(std::move(edge));
+      root_grads.push_back(grads[slot]);
+    } else {
+      // The function returned a tensor it did not compute (an argument, a captured tensor).
+      const int64_t k = index.find(edge);
+      TORCH_CHECK(k >= 0, "ckpt::checkpoint: output #", state_->connected[slot],
+                  " of the recomputation is a different tensor than in the forward pass. The "
+                  "checkpointed function must compute the same thing when it runs again.");
+      add_gradient(result[static_cast<size_t>(k)], grads[slot]);
+    }
+  }
+  if (roots.empty()) return result;
+
+  edge_list targets(boundary_count);
+  edge_list captured_edges;
+  for (size_t k : needed) {
+    targets[k] = Edge(make_sink(boundary_[k]), 0);
+    captured_edges.push_back(targets[k]);
+  }
+  variable_list captured;
+  {
+    const EdgeRedirect redirect(roots, marker, index, targets);
+    captured = Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph,
+                                                    create_graph, /*accumulate_grad=*/false,
+                                                    captured_edges);
+  }
+  for (size_t j = 0; j < needed.size(); ++j) add_gradient(result[needed[j]], captured[j]);
+  return result;
+}
+
+ReentrantBackward::ReentrantBackward(std::shared_ptr<RegionState> state, edge_list input_edges)
+    : Node(std::move(input_edges)), state_(std::move(state)) {}
+
+void ReentrantBackward::release_variables() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_->release();
+}
+
+variable_list ReentrantBackward::apply(variable_list&& grads) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(Engine::get_default_engine().is_checkpoint_valid(),
+              "ckpt::checkpoint: with use_reentrant(true), checkpointing is incompatible with "
+              "torch::autograd::grad() and with passing `inputs` to backward(). Call backward() "
+              "without `inputs`, or use the default CheckpointOptions().use_reentrant(false), "
+              "which supports both.");
+  state_->check_not_released();
+  state_->check_inputs_unmodified();
+
+  std::vector<at::Tensor> detached;
+  detached.reserve(state_->inputs.size());
+  for (const auto& input : state_->inputs) {
+    if (!input.defined()) {
+      detached.push_back(input);
+      continue;
+    }
+    at::Tensor copy = input.detach();
+    copy.set_requires_grad(input.requires_grad());
+    detached.push_back(std::move(copy));
+  }
+  const variable_list outputs = state_->run_recompute(&detached);
+  state_->check_recomputed(outputs);
+
+  variable_list with_grad;
+  variable_list grad_tensors;
+  bool any_requires_grad = false;
+  for (size_t slot = 0; slot < grads.size(); ++slot) {
+    const at::Tensor& output = outputs[state_->connected[slot]];
+    if (!output.requires_grad()) continue;
+    any_requires_grad = true;
+    if (!grads[slot].defined()) continue;
+    with_grad.push_back(output);
+    grad_tensors.push_back(grads[slot]);
+  }
+  TORCH_CHECK(any_requires_grad,
+              "ckpt::checkpoint: none of the outputs has requires_grad=True, this checkpoint() is "
+              "not necessary (with use_reentrant(true) the outputs are recomputed from detached "
+              "inputs, so a function that detaches or runs under NoGradGuard gives no gradient). "
+              "Remove the checkpoint, or use use_reentrant(false).");
+  if (!with_grad.empty()) {
+    torch::autograd::backward(with_grad, grad_tensors, /*retain_graph=*/false,
+                              /*create_graph=*/false);
+  }
+
+  variable_list result;
+  result.reserve(detached.size());
+  for (auto& input : detached) {
+    result.push_back(input.defined() && input.requires_grad() ? input.grad() : at::Tensor());
+  }
+  return result;
+}
+
+}  // namespace detail
+}  // namespace ckpt

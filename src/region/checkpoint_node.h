@@ -1,0 +1,49 @@
+#pragma once
+
+// The autograd nodes that stand for a checkpointed region in the graph.
+
+#include "graph.h"
+#include "region_state.h"
+
+#include <torch/csrc/autograd/function.h>
+
+#include <memory>
+#include <string>
+
+namespace ckpt {
+namespace detail {
+
+using torch::autograd::variable_list;
+
+/// Non-reentrant: its next edges are the edges by which the region's graph left the region
+/// (inputs, captured tensors, parameters). Backward recomputes the region with grad on, runs the
+/// engine on the fresh graph up to those edges, and hands their gradients on.
+class NonReentrantBackward final : public Node {
+ public:
+  NonReentrantBackward(std::shared_ptr<RegionState> state, edge_list boundary);
+  variable_list apply(variable_list&& grads) override;
+  void release_variables() override;
+  std::string name() const override { return "ckpt::CheckpointBackward"; }
+
+ private:
+  std::shared_ptr<RegionState> state_;
+  // A copy of the next edges as created: an enclosing region's recompute may redirect them.
+  edge_list boundary_;
+};
+
+/// Reentrant: its next edges are the gradient edges of the tensor arguments. Backward recomputes
+/// on detached copies of the arguments and runs a nested backward, which accumulates the
+/// gradients of captured parameters directly (as Python's reentrant checkpoint does).
+class ReentrantBackward final : public Node {
+ public:
+  ReentrantBackward(std::shared_ptr<RegionState> state, edge_list input_edges);
+  variable_list apply(variable_list&& grads) override;
+  void release_variables() override;
+  std::string name() const override { return "ckpt::CheckpointBackward(reentrant)"; }
+
+ private:
+  std::shared_ptr<RegionState> state_;
+};
+
+}  // namespace detail
+}  // namespace ckpt

@@ -1,0 +1,196 @@
+#include <ckpt/detail/region.h>
+
+#include "checkpoint_node.h"
+#include "graph.h"
+#include "region_state.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <sstream>
+#include <utility>
+
+namespace ckpt {
+namespace detail {
+namespace {
+
+std::string describe(const TensorMeta& meta) {
+  if (!meta.defined) return "an undefined tensor";
+  std::ostringstream out;
+  out << "a tensor of shape [";
+  for (size_t i = 0; i < meta.sizes.size(); ++i) out << (i ? ", " : "") << meta.sizes[i];
+  out << "], dtype " << c10::toString(meta.dtype) << ", device " << meta.device;
+  return out.str();
+}
+
+bool is_differentiable_type(const at::Tensor& tensor) {
+  return at::isFloatingType(tensor.scalar_type()) || at::isComplexType(tensor.scalar_type());
+}
+
+// A fresh tensor sharing the output's data but none of its autograd history. Unlike detach(),
+// it is not a view of the output, so it does not keep the region's graph alive.
+at::Tensor fresh_alias(const at::Tensor& tensor) {
+  return tensor.variable_data();
+}
+
+}  // namespace
+
+TensorMeta TensorMeta::of(const at::Tensor& tensor) {
+  TensorMeta meta;
+  meta.defined = tensor.defined();
+  if (meta.defined) {
+    meta.sizes = tensor.sizes().vec();
+    meta.dtype = tensor.scalar_type();
+    meta.device = tensor.device();
+  }
+  return meta;
+}
+
+bool TensorMeta::operator==(const TensorMeta& other) const {
+  return defined == other.defined && sizes == other.sizes && dtype == other.dtype &&
+         device == other.device;
+}
+
+void RegionState::check_inputs_unmodified() const {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) continue;
+    const int64_t now = inputs[i]._version();
+    TORCH_CHECK(now == input_versions[i], "ckpt::checkpoint: tensor argument #", i,
+                " of the checkpointed region was modified in place after the forward pass (its "
+                "version went from ",
+                input_versions[i], " to ", now,
+                "), so recomputing the region would give wrong gradients. Modify it only after "
+                "the backward pass, or pass a clone to the region.");
+  }
+}
+
+void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) const {
+  TORCH_CHECK(recomputed.size() == outputs.size(),
+              "ckpt::checkpoint: the recomputation of the region returned ", recomputed.size(),
+              " tensors, but the forward pass returned ", outputs.size(),
+              ". The checkpointed function must compute the same thing when it runs again.");
+  if (!options.determinism_check()) return;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const TensorMeta now = TensorMeta::of(recomputed[i]);
+    TORCH_CHECK(now == outputs[i], "ckpt::checkpoint: the recomputation of the region produced ",
+                describe(now), " as output #", i, ", but the forward pass produced ",
+                describe(outputs[i]),
+                ". The checkpointed function must compute the same thing when it runs again "
+                "(no branches on global state); pass CheckpointOptions().determinism_check(false) "
+                "to skip this check.");
+  }
+}
+
+std::vector<at::Tensor> RegionState::run_recompute(
+    const std::vector<at::Tensor>* replacement) const {
+  c10::optional<RngFork> fork;
+  if (rng.has_value()) fork.emplace(*rng);
+  const AutocastScope autocast_scope(autocast);
+  const at::AutoGradMode grad_mode(true);
+  return recompute(replacement);
+}
+
+void RegionState::check_not_released() const {
+  TORCH_CHECK(!released,
+              "ckpt::checkpoint: Trying to backward through a checkpointed region a second time "
+              "(or after its saved inputs were freed). Specify retain_graph=true on the first "
+              "backward if you need to backward through the graph again.");
+}
+
+void RegionState::release() {
+  released = true;
+  recompute = nullptr;
+  inputs.clear();
+  rng.reset();
+}
+
+Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs)
+    : state_(std::make_shared<RegionState>()) {
+  RegionState& state = *state_;
+  state.options = options;
+  state.input_versions.reserve(inputs.size());
+  for (const auto& input : inputs) {
+    state.input_versions.push_back(input.defined() ? input._version() : 0);
+  }
+  if (options.preserve_rng_state()) state.rng.emplace(inputs);
+  state.autocast = AutocastState::current();
+  state.inputs = std::move(inputs);
+  marker_ = std::make_unique<RegionMarker>();
+}
+
+Region::~Region() = default;
+
+bool Region::forward_grad_mode() const {
+  return !state_->options.use_reentrant();
+}
+
+std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, RecomputeFn recompute) {
+  RegionState& state = *state_;
+  if (state.rng.has_value() && !state.rng->had_device_at_forward()) {
+    TORCH_CHECK(!device_initialized(state.rng->device_type()), "ckpt::checkpoint: the ",
+                c10::DeviceTypeName(state.rng->device_type()),
+                " device state was initialized in the forward pass of a checkpointed region, so "
+                "its RNG state could not be preserved. Initialize the device before the region "
+                "(for example by creating a tensor on it), or pass "
+                "CheckpointOptions().preserve_rng_state(false).");
+  }
+  state.outputs.reserve(outputs.size());
+  for (const auto& output : outputs) state.outputs.push_back(TensorMeta::of(output));
+  state.recompute = std::move(recompute);
+  return state.options.use_reentrant() ? finish_reentrant(std::move(outputs))
+                                       : finish_non_reentrant(std::move(outputs));
+}
+
+std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> outputs) {
+  RegionState& state = *state_;
+  edge_list roots;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].defined() && outputs[i].requires_grad()) {
+      state.connected.push_back(i);
+      roots.push_back(torch::autograd::impl::gradient_edge(outputs[i]));
+    }
+  }
+  if (state.connected.empty()) return outputs;  // nothing to differentiate, nothing kept
+
+  auto node = std::make_shared<NonReentrantBackward>(state_, find_boundary_edges(roots, *marker_));
+  for (size_t slot = 0; slot < state.connected.size(); ++slot) {
+    at::Tensor& output = outputs[state.connected[slot]];
+    output = fresh_alias(output);
+    torch::autograd::impl::set_gradient_edge(
+        output, torch::autograd::Edge(node, node->add_input_metadata(output)));
+  }
+  return outputs;
+}
+
+std::vector<at::Tensor> Region::finish_reentrant(std::vector<at::Tensor> outputs) {
+  RegionState& state = *state_;
+  edge_list input_edges;
+  bool any_input_requires_grad = false;
+  for (const auto& input : state.inputs) {
+    const bool requires_grad = input.defined() && input.requires_grad();
+    any_input_requires_grad |= requires_grad;
+    input_edges.push_back(requires_grad ? torch::autograd::impl::gradient_edge(input)
+                                        : torch::autograd::Edge());
+  }
+  if (!any_input_requires_grad) {
+    TORCH_WARN(
+        "ckpt::checkpoint: None of the inputs have requires_grad=True. Gradients will be None "
+        "(with use_reentrant(true), gradients flow only through tensor arguments; use "
+        "use_reentrant(false) to get gradients for captured parameters).");
+    return outputs;
+  }
+  auto node = std::make_shared<ReentrantBackward>(state_, std::move(input_edges));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].defined() || !is_differentiable_type(outputs[i])) continue;
+    at::Tensor& output = outputs[i];
+    output = fresh_alias(output);
+    torch::autograd::impl::set_gradient_edge(
+        output, torch::autograd::Edge(node, node->add_input_metadata(output)));
+    state.connected.push_back(i);
+  }
+  return outputs;
+}
+
+}  // namespace detail
+}  // namespace ckpt

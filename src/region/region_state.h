@@ -1,0 +1,56 @@
+#pragma once
+
+// What a checkpointed region keeps between its forward and its backward pass.
+
+#include <ckpt/detail/region.h>
+
+#include "autocast_state.h"
+#include "rng_state.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+
+/// Shape, dtype and device of one output tensor, for the determinism check.
+struct TensorMeta {
+  bool defined = false;
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+
+  static TensorMeta of(const at::Tensor& tensor);
+  bool operator==(const TensorMeta& other) const;
+};
+
+struct RegionState {
+  CheckpointOptions options;
+  std::vector<at::Tensor> inputs;  // the tensor arguments, in traversal order
+  std::vector<int64_t> input_versions;
+  c10::optional<RngStash> rng;  // empty without preserve_rng_state
+  AutocastState autocast;
+  std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
+  std::vector<size_t> connected;    // which outputs feed the backward node, by its input number
+  RecomputeFn recompute;
+  bool released = false;
+
+  /// Raises an error when an input was modified in place since the forward pass.
+  void check_inputs_unmodified() const;
+  /// Raises an error when the recomputed outputs differ from the forward's (see
+  /// `CheckpointOptions::determinism_check`).
+  void check_recomputed(const std::vector<at::Tensor>& recomputed) const;
+  /// Runs the recompute with the forward's RNG and autocast state and grad mode on.
+  std::vector<at::Tensor> run_recompute(const std::vector<at::Tensor>* replacement) const;
+  /// Raises the error for a backward through a region whose state was already freed.
+  void check_not_released() const;
+  void release();
+};
+
+}  // namespace detail
+}  // namespace ckpt

@@ -1,0 +1,77 @@
+#include "rng_state.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+
+#include <algorithm>
+#include <mutex>
+
+namespace ckpt {
+namespace detail {
+namespace {
+
+at::Tensor read_state(at::Generator generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void write_state(at::Generator& generator, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+at::Generator cpu_generator() {
+  return at::detail::getDefaultCPUGenerator();
+}
+
+}  // namespace
+
+bool device_initialized(c10::DeviceType type) {
+  if (type != c10::DeviceType::CUDA || !at::hasCUDA()) return false;
+  const auto& hooks = at::detail::getCUDAHooks();
+  for (int64_t index = 0; index < hooks.getNumGPUs(); ++index) {
+    if (hooks.hasPrimaryContext(index)) return true;
+  }
+  return false;
+}
+
+RngStash::RngStash(const std::vector<at::Tensor>& inputs)
+    : cpu_state_(read_state(cpu_generator())), device_type_(infer_device_type(inputs)) {
+  had_device_ = device_initialized(device_type_);
+  if (!had_device_) return;
+  std::vector<c10::DeviceIndex> indices;
+  for (const auto& tensor : inputs) {
+    if (tensor.defined() && tensor.device().type() == device_type_) {
+      indices.push_back(tensor.device().index());
+    }
+  }
+  std::sort(indices.begin(), indices.end());
+  indices.erase(std::unique(indices.begin(), indices.end()), indices.end());
+  for (auto index : indices) {
+    at::Generator generator = at::detail::getCUDAHooks().getDefaultCUDAGenerator(index);
+    device_states_.push_back(read_state(generator));
+    device_generators_.push_back(std::move(generator));
+  }
+}
+
+RngFork::RngFork(const RngStash& stash) : generators_(stash.device_generators_) {
+  at::Generator cpu = cpu_generator();
+  saved_cpu_state_ = read_state(cpu);
+  for (auto& generator : generators_) saved_device_states_.push_back(read_state(generator));
+  write_state(cpu, stash.cpu_state_);
+  for (size_t i = 0; i < generators_.size(); ++i) {
+    write_state(generators_[i], stash.device_states_[i]);
+  }
+}
+
+RngFork::~RngFork() {
+  at::Generator cpu = cpu_generator();
+  write_state(cpu, saved_cpu_state_);
+  for (size_t i = 0; i < generators_.size(); ++i) {
+    write_state(generators_[i], saved_device_states_[i]);
+  }
+}
+
+}  // namespace detail
+}  // namespace ckpt

@@ -1,0 +1,54 @@
+#pragma once
+
+// Stashing the RNG state at forward time and replaying it during the recompute.
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
+
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+
+/// The device type whose RNG is preserved for these tensor arguments (DefaultDeviceType rules).
+c10::DeviceType infer_device_type(const std::vector<at::Tensor>& tensors);
+
+/// Whether the runtime of `type` has been started in this process (only CUDA can be lazy).
+bool device_initialized(c10::DeviceType type);
+
+/// The RNG states of the CPU and of the devices of the inferred type among a region's arguments.
+class RngStash {
+ public:
+  /// Reads the current states.
+  explicit RngStash(const std::vector<at::Tensor>& inputs);
+
+  c10::DeviceType device_type() const { return device_type_; }
+  bool had_device_at_forward() const { return had_device_; }
+
+ private:
+  friend class RngFork;
+  at::Tensor cpu_state_;
+  c10::DeviceType device_type_;
+  bool had_device_ = false;
+  std::vector<at::Generator> device_generators_;
+  std::vector<at::Tensor> device_states_;
+};
+
+/// For its lifetime, the generators hold the stashed states; afterwards they are put back as they
+/// were, so a recompute leaves the caller's random stream untouched (Python's `fork_rng`).
+class RngFork {
+ public:
+  explicit RngFork(const RngStash& stash);
+  ~RngFork();
+  RngFork(const RngFork&) = delete;
+  RngFork& operator=(const RngFork&) = delete;
+
+ private:
+  at::Tensor saved_cpu_state_;
+  std::vector<at::Generator> generators_;
+  std::vector<at::Tensor> saved_device_states_;
+};
+
+}  // namespace detail
+}  // namespace ckpt
