@@ -1,0 +1,81 @@
+#pragma once
+
+// The chain model of the planner: per-stage costs of a sequential network.
+// See docs/memory-model.md for how these numbers enter the simulator and the solvers.
+
+#include <cstdint>
+#include <vector>
+
+namespace ckpt {
+namespace plan {
+
+/// One way of running a stage with full storage (`forward_all`): its costs and what it keeps.
+///
+/// A stage always has option 0, made of its own fields. `Stage::alternatives` adds options
+/// 1, 2, ... (Rockmate style: e.g. "keep everything" vs "keep only the matmul outputs").
+struct StorageOption {
+  /// Time of the grad-enabled forward of the stage in this mode.
+  double forward_time = 0.0;
+  /// Time of the backward of the stage after a forward in this mode.
+  double backward_time = 0.0;
+  /// Bytes kept for the backward after the forward (|x̄_{i+1}|, the stage's output included).
+  int64_t saved_bytes = 0;
+  /// Transient bytes above the saved ones during the forward.
+  int64_t forward_tmp_bytes = 0;
+  /// Transient bytes during the backward, above its inputs, the saved bytes and its output.
+  int64_t backward_tmp_bytes = 0;
+};
+
+/// Measured costs of stage i, which maps x_i to x_{i+1}. The field names are the JSON ones of
+/// `ckpt plan --chain FILE.json`.
+struct Stage {
+  /// Time of one forward of the stage (used by every forward mode unless an alternative says
+  /// otherwise for `forward_all`).
+  double forward_time = 0.0;
+  /// Time of the backward of the stage.
+  double backward_time = 0.0;
+  /// Size of the stage's output x_{i+1} (the next stage's input; δ_{i+1} has the same size).
+  int64_t output_bytes = 0;
+  /// Size of everything kept for the backward after a grad-enabled forward (|x̄_{i+1}|), output
+  /// included, so `saved_bytes >= output_bytes`.
+  int64_t saved_bytes = 0;
+  /// Transient bytes during a forward, above what the forward keeps.
+  int64_t forward_tmp_bytes = 0;
+  /// Transient bytes during the backward.
+  int64_t backward_tmp_bytes = 0;
+  /// Extra full-storage options 1..K (option 0 is always made of the fields above). The
+  /// no-grad forwards (`forward_none`, `forward_input`) always use `forward_time` and
+  /// `forward_tmp_bytes`. Default: empty (one option).
+  std::vector<StorageOption> alternatives;
+
+  /// Number of full-storage options: 1 + alternatives.size().
+  int option_count() const { return 1 + static_cast<int>(alternatives.size()); }
+  /// Full-storage option k (0 = the stage's own fields). Throws std::invalid_argument when k is
+  /// out of range.
+  StorageOption option(int k) const;
+};
+
+/// A chain of stages F_0 ... F_{L-1} followed by a loss. x_0 is the chain's input.
+struct Chain {
+  /// Size of the chain's input x_0 (held by the caller for the whole step).
+  int64_t input_bytes = 0;
+  /// The stages, in execution order.
+  std::vector<Stage> stages;
+
+  /// Number of stages L (the loss is not a stage here).
+  int size() const { return static_cast<int>(stages.size()); }
+  /// |x_i| for i in [0, L]: input_bytes for i = 0, stages[i-1].output_bytes otherwise.
+  int64_t activation_bytes(int i) const;
+  /// Throws std::invalid_argument (message prefixed "ckpt::plan::Chain::validate") when the
+  /// chain is empty, a time is negative or not finite, a size is negative, or a saved_bytes is
+  /// smaller than the stage's output_bytes.
+  void validate() const;
+};
+
+/// A chain of `stages` identical stages (all times and sizes equal, no temporaries); x_0 has
+/// `activation_bytes` too. Convenient for tests, benchmarks and the Revolve comparison.
+Chain homogeneous_chain(int stages, double forward_time, double backward_time,
+                        int64_t activation_bytes, int64_t saved_bytes);
+
+}  // namespace plan
+}  // namespace ckpt

@@ -1,0 +1,147 @@
+#pragma once
+
+// Schedule solvers: no checkpointing, PyTorch's checkpoint_sequential, Chen's √n, Revolve
+// (binomial checkpointing) and rotor's optimal persistent dynamic program under a byte budget.
+// Every returned schedule is valid for `simulate` (docs/memory-model.md).
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "ckpt/plan/chain.h"
+#include "ckpt/plan/schedule.h"
+
+namespace ckpt {
+namespace plan {
+
+// ~~~ Baselines ~~~
+
+/// Stores everything: Fall_0 .. Fall_{L-1}, Loss, B_{L-1} .. B_0 (option 0 everywhere).
+Schedule solve_no_checkpoint(const Chain& chain);
+
+/// PyTorch's `checkpoint_sequential(functions, segments, input)` as a schedule.
+///
+/// Segment size is L / segments (integer division). Each of the first `segments - 1` segments
+/// runs Fck on its first stage and Fn on the others in the forward, then, when the backward
+/// reaches it, Fall on every stage of the segment and B in reverse. The last segment (from
+/// (segments-1)*size to L-1) runs with Fall. Throws std::invalid_argument unless
+/// 1 <= segments <= L.
+Schedule solve_uniform(const Chain& chain, int segments);
+
+/// Chen et al.'s √n heuristic: `solve_uniform` with round(sqrt(L)) segments (at least 1).
+Schedule solve_sqrt_n(const Chain& chain);
+
+// ~~~ Revolve (homogeneous chains) ~~~
+
+/// Griewank & Walther's minimal number of forward (advance) steps to reverse `steps` steps
+/// with `slots` checkpoint slots (the initial state occupies one), closed form:
+/// t(l, s) = r*l - C(s+r, s+1) with C(s+r-1, s) < l <= C(s+r, s). Each reverse step re-runs its
+/// own forward (taped), which is not counted. Throws std::invalid_argument unless steps >= 1 and
+/// slots >= 1.
+int64_t revolve_forward_count(int steps, int slots);
+
+/// The same number from the dynamic program T(1,s) = 0, T(l,1) = l(l-1)/2,
+/// T(l,s) = min_{1<=j<l} j + T(l-j, s-1) + T(j, s) (a table of l*s entries, O(l) work each).
+int64_t revolve_forward_count_dp(int steps, int slots);
+
+/// Binomial checkpointing in rotor's op language, optimal in forward count for homogeneous
+/// chains: the L stages are Revolve's L steps, Fck/Fn advance, and each reverse step re-runs
+/// its own forward with Fall (option 0) right before its backward; the last stage's reverse
+/// step is `Fall_{L-1} L B_{L-1}`. `slots` counts x_0. The schedule is valid for any chain; its
+/// forward count is `revolve_forward_count(L, slots) + L`, and on a chain of unit sizes its
+/// peak is at most slots + 4 units (the optimal DP restricted to this model matches it there).
+/// Throws std::invalid_argument unless slots >= 1.
+Schedule solve_revolve(const Chain& chain, int slots);
+
+// ~~~ Optimal persistent schedules (rotor) ~~~
+
+/// Options of the optimal dynamic program.
+struct OptimalOptions {
+  /// Memory is discretised into this many slots of budget/slots bytes; every size is rounded
+  /// up to whole slots, so returned schedules never exceed the budget. Default: 500
+  int slots = 500;
+  /// When true, forward_all is only used right before the stage's own backward, with only the
+  /// loss in between for the last stage (the Revolve / automatic-differentiation model); for
+  /// comparisons and tests. Default: false
+  bool forward_all_only_before_backward = false;
+};
+
+/// rotor's dynamic program (docs/memory-model.md, "The optimal solver"), built once for a
+/// chain and a maximum budget; it then answers any budget up to that maximum without
+/// re-solving, with the same discretisation (slot = max_budget_bytes / slots).
+///
+/// Example:
+/// ```
+/// ckpt::plan::OptimalTable table(chain, 512 << 20);
+/// for (int64_t budget : budgets) {
+///   if (auto schedule = table.solve(budget)) run(*schedule);
+/// }
+/// ```
+class OptimalTable {
+ public:
+  /// Builds the table: O(slots * L^3 * options) time, O(slots * L^2) memory. Throws
+  /// std::invalid_argument if the chain is invalid, options.slots < 1, or max_budget_bytes
+  /// is smaller than the chain's input_bytes.
+  OptimalTable(const Chain& chain, int64_t max_budget_bytes, const OptimalOptions& options = {});
+
+  /// The fastest persistent schedule whose simulated peak is at most `budget_bytes`, or
+  /// std::nullopt when none exists. Near the minimum feasible budget, where rounding to slots
+  /// leaves the table without a solution, it returns the minimum-memory schedule when that
+  /// fits. Throws std::invalid_argument unless input_bytes <= budget_bytes <= max_budget_bytes().
+  std::optional<Schedule> solve(int64_t budget_bytes) const;
+
+  /// The predicted time of `solve(budget_bytes)` (+infinity when it returns std::nullopt).
+  double time(int64_t budget_bytes) const;
+
+  /// The smallest budget for which any persistent schedule exists, exact in bytes (computed by
+  /// a min-max dynamic program; independent of the slots). `solve` succeeds from there on.
+  int64_t min_feasible_budget_bytes() const { return min_feasible_budget_bytes_; }
+
+  int64_t max_budget_bytes() const { return max_budget_bytes_; }
+  int slots() const { return options_.slots; }
+  const Chain& chain() const { return chain_; }
+
+ private:
+  struct Choice;
+  int64_t to_slots(int64_t bytes) const;
+  int64_t available_slots(int64_t budget_bytes) const;
+  const double* row(int i, int l) const;
+  double* row(int i, int l);
+  void build();
+  Choice best_choice(int i, int l, int64_t m) const;
+  void reconstruct(int i, int l, int64_t m, std::vector<Op>& ops) const;
+  void check_budget(const char* function, int64_t budget_bytes) const;
+
+  Chain chain_;
+  OptimalOptions options_;
+  int64_t max_budget_bytes_ = 0;
+  int64_t min_feasible_budget_bytes_ = 0;
+  Schedule min_memory_schedule_;
+  double min_memory_time_ = 0.0;
+  // Sizes in slots: x_[i] = |x_i| for i in [0, L+1] (x_[L+1] = 0); per stage and option the
+  // saved bytes and temporaries; no-grad forward temporaries per stage.
+  std::vector<int64_t> x_;
+  std::vector<int64_t> forward_tmp_;
+  std::vector<std::vector<int64_t>> saved_, option_forward_tmp_, option_backward_tmp_;
+  // Opt[i][l][m] for 0 <= i <= l <= L and m in [0, slots], rows of slots+1 contiguous values.
+  std::vector<double> table_;
+};
+
+/// The fastest persistent schedule (rotor's optimum, up to the slot discretisation) whose
+/// simulated peak is at most `budget_bytes`, or std::nullopt when none exists. Equivalent to
+/// `OptimalTable(chain, budget_bytes, options).solve(budget_bytes)`. Throws
+/// std::invalid_argument if the chain is invalid, options.slots < 1, or budget_bytes is
+/// smaller than the chain's input_bytes.
+std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
+                                      const OptimalOptions& options = {});
+
+/// The smallest budget for which a persistent schedule exists (exact, in bytes; only
+/// `options.forward_all_only_before_backward` matters here).
+int64_t min_feasible_budget_bytes(const Chain& chain, const OptimalOptions& options = {});
+
+/// A persistent schedule whose simulated peak is `min_feasible_budget_bytes(chain, options)`
+/// (the fastest among the memory-minimal choices at each step of the min-max program).
+Schedule solve_min_memory(const Chain& chain, const OptimalOptions& options = {});
+
+}  // namespace plan
+}  // namespace ckpt

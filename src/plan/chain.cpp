@@ -1,0 +1,131 @@
+#include "ckpt/plan/chain.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace ckpt {
+namespace plan {
+namespace {
+
+constexpr const char* kValidate = "ckpt::plan::Chain::validate: ";
+
+void check_time(double value, const std::string& name) {
+  if (!(std::isfinite(value) && value >= 0.0)) {
+    throw std::invalid_argument(std::string(kValidate) + name +
+                                " must be a finite time >= 0, but got " + std::to_string(value) +
+                                ". Re-measure the stage or fix the chain description.");
+  }
+}
+
+void check_size(int64_t value, const std::string& name) {
+  if (value < 0) {
+    throw std::invalid_argument(std::string(kValidate) + name + " must be >= 0 bytes, but got " +
+                                std::to_string(value) +
+                                ". Re-measure the stage or fix the chain description.");
+  }
+}
+
+void check_option(const StorageOption& option, int64_t output_bytes, const std::string& prefix) {
+  check_time(option.forward_time, prefix + "forward_time");
+  check_time(option.backward_time, prefix + "backward_time");
+  check_size(option.saved_bytes, prefix + "saved_bytes");
+  check_size(option.forward_tmp_bytes, prefix + "forward_tmp_bytes");
+  check_size(option.backward_tmp_bytes, prefix + "backward_tmp_bytes");
+  if (option.saved_bytes < output_bytes) {
+    throw std::invalid_argument(
+        std::string(kValidate) + prefix +
+        "saved_bytes must be at least the stage's output_bytes (" + std::to_string(output_bytes) +
+        ") because the saved activations include the output, but got " +
+        std::to_string(option.saved_bytes) + ". Use saved_bytes = max(measured, output_bytes).");
+  }
+}
+
+}  // namespace
+
+StorageOption Stage::option(int k) const {
+  if (k < 0 || k >= option_count()) {
+    throw std::invalid_argument("ckpt::plan::Stage::option: the option index must be in [0, " +
+                                std::to_string(option_count()) + "), but got " + std::to_string(k) +
+                                ". Use an option listed by option_count().");
+  }
+  if (k == 0) {
+    return StorageOption{forward_time, backward_time, saved_bytes, forward_tmp_bytes,
+                         backward_tmp_bytes};
+  }
+  return alternatives[static_cast<size_t>(k - 1)];
+}
+
+int64_t Chain::activation_bytes(int i) const {
+  if (i < 0 || i > size()) {
+    throw std::invalid_argument("ckpt::plan::Chain::activation_bytes: the index must be in [0, " +
+                                std::to_string(size()) + "], but got " + std::to_string(i) +
+                                ". x_0 is the input and x_L the chain's output.");
+  }
+  return i == 0 ? input_bytes : stages[static_cast<size_t>(i - 1)].output_bytes;
+}
+
+namespace {
+
+bool option_ok(const StorageOption& option, int64_t output_bytes) {
+  auto time_ok = [](double value) { return std::isfinite(value) && value >= 0.0; };
+  return time_ok(option.forward_time) && time_ok(option.backward_time) &&
+         option.saved_bytes >= output_bytes && option.forward_tmp_bytes >= 0 &&
+         option.backward_tmp_bytes >= 0;
+}
+
+}  // namespace
+
+void Chain::validate() const {
+  // Fast path without building messages (the simulator validates on every call).
+  bool ok = !stages.empty() && input_bytes >= 0;
+  for (size_t i = 0; ok && i < stages.size(); ++i) {
+    const Stage& stage = stages[i];
+    ok = stage.output_bytes >= 0 &&
+         option_ok(StorageOption{stage.forward_time, stage.backward_time, stage.saved_bytes,
+                                 stage.forward_tmp_bytes, stage.backward_tmp_bytes},
+                   stage.output_bytes);
+    for (const StorageOption& option : stage.alternatives) {
+      ok = ok && option_ok(option, stage.output_bytes);
+    }
+  }
+  if (ok) return;
+  if (stages.empty()) {
+    throw std::invalid_argument(std::string(kValidate) +
+                                "the chain must have at least one stage, but got 0. Add the "
+                                "stages of the model before planning.");
+  }
+  check_size(input_bytes, "input_bytes");
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const Stage& stage = stages[i];
+    const std::string name = "stages[" + std::to_string(i) + "].";
+    check_size(stage.output_bytes, name + "output_bytes");
+    for (int k = 0; k < stage.option_count(); ++k) {
+      const std::string prefix =
+          k == 0 ? name : name + "alternatives[" + std::to_string(k - 1) + "].";
+      check_option(stage.option(k), stage.output_bytes, prefix);
+    }
+  }
+}
+
+Chain homogeneous_chain(int stages, double forward_time, double backward_time,
+                        int64_t activation_bytes, int64_t saved_bytes) {
+  if (stages < 1) {
+    throw std::invalid_argument(
+        "ckpt::plan::homogeneous_chain: stages must be at least 1, but got " +
+        std::to_string(stages) + ". Pass the number of stages of the chain.");
+  }
+  Chain chain;
+  chain.input_bytes = activation_bytes;
+  Stage stage;
+  stage.forward_time = forward_time;
+  stage.backward_time = backward_time;
+  stage.output_bytes = activation_bytes;
+  stage.saved_bytes = saved_bytes;
+  chain.stages.assign(static_cast<size_t>(stages), stage);
+  chain.validate();
+  return chain;
+}
+
+}  // namespace plan
+}  // namespace ckpt

@@ -1,0 +1,233 @@
+#include "ckpt/plan/simulator.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+namespace plan {
+namespace {
+
+// Memory state of the simulation; see docs/memory-model.md.
+class Machine {
+ public:
+  explicit Machine(const Chain& chain)
+      : chain_(chain),
+        length_(chain.size()),
+        x_(static_cast<size_t>(length_ + 1), false),
+        kept_(static_cast<size_t>(length_ + 1), false),
+        xbar_option_(static_cast<size_t>(length_ + 1), -1),
+        delta_(static_cast<size_t>(length_ + 1), false),
+        backward_done_(static_cast<size_t>(length_), false) {
+    // x_0 is held by the caller for the whole step and counted in the peak.
+    x_[0] = true;
+    kept_[0] = true;
+    current_ = chain.input_bytes;
+    result_.peak_bytes = current_;
+  }
+
+  // Runs op `index`; returns false (with result_.error set) when it is invalid.
+  bool run(int index, const Op& op) {
+    index_ = index;
+    op_ = &op;
+    switch (op.kind) {
+      case OpKind::ForwardNone:
+      case OpKind::ForwardInput:
+      case OpKind::ForwardAll:
+        return forward(op);
+      case OpKind::Loss:
+        return loss(op);
+      case OpKind::Backward:
+        return backward(op);
+    }
+    return fail("unknown op kind");
+  }
+
+  bool finish() {
+    index_ = -1;
+    if (!loss_done_) return fail("the schedule never runs the loss");
+    for (int i = length_ - 1; i >= 0; --i) {
+      if (!backward_done_[static_cast<size_t>(i)]) {
+        return fail("the schedule ends before stage " + std::to_string(i) + " is backwarded");
+      }
+    }
+    return true;
+  }
+
+  SimulationResult result() {
+    result_.final_bytes = current_;
+    return result_;
+  }
+
+ private:
+  int64_t x_bytes(int i) const { return chain_.activation_bytes(i); }
+  bool available(int i) const {
+    return x_[static_cast<size_t>(i)] || (i >= 1 && xbar_option_[static_cast<size_t>(i)] >= 0);
+  }
+
+  bool fail(const std::string& reason) {
+    result_.valid = false;
+    result_.error_op_index = index_;
+    if (index_ >= 0) {
+      result_.error = "op " + std::to_string(index_) + " (" + to_string(*op_) + "): " + reason;
+    } else {
+      result_.error = "end of schedule: " + reason;
+    }
+    return false;
+  }
+
+  // The peak of an op: memory held before it + what it allocates + its temporaries.
+  void touch_peak(int64_t allocated, int64_t tmp) {
+    const int64_t peak = current_ + allocated + tmp;
+    if (peak > result_.peak_bytes) {
+      result_.peak_bytes = peak;
+      result_.peak_op_index = index_;
+    }
+  }
+
+  bool check_stage(const Op& op) {
+    if (op.stage < 0 || op.stage >= length_) {
+      return fail("stage must be in [0, " + std::to_string(length_) + ") for this chain, but got " +
+                  std::to_string(op.stage));
+    }
+    return true;
+  }
+
+  bool forward(const Op& op) {
+    if (!check_stage(op)) return false;
+    const int i = op.stage;
+    const Stage& stage = chain_.stages[static_cast<size_t>(i)];
+    if (op.kind == OpKind::ForwardAll) {
+      if (op.option < 0 || op.option >= stage.option_count()) {
+        return fail("option must be in [0, " + std::to_string(stage.option_count()) +
+                    ") for this stage, but got " + std::to_string(op.option));
+      }
+    } else if (op.option != 0) {
+      return fail("option must be 0 for a no-grad forward, but got " + std::to_string(op.option));
+    }
+    if (backward_done_[static_cast<size_t>(i)]) {
+      return fail("stage " + std::to_string(i) + " was already backwarded");
+    }
+    if (!available(i)) {
+      return fail("its input x_" + std::to_string(i) + " is not in memory");
+    }
+    if (available(i + 1)) {
+      return fail("its output x_" + std::to_string(i + 1) + " is already in memory");
+    }
+    ++result_.forward_count;
+    if (op.kind == OpKind::ForwardAll) {
+      const StorageOption option = stage.option(op.option);
+      touch_peak(option.saved_bytes, option.forward_tmp_bytes);
+      xbar_option_[static_cast<size_t>(i + 1)] = op.option;
+      current_ += option.saved_bytes;
+      result_.time += option.forward_time;
+      return true;
+    }
+    touch_peak(stage.output_bytes, stage.forward_tmp_bytes);
+    x_[static_cast<size_t>(i + 1)] = true;
+    kept_[static_cast<size_t>(i + 1)] = false;
+    current_ += stage.output_bytes;
+    result_.time += stage.forward_time;
+    if (op.kind == OpKind::ForwardInput) {
+      if (x_[static_cast<size_t>(i)]) kept_[static_cast<size_t>(i)] = true;
+    } else if (x_[static_cast<size_t>(i)] && !kept_[static_cast<size_t>(i)]) {
+      x_[static_cast<size_t>(i)] = false;  // i >= 1: x_0 is always kept
+      current_ -= x_bytes(i);
+    }
+    return true;
+  }
+
+  bool loss(const Op& op) {
+    if (op.stage != length_) {
+      return fail("the loss's stage index must be the number of stages (" +
+                  std::to_string(length_) + "), but got " + std::to_string(op.stage));
+    }
+    if (op.option != 0) {
+      return fail("option must be 0 for the loss, but got " + std::to_string(op.option));
+    }
+    if (loss_done_) return fail("the loss was already computed");
+    if (!available(length_)) {
+      return fail("the chain's output x_" + std::to_string(length_) + " is not in memory");
+    }
+    const int64_t bytes = x_bytes(length_);
+    touch_peak(bytes, 0);
+    loss_done_ = true;
+    delta_[static_cast<size_t>(length_)] = true;
+    current_ += bytes;
+    if (x_[static_cast<size_t>(length_)] && length_ >= 1) {
+      x_[static_cast<size_t>(length_)] = false;
+      current_ -= bytes;
+    }
+    return true;
+  }
+
+  bool backward(const Op& op) {
+    if (!check_stage(op)) return false;
+    const int i = op.stage;
+    const Stage& stage = chain_.stages[static_cast<size_t>(i)];
+    if (backward_done_[static_cast<size_t>(i)]) {
+      return fail("stage " + std::to_string(i) + " was already backwarded");
+    }
+    if (!delta_[static_cast<size_t>(i + 1)]) {
+      return fail("the gradient δ_" + std::to_string(i + 1) + " is not in memory");
+    }
+    const int stored = xbar_option_[static_cast<size_t>(i + 1)];
+    if (stored < 0) {
+      return fail("the saved activations x̄_" + std::to_string(i + 1) +
+                  " are not in memory (run forward_all of stage " + std::to_string(i) + " first)");
+    }
+    if (op.option != stored) {
+      return fail("option must match the forward_all that saved x̄_" + std::to_string(i + 1) + " (" +
+                  std::to_string(stored) + "), but got " + std::to_string(op.option));
+    }
+    if (!available(i)) {
+      return fail("its input x_" + std::to_string(i) + " is not in memory");
+    }
+    const StorageOption option = stage.option(stored);
+    touch_peak(x_bytes(i), option.backward_tmp_bytes);
+    result_.time += option.backward_time;
+    backward_done_[static_cast<size_t>(i)] = true;
+    delta_[static_cast<size_t>(i)] = true;
+    current_ += x_bytes(i);
+    delta_[static_cast<size_t>(i + 1)] = false;
+    current_ -= x_bytes(i + 1);
+    xbar_option_[static_cast<size_t>(i + 1)] = -1;
+    current_ -= option.saved_bytes;
+    if (i >= 1 && x_[static_cast<size_t>(i)]) {
+      x_[static_cast<size_t>(i)] = false;
+      current_ -= x_bytes(i);
+    }
+    return true;
+  }
+
+  const Chain& chain_;
+  int length_;
+  std::vector<bool> x_;           // standalone x_i in memory
+  std::vector<bool> kept_;        // standalone x_i is a checkpoint
+  std::vector<int> xbar_option_;  // option of x̄_i in memory, -1 if absent (index 0 unused)
+  std::vector<bool> delta_;       // δ_i in memory
+  std::vector<bool> backward_done_;
+  bool loss_done_ = false;
+  int64_t current_ = 0;
+  int index_ = -1;
+  const Op* op_ = nullptr;
+  SimulationResult result_;
+};
+
+}  // namespace
+
+SimulationResult simulate(const Chain& chain, const Schedule& schedule) {
+  chain.validate();
+  Machine machine(chain);
+  bool ok = true;
+  for (size_t k = 0; k < schedule.ops.size() && ok; ++k) {
+    ok = machine.run(static_cast<int>(k), schedule.ops[k]);
+  }
+  if (ok) ok = machine.finish();
+  SimulationResult result = machine.result();
+  result.valid = ok;
+  return result;
+}
+
+}  // namespace plan
+}  // namespace ckpt

@@ -1,0 +1,132 @@
+// Tests of ckpt/plan/chain.h: validation messages, storage options, helpers.
+
+#include "ckpt/plan/chain.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace ckpt {
+namespace plan {
+namespace {
+
+Chain two_stage_chain() {
+  Chain chain;
+  chain.input_bytes = 10;
+  chain.stages.push_back(Stage{1.0, 2.0, 20, 30, 5, 7, {}});
+  chain.stages.push_back(Stage{2.0, 3.0, 40, 50, 0, 1, {}});
+  return chain;
+}
+
+// Expects `fn` to throw std::invalid_argument whose message contains every substring.
+template <class F>
+void expect_invalid(F fn, std::initializer_list<const char*> substrings) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& error) {
+    const std::string message = error.what();
+    for (const char* substring : substrings) {
+      EXPECT_NE(message.find(substring), std::string::npos)
+          << "missing \"" << substring << "\" in: " << message;
+    }
+  }
+}
+
+TEST(ChainTest, ValidChainPasses) {
+  EXPECT_NO_THROW(two_stage_chain().validate());
+}
+
+TEST(ChainTest, RejectsEmptyChain) {
+  Chain chain;
+  expect_invalid([&] { chain.validate(); },
+                 {"ckpt::plan::Chain::validate", "at least one stage", "but got 0"});
+}
+
+TEST(ChainTest, RejectsNegativeSizes) {
+  Chain chain = two_stage_chain();
+  chain.input_bytes = -1;
+  expect_invalid([&] { chain.validate(); }, {"input_bytes", "but got -1"});
+  chain = two_stage_chain();
+  chain.stages[1].forward_tmp_bytes = -3;
+  expect_invalid([&] { chain.validate(); }, {"stages[1].forward_tmp_bytes", "but got -3"});
+  chain = two_stage_chain();
+  chain.stages[0].backward_tmp_bytes = -4;
+  expect_invalid([&] { chain.validate(); }, {"stages[0].backward_tmp_bytes"});
+  chain = two_stage_chain();
+  chain.stages[0].output_bytes = -5;
+  expect_invalid([&] { chain.validate(); }, {"stages[0].output_bytes"});
+}
+
+TEST(ChainTest, RejectsNegativeOrNonFiniteTimes) {
+  Chain chain = two_stage_chain();
+  chain.stages[0].forward_time = -1.0;
+  expect_invalid([&] { chain.validate(); }, {"stages[0].forward_time", "finite time >= 0"});
+  chain = two_stage_chain();
+  chain.stages[1].backward_time = std::nan("");
+  expect_invalid([&] { chain.validate(); }, {"stages[1].backward_time"});
+  chain = two_stage_chain();
+  chain.stages[1].backward_time = INFINITY;
+  expect_invalid([&] { chain.validate(); }, {"stages[1].backward_time"});
+}
+
+TEST(ChainTest, RejectsSavedBytesSmallerThanOutput) {
+  Chain chain = two_stage_chain();
+  chain.stages[1].saved_bytes = 39;
+  expect_invalid([&] { chain.validate(); },
+                 {"stages[1].saved_bytes", "output_bytes (40)", "but got 39"});
+}
+
+TEST(ChainTest, RejectsInvalidAlternative) {
+  Chain chain = two_stage_chain();
+  chain.stages[0].alternatives.push_back(StorageOption{1.0, 1.0, 19, 0, 0});
+  expect_invalid([&] { chain.validate(); },
+                 {"stages[0].alternatives[0].saved_bytes", "but got 19"});
+  chain.stages[0].alternatives[0] = StorageOption{-1.0, 1.0, 25, 0, 0};
+  expect_invalid([&] { chain.validate(); }, {"stages[0].alternatives[0].forward_time"});
+}
+
+TEST(ChainTest, OptionZeroIsTheStageItself) {
+  Chain chain = two_stage_chain();
+  chain.stages[0].alternatives.push_back(StorageOption{4.0, 5.0, 21, 2, 3});
+  const Stage& stage = chain.stages[0];
+  EXPECT_EQ(stage.option_count(), 2);
+  const StorageOption own = stage.option(0);
+  EXPECT_EQ(own.forward_time, 1.0);
+  EXPECT_EQ(own.backward_time, 2.0);
+  EXPECT_EQ(own.saved_bytes, 30);
+  EXPECT_EQ(own.forward_tmp_bytes, 5);
+  EXPECT_EQ(own.backward_tmp_bytes, 7);
+  EXPECT_EQ(stage.option(1).saved_bytes, 21);
+  expect_invalid([&] { stage.option(2); }, {"ckpt::plan::Stage::option", "[0, 2)", "but got 2"});
+}
+
+TEST(ChainTest, ActivationBytesIndexesInputThenOutputs) {
+  const Chain chain = two_stage_chain();
+  EXPECT_EQ(chain.size(), 2);
+  EXPECT_EQ(chain.activation_bytes(0), 10);
+  EXPECT_EQ(chain.activation_bytes(1), 20);
+  EXPECT_EQ(chain.activation_bytes(2), 40);
+  expect_invalid([&] { chain.activation_bytes(3); }, {"ckpt::plan::Chain::activation_bytes"});
+}
+
+TEST(ChainTest, HomogeneousChainHasEqualStages) {
+  const Chain chain = homogeneous_chain(5, 1.0, 2.0, 100, 300);
+  EXPECT_EQ(chain.size(), 5);
+  EXPECT_EQ(chain.input_bytes, 100);
+  for (const Stage& stage : chain.stages) {
+    EXPECT_EQ(stage.output_bytes, 100);
+    EXPECT_EQ(stage.saved_bytes, 300);
+    EXPECT_EQ(stage.forward_time, 1.0);
+    EXPECT_EQ(stage.backward_time, 2.0);
+  }
+  expect_invalid([] { homogeneous_chain(0, 1.0, 1.0, 1, 1); },
+                 {"ckpt::plan::homogeneous_chain", "but got 0"});
+  expect_invalid([] { homogeneous_chain(3, 1.0, 1.0, 10, 5); }, {"saved_bytes"});
+}
+
+}  // namespace
+}  // namespace plan
+}  // namespace ckpt

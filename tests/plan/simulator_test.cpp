@@ -1,0 +1,243 @@
+// Tests of ckpt/plan/simulator.h: hand-computed time and peak, every rejection reason, and
+// acceptance of every solver's schedules.
+
+#include "ckpt/plan/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include "ckpt/plan/solvers.h"
+
+namespace ckpt {
+namespace plan {
+namespace {
+
+// Input 10; stage 0: f=1 b=2 |x1|=20 |x̄1|=30 ftmp=5 btmp=7; stage 1: f=2 b=3 |x2|=40 |x̄2|=50
+// ftmp=0 btmp=1.
+Chain two_stage_chain() {
+  Chain chain;
+  chain.input_bytes = 10;
+  chain.stages.push_back(Stage{1.0, 2.0, 20, 30, 5, 7, {}});
+  chain.stages.push_back(Stage{2.0, 3.0, 40, 50, 0, 1, {}});
+  return chain;
+}
+
+// Random heterogeneous chain with integer times (exact sums) and optional alternatives.
+Chain random_chain(std::mt19937& rng, int stages, int max_bytes, int alternatives) {
+  std::uniform_int_distribution<int64_t> size(1, max_bytes);
+  std::uniform_int_distribution<int64_t> tmp(0, max_bytes / 2);
+  std::uniform_int_distribution<int> time(1, 10);
+  Chain chain;
+  chain.input_bytes = size(rng);
+  for (int i = 0; i < stages; ++i) {
+    Stage stage;
+    stage.forward_time = time(rng);
+    stage.backward_time = time(rng);
+    stage.output_bytes = size(rng);
+    stage.saved_bytes = stage.output_bytes + tmp(rng) * 2;
+    stage.forward_tmp_bytes = tmp(rng);
+    stage.backward_tmp_bytes = tmp(rng);
+    for (int k = 0; k < alternatives; ++k) {
+      stage.alternatives.push_back(
+          StorageOption{static_cast<double>(time(rng)), static_cast<double>(time(rng)),
+                        stage.output_bytes + tmp(rng), tmp(rng), tmp(rng)});
+    }
+    chain.stages.push_back(stage);
+  }
+  return chain;
+}
+
+Schedule ops(std::initializer_list<Op> list) {
+  return Schedule{std::vector<Op>(list)};
+}
+
+constexpr OpKind kFn = OpKind::ForwardNone;
+constexpr OpKind kFck = OpKind::ForwardInput;
+constexpr OpKind kFall = OpKind::ForwardAll;
+constexpr OpKind kB = OpKind::Backward;
+constexpr OpKind kLoss = OpKind::Loss;
+
+void expect_rejected(const Chain& chain, const Schedule& schedule, int op_index,
+                     const std::string& reason) {
+  const SimulationResult result = simulate(chain, schedule);
+  EXPECT_FALSE(result.valid) << to_string(schedule);
+  EXPECT_EQ(result.error_op_index, op_index) << result.error;
+  EXPECT_NE(result.error.find(reason), std::string::npos)
+      << "missing \"" << reason << "\" in: " << result.error;
+}
+
+TEST(SimulatorTest, NoCheckpointTimeAndPeakByHand) {
+  const Chain chain = two_stage_chain();
+  const SimulationResult result = simulate(chain, solve_no_checkpoint(chain));
+  ASSERT_TRUE(result.valid) << result.error;
+  EXPECT_EQ(result.time, 1.0 + 2.0 + 2.0 + 3.0);
+  // Fall0: 10+30+5=45 -> 40; Fall1: 40+50=90 -> 90; L: 90+40=130 -> 130;
+  // B1: 130+20+1=151 -> 60; B0: 60+10+7=77 -> 20 (x0 + δ0).
+  EXPECT_EQ(result.peak_bytes, 151);
+  EXPECT_EQ(result.peak_op_index, 3);
+  EXPECT_EQ(result.forward_count, 2);
+  EXPECT_EQ(result.final_bytes, 20);
+}
+
+TEST(SimulatorTest, CheckpointedScheduleByHand) {
+  const Chain chain = two_stage_chain();
+  // Fck0: 10+20+5=35 -> 30 (x0, x1 kept); Fn1: 30+40=70 -> 50 (x1 freed); L: 50+40=90 -> 50
+  // (x2 freed, δ2 kept); Fall0: 50+30+5=85 -> 80; Fall1: 80+50=130 -> 130;
+  // B1: 130+20+1=151 -> 60; B0: 60+10+7=77 -> 20.
+  const Schedule schedule = ops({{kFck, 0, 0},
+                                 {kFn, 1, 0},
+                                 {kLoss, 2, 0},
+                                 {kFall, 0, 0},
+                                 {kFall, 1, 0},
+                                 {kB, 1, 0},
+                                 {kB, 0, 0}});
+  const SimulationResult result = simulate(chain, schedule);
+  ASSERT_TRUE(result.valid) << result.error;
+  EXPECT_EQ(result.time, 1.0 + 2.0 + 1.0 + 2.0 + 3.0 + 2.0);
+  EXPECT_EQ(result.peak_bytes, 151);
+  EXPECT_EQ(result.forward_count, 4);
+  EXPECT_EQ(result.final_bytes, 20);
+}
+
+TEST(SimulatorTest, ForwardNoneKeepsCheckpointsAndFreesTheRest) {
+  Chain chain = homogeneous_chain(3, 1.0, 1.0, 10, 10);
+  // Fck0 keeps x0 (always kept) -> x1; Fn1 frees x1 -> x2; Fn2 frees x2 -> x3.
+  const Schedule schedule = ops({{kFck, 0, 0},
+                                 {kFn, 1, 0},
+                                 {kFn, 2, 0},
+                                 {kLoss, 3, 0},
+                                 {kFck, 0, 0},
+                                 {kFall, 1, 0},
+                                 {kFall, 2, 0},
+                                 {kB, 2, 0},
+                                 {kB, 1, 0},
+                                 {kFall, 0, 0},
+                                 {kB, 0, 0}});
+  const SimulationResult result = simulate(chain, schedule);
+  ASSERT_TRUE(result.valid) << result.error;
+  // Highest: after Fck0 (x0,x1,δ3 = 30) Fall1 holds 40, Fall2 50; B2: 50 + 10 = 60.
+  EXPECT_EQ(result.peak_bytes, 60);
+  EXPECT_EQ(result.forward_count, 7);
+}
+
+TEST(SimulatorTest, AlternativeOptionsUseTheirOwnCosts) {
+  Chain chain = two_stage_chain();
+  chain.stages[1].alternatives.push_back(StorageOption{5.0, 7.0, 40, 3, 2});
+  const Schedule schedule =
+      ops({{kFall, 0, 0}, {kFall, 1, 1}, {kLoss, 2, 0}, {kB, 1, 1}, {kB, 0, 0}});
+  const SimulationResult result = simulate(chain, schedule);
+  ASSERT_TRUE(result.valid) << result.error;
+  EXPECT_EQ(result.time, 1.0 + 5.0 + 7.0 + 2.0);
+  // Fall0: 45 -> 40; Fall1.1: 40+40+3=83 -> 80; L: 120; B1.1: 120+20+2=142 -> 60; B0: 77.
+  EXPECT_EQ(result.peak_bytes, 142);
+}
+
+TEST(SimulatorTest, RejectsStageOutOfRange) {
+  expect_rejected(two_stage_chain(), ops({{kFn, 2, 0}}), 0, "stage must be in [0, 2)");
+  expect_rejected(two_stage_chain(), ops({{kB, -1, 0}}), 0, "stage must be in [0, 2)");
+}
+
+TEST(SimulatorTest, RejectsBadOptions) {
+  expect_rejected(two_stage_chain(), ops({{kFall, 0, 1}}), 0, "option must be in [0, 1)");
+  expect_rejected(two_stage_chain(), ops({{kFn, 0, 1}}), 0, "option must be 0");
+  Chain chain = two_stage_chain();
+  chain.stages[1].alternatives.push_back(StorageOption{1.0, 1.0, 45, 0, 0});
+  expect_rejected(chain, ops({{kFall, 0, 0}, {kFall, 1, 1}, {kLoss, 2, 0}, {kB, 1, 0}}), 3,
+                  "option must match the forward_all");
+}
+
+TEST(SimulatorTest, RejectsForwardWithoutInput) {
+  expect_rejected(two_stage_chain(), ops({{kFn, 1, 0}}), 0, "input x_1 is not in memory");
+  // Fn1 frees x1 (not a checkpoint): running stage 1 again needs x1.
+  expect_rejected(two_stage_chain(), ops({{kFn, 0, 0}, {kFn, 1, 0}, {kLoss, 2, 0}, {kFall, 1, 0}}),
+                  3, "input x_1 is not in memory");
+}
+
+TEST(SimulatorTest, RejectsForwardWhoseOutputIsInMemory) {
+  expect_rejected(two_stage_chain(), ops({{kFall, 0, 0}, {kFn, 0, 0}}), 1,
+                  "output x_1 is already in memory");
+  expect_rejected(two_stage_chain(), ops({{kFck, 0, 0}, {kFall, 0, 0}}), 1,
+                  "output x_1 is already in memory");
+}
+
+TEST(SimulatorTest, RejectsForwardOfBackwardedStage) {
+  Schedule schedule = solve_no_checkpoint(two_stage_chain());
+  schedule.ops.insert(schedule.ops.begin() + 4, Op{kFall, 1, 0});  // after B1
+  expect_rejected(two_stage_chain(), schedule, 4, "stage 1 was already backwarded");
+}
+
+TEST(SimulatorTest, RejectsLossBeforeOutput) {
+  expect_rejected(two_stage_chain(), ops({{kFall, 0, 0}, {kLoss, 2, 0}}), 1,
+                  "chain's output x_2 is not in memory");
+}
+
+TEST(SimulatorTest, RejectsLossWithWrongStageOrTwice) {
+  expect_rejected(two_stage_chain(), ops({{kLoss, 1, 0}}), 0,
+                  "loss's stage index must be the number of stages (2)");
+  expect_rejected(two_stage_chain(),
+                  ops({{kFall, 0, 0}, {kFall, 1, 0}, {kLoss, 2, 0}, {kLoss, 2, 0}}), 3,
+                  "loss was already computed");
+}
+
+TEST(SimulatorTest, RejectsBackwardWithoutGradient) {
+  expect_rejected(two_stage_chain(), ops({{kFall, 0, 0}, {kFall, 1, 0}, {kB, 1, 0}}), 2,
+                  "gradient δ_2 is not in memory");
+  expect_rejected(two_stage_chain(), ops({{kFall, 0, 0}, {kFall, 1, 0}, {kLoss, 2, 0}, {kB, 0, 0}}),
+                  3, "gradient δ_1 is not in memory");
+}
+
+TEST(SimulatorTest, RejectsBackwardWithoutSavedActivations) {
+  expect_rejected(two_stage_chain(), ops({{kFck, 0, 0}, {kFn, 1, 0}, {kLoss, 2, 0}, {kB, 1, 0}}), 3,
+                  "saved activations x̄_2 are not in memory");
+}
+
+TEST(SimulatorTest, RejectsBackwardTwice) {
+  Schedule schedule = solve_no_checkpoint(two_stage_chain());
+  schedule.ops.push_back(Op{kB, 0, 0});
+  expect_rejected(two_stage_chain(), schedule, 5, "stage 0 was already backwarded");
+}
+
+TEST(SimulatorTest, RejectsIncompleteSchedules) {
+  const SimulationResult empty = simulate(two_stage_chain(), Schedule{});
+  EXPECT_FALSE(empty.valid);
+  EXPECT_EQ(empty.error_op_index, -1);
+  EXPECT_NE(empty.error.find("never runs the loss"), std::string::npos) << empty.error;
+  expect_rejected(two_stage_chain(), ops({{kFall, 0, 0}, {kFall, 1, 0}, {kLoss, 2, 0}, {kB, 1, 0}}),
+                  -1, "ends before stage 0 is backwarded");
+}
+
+TEST(SimulatorTest, ThrowsOnInvalidChain) {
+  EXPECT_THROW(simulate(Chain{}, Schedule{}), std::invalid_argument);
+}
+
+TEST(SimulatorTest, AcceptsEverySolversSchedules) {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int stages = 1 + trial % 12;
+    const Chain chain = random_chain(rng, stages, 1000, trial % 3);
+    std::vector<Schedule> schedules = {solve_no_checkpoint(chain), solve_sqrt_n(chain),
+                                       solve_min_memory(chain)};
+    for (int segments = 1; segments <= stages; ++segments) {
+      schedules.push_back(solve_uniform(chain, segments));
+    }
+    for (int slots = 1; slots <= 4; ++slots) schedules.push_back(solve_revolve(chain, slots));
+    const int64_t top = simulate(chain, solve_no_checkpoint(chain)).peak_bytes;
+    const int64_t bottom = min_feasible_budget_bytes(chain);
+    for (int step = 0; step <= 4; ++step) {
+      auto schedule = solve_optimal(chain, bottom + (top - bottom) * step / 4);
+      ASSERT_TRUE(schedule.has_value());
+      schedules.push_back(*schedule);
+    }
+    for (const Schedule& schedule : schedules) {
+      const SimulationResult result = simulate(chain, schedule);
+      EXPECT_TRUE(result.valid) << result.error << "\n" << to_string(schedule);
+      EXPECT_EQ(result.final_bytes, chain.input_bytes * 2) << to_string(schedule);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace plan
+}  // namespace ckpt
