@@ -1,0 +1,60 @@
+// ckpt::MemoryTracker: exact byte counts, peaks per tracker, thread safety.
+
+#include <ckpt/memory_tracker.h>
+
+#include "support/support.h"
+
+#include <thread>
+
+namespace {
+
+TEST(MemoryTrackerTest, CountsLiveBytesExactly) {
+  ckpt::MemoryTracker tracker;
+  const int64_t before = tracker.current_bytes();
+  {
+    auto t = torch::empty({1000}, torch::kFloat);
+    EXPECT_EQ(tracker.current_bytes() - before, 4000);
+    auto u = torch::empty({10}, torch::kDouble);
+    EXPECT_EQ(tracker.current_bytes() - before, 4080);
+  }
+  EXPECT_EQ(tracker.current_bytes(), before);
+  EXPECT_EQ(tracker.peak_bytes() - before, 4080);
+}
+
+TEST(MemoryTrackerTest, PeakDropsAfterResetPeak) {
+  ckpt::MemoryTracker tracker;
+  { auto big = torch::empty({1 << 20}); }
+  const int64_t base = tracker.current_bytes();
+  EXPECT_GE(tracker.peak_bytes(), base + (4 << 20));
+  tracker.reset_peak();
+  EXPECT_EQ(tracker.peak_bytes(), base);
+  { auto small = torch::empty({256}); }
+  EXPECT_EQ(tracker.peak_bytes(), base + 1024);
+}
+
+TEST(MemoryTrackerTest, TrackersKeepTheirOwnPeaks) {
+  ckpt::MemoryTracker outer;
+  { auto big = torch::empty({1 << 18}); }
+  ckpt::MemoryTracker inner;
+  EXPECT_EQ(inner.peak_bytes(), inner.current_bytes());
+  EXPECT_GE(outer.peak_bytes(), outer.current_bytes() + (1 << 20));
+}
+
+TEST(MemoryTrackerTest, ThreadSafe) {
+  ckpt::MemoryTracker tracker;
+  const int64_t before = tracker.current_bytes();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([] {
+      for (int j = 0; j < 2000; ++j) {
+        auto t = torch::empty({64 + j % 7});
+        (void)t;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(tracker.current_bytes(), before);
+  EXPECT_GE(tracker.peak_bytes() - before, 4 * 64);
+}
+
+}  // namespace

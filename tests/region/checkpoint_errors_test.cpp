@@ -1,0 +1,210 @@
+// Bad input gets a clear error, and an exception leaves grad mode, RNG and autocast state as they
+// were before the call.
+
+#include <ckpt/checkpoint.h>
+
+#include "support/support.h"
+
+#include <ATen/autocast_mode.h>
+
+namespace {
+
+using ckpt::test::bit_equal;
+
+struct CheckpointErrorsTest : ckpt::test::SeedingFixture, ::testing::WithParamInterface<bool> {
+  ckpt::CheckpointOptions options() const {
+    return ckpt::CheckpointOptions().use_reentrant(GetParam());
+  }
+};
+
+// Port of test_checkpoint_detects_non_determinism (the metadata case) for both variants.
+TEST_P(CheckpointErrorsTest, DeterminismCheckNamesTheOutputAndTheDifference) {
+  int calls = 0;
+  auto fn = [&](const torch::Tensor& x) {
+    ++calls;
+    return calls == 1 ? x.sin() : torch::cat({x, x}).sin();
+  };
+  auto a = torch::randn({1}, torch::requires_grad());
+  auto out = ckpt::checkpoint(options(), fn, a);
+  CKPT_EXPECT_THROWS_WITH(out.sum().backward(), "produced a tensor of shape [2]");
+}
+
+TEST_P(CheckpointErrorsTest, DeterminismCheckCanBeTurnedOff) {
+  int calls = 0;
+  auto fn = [&](const torch::Tensor& x) {
+    ++calls;
+    return calls == 1 ? x.sin() : x.cos();  // same metadata, different values: undetectable
+  };
+  auto a = torch::randn({3}, torch::requires_grad());
+  ckpt::checkpoint(options().determinism_check(false), fn, a).sum().backward();
+  EXPECT_TRUE(bit_equal(a.grad(), -a.detach().sin()));
+}
+
+TEST_P(CheckpointErrorsTest, DtypeChangeInRecomputeIsReported) {
+  int calls = 0;
+  auto fn = [&](const torch::Tensor& x) {
+    return ++calls == 1 ? x * 2 : (x * 2).to(torch::kDouble);
+  };
+  auto a = torch::randn({3}, torch::requires_grad());
+  auto out = ckpt::checkpoint(options(), fn, a);
+  CKPT_EXPECT_THROWS_WITH(out.sum().backward(), "dtype Double");
+}
+
+TEST_P(CheckpointErrorsTest, InputModifiedInPlaceAfterForwardIsAnError) {
+  auto a = torch::randn({3}, torch::requires_grad());
+  auto x = a * 1;
+  auto out = ckpt::checkpoint(
+      options(), [](const torch::Tensor& t) { return t.exp(); }, x);
+  {
+    torch::NoGradGuard no_grad;
+    x.add_(1);
+  }
+  CKPT_EXPECT_THROWS_WITH(out.sum().backward(), "modified in place after the forward pass");
+}
+
+TEST_P(CheckpointErrorsTest, ExceptionInForwardLeavesStateAsItWas) {
+  at::autocast::set_cpu_enabled(false);
+  auto rng_before = at::detail::getDefaultCPUGenerator().get_state();
+  auto x = torch::randn({3}, torch::requires_grad());
+  rng_before = at::detail::getDefaultCPUGenerator().get_state();
+  EXPECT_THROW(ckpt::checkpoint(
+                   options(),
+                   [](const torch::Tensor& t) -> torch::Tensor {
+                     torch::NoGradGuard inner;
+                     at::autocast::set_cpu_enabled(true);
+                     at::autocast::set_cpu_enabled(false);
+                     throw std::runtime_error("boom");
+                     return t;
+                   },
+                   x),
+               std::runtime_error);
+  EXPECT_TRUE(torch::GradMode::is_enabled());
+  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_TRUE(bit_equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
+}
+
+TEST_P(CheckpointErrorsTest, ExceptionInRecomputeReachesTheCallerAndRestoresState) {
+  int calls = 0;
+  torch::nn::Dropout dropout(0.5);
+  auto fn = [&](const torch::Tensor& t) {
+    if (++calls == 2) {
+      auto consumed = torch::rand({10});  // advance the RNG before failing
+      (void)consumed;
+      throw std::runtime_error("recompute failed");
+    }
+    return dropout(t);
+  };
+  auto x = torch::randn({8}, torch::requires_grad());
+  auto out = ckpt::checkpoint(options(), fn, x);
+  auto rng_before = at::detail::getDefaultCPUGenerator().get_state();
+  {
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_cpu_enabled(false);
+  }
+  bool thrown = false;
+  try {
+    out.sum().backward();
+  } catch (const std::exception& e) {
+    thrown = std::string(e.what()).find("recompute failed") != std::string::npos;
+  }
+  EXPECT_TRUE(thrown);
+  EXPECT_TRUE(torch::GradMode::is_enabled());
+  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_TRUE(bit_equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, CheckpointErrorsTest, ::testing::Values(false, true),
+                         ckpt::test::VariantName());
+
+TEST(CheckpointNonReentrantErrorsTest, RecomputeThatUsesAnotherTensorIsAnError) {
+  auto w1 = torch::randn({3}, torch::requires_grad());
+  auto w2 = torch::randn({3}, torch::requires_grad());
+  int calls = 0;
+  auto fn = [&](const torch::Tensor& x) { return x * (++calls == 1 ? w1 : w2); };
+  auto x = torch::randn({3}, torch::requires_grad());
+  auto out = ckpt::checkpoint(fn, x);
+  CKPT_EXPECT_THROWS_WITH(out.sum().backward(), "that the forward pass did not use");
+}
+
+TEST(CheckpointReentrantErrorsTest, AutogradGradIsRejectedWithAFix) {
+  // Port of test_checkpoint_valid_reset_on_error (test_autograd.py).
+  auto a = torch::randn({2, 2}, torch::requires_grad());
+  auto reentrant = ckpt::CheckpointOptions().use_reentrant(true);
+  auto exp = [](const torch::Tensor& t) { return t.exp(); };
+  CKPT_EXPECT_THROWS_WITH(torch::autograd::grad({ckpt::checkpoint(reentrant, exp, a).sum()}, {a}),
+                          "incompatible with torch::autograd::grad()");
+  // The flag is reset afterwards: a plain backward works.
+  ckpt::checkpoint(reentrant, exp, a).sum().backward();
+  EXPECT_TRUE(ckpt::test::close(a.grad(), a.detach().exp()));
+}
+
+TEST(CheckpointReentrantErrorsTest, BackwardWithInputsIsRejected) {
+  auto a = torch::randn({2}, torch::requires_grad());
+  auto out = ckpt::checkpoint(
+      ckpt::CheckpointOptions().use_reentrant(true), [](const torch::Tensor& t) { return t.exp(); },
+      a);
+  CKPT_EXPECT_THROWS_WITH(torch::autograd::backward({out.sum()}, {}, c10::nullopt, false, {a}),
+                          "use_reentrant(false)");
+}
+
+TEST(CheckpointReentrantErrorsTest, WarnsWhenNoInputRequiresGrad) {
+  ckpt::test::WarningCapture warnings;
+  torch::nn::Linear linear(3, 3);
+  auto out =
+      ckpt::checkpoint(ckpt::CheckpointOptions().use_reentrant(true), linear, torch::randn({2, 3}));
+  EXPECT_TRUE(warnings.contains("None of the inputs have requires_grad=True"));
+  EXPECT_FALSE(out.requires_grad());
+}
+
+TEST(CheckpointNonReentrantErrorsTest, NoWarningWhenNoInputRequiresGrad) {
+  ckpt::test::WarningCapture warnings;
+  torch::nn::Linear linear(3, 3);
+  auto out = ckpt::checkpoint(linear, torch::randn({2, 3}));
+  EXPECT_TRUE(warnings.messages.empty());
+  EXPECT_TRUE(out.requires_grad());
+}
+
+// Port of test_checkpoint_partial_grad (test_utils.py).
+TEST(CheckpointReentrantErrorsTest, PartialGradAndNoOutputRequiringGrad) {
+  auto reentrant = ckpt::CheckpointOptions().use_reentrant(true);
+  auto t1 = torch::rand({10}, torch::requires_grad());
+  auto t2 = torch::rand({10});
+  auto out = ckpt::checkpoint(
+      reentrant,
+      [](const torch::Tensor& a, const torch::Tensor& b) { return std::make_tuple(a, b); }, t1, t2);
+  std::get<0>(out).sum().backward();
+  EXPECT_TRUE(bit_equal(t1.grad(), torch::ones({10})));
+
+  auto u1 = torch::rand({10});
+  auto u2 = torch::rand({10}, torch::requires_grad());
+  auto out2 = ckpt::checkpoint(
+      reentrant, [](const torch::Tensor& a, const torch::Tensor&) { return a * 1; }, u1, u2);
+  CKPT_EXPECT_THROWS_WITH(
+      out2.sum().backward(),
+      "none of the outputs has requires_grad=True, this checkpoint() is not necessary");
+}
+
+// Port of test_checkpointing_without_reentrant_detached_tensor, both variants.
+TEST(CheckpointReentrantErrorsTest, NoGradInsideTheFunction) {
+  torch::nn::Linear linear(torch::nn::LinearOptions(2, 2).bias(false));
+  torch::nn::Linear lin2(torch::nn::LinearOptions(2, 2).bias(false));
+  auto module = [&](const torch::Tensor& x) {
+    torch::NoGradGuard no_grad;
+    return lin2(linear(x));
+  };
+  auto a = torch::randn({2, 2}, torch::requires_grad());
+  for (int i = 0; i < 3; ++i) {
+    auto out = ckpt::checkpoint(ckpt::CheckpointOptions().use_reentrant(true), module, a);
+    out = out + a;
+    CKPT_EXPECT_THROWS_WITH(out.sum().backward(), "none of the outputs has requires_grad=True");
+  }
+  a.mutable_grad() = torch::Tensor();  // the failed backwards may have accumulated the `+ a` part
+  for (int i = 0; i < 3; ++i) {
+    auto out = ckpt::checkpoint(module, a);
+    out = out + a;
+    out.sum().backward();
+  }
+  EXPECT_TRUE(bit_equal(a.grad(), torch::full({2, 2}, 3.0)));
+}
+
+}  // namespace

@@ -1,0 +1,118 @@
+// RNG preservation: dropout inside a region replays the forward's masks; the caller's random
+// stream is left as it would be without checkpointing; DefaultDeviceType.
+
+#include <ckpt/checkpoint.h>
+
+#include "region/rng_state.h"
+#include "support/support.h"
+
+namespace {
+
+using ckpt::test::bit_equal;
+
+struct CheckpointRngTest : ckpt::test::SeedingFixture, ::testing::WithParamInterface<bool> {
+  ckpt::CheckpointOptions options() const {
+    return ckpt::CheckpointOptions().use_reentrant(GetParam());
+  }
+};
+
+// Port of test_checkpoint_rng_cpu (test_utils.py), for both variants.
+TEST_P(CheckpointRngTest, DropoutGradientsMatchUncheckpointedRun) {
+  for (int i = 0; i < 5; ++i) {
+    auto inp = torch::randn({20000}, torch::requires_grad());
+    torch::nn::Dropout phase1, phase2;
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    auto generator_state = generator.get_state();
+    auto out = ckpt::checkpoint(options(), phase2, phase1(inp));
+    out.sum().backward();
+    auto g1 = inp.grad().clone();
+
+    generator.set_state(generator_state);
+    inp.mutable_grad() = torch::Tensor();
+    out = phase2(phase1(inp));
+    out.sum().backward();
+    EXPECT_TRUE(bit_equal(g1, inp.grad()));
+  }
+}
+
+TEST_P(CheckpointRngTest, RecomputeLeavesTheCallersRandomStreamUntouched) {
+  torch::nn::Dropout dropout(0.5);
+  auto x = torch::randn({100}, torch::requires_grad());
+  torch::manual_seed(3);
+  auto y = ckpt::checkpoint(options(), dropout, x);
+  auto after_forward = torch::rand({4});
+  torch::manual_seed(3);
+  y = ckpt::checkpoint(options(), dropout, x);
+  y.sum().backward();  // recomputes with the stashed state, then puts the caller's back
+  EXPECT_TRUE(bit_equal(torch::rand({4}), after_forward));
+}
+
+TEST_P(CheckpointRngTest, WithoutPreservingRngStateItStillRuns) {
+  // Port of test_checkpoint_not_preserve_rng_state_and_without_reentrant, on the CPU.
+  auto inp = torch::randn({2}, torch::requires_grad());
+  torch::nn::Dropout dropout;
+  ckpt::checkpoint(options().preserve_rng_state(false), dropout, inp).sum().backward();
+  EXPECT_TRUE(inp.grad().defined());
+}
+
+TEST_P(CheckpointRngTest, TransformerLikeBlockWithDropoutIsExact) {
+  const int64_t d = 32;
+  torch::nn::LayerNorm norm1(torch::nn::LayerNormOptions({d})),
+      norm2(torch::nn::LayerNormOptions({d}));
+  torch::nn::Linear qkv(d, 3 * d), proj(d, d), fc1(d, 4 * d), fc2(4 * d, d);
+  torch::nn::Dropout attn_drop(0.1), resid_drop(0.1);
+  auto block = [&](const torch::Tensor& x) {
+    auto parts = qkv(norm1(x)).chunk(3, -1);
+    auto scores = torch::softmax(parts[0].matmul(parts[1].transpose(-2, -1)) / std::sqrt(d), -1);
+    auto h = x + resid_drop(proj(attn_drop(scores).matmul(parts[2])));
+    return h + resid_drop(fc2(torch::gelu(fc1(norm2(h)))));
+  };
+  auto x = torch::randn({2, 10, d}, torch::requires_grad());
+  std::vector<torch::Tensor> params = {qkv->weight, proj->weight, fc1->weight, fc2->weight,
+                                       norm1->weight};
+  params.insert(params.begin(), x);
+
+  torch::manual_seed(11);
+  auto expected = torch::autograd::grad({block(block(x)).pow(2).sum()}, params);
+  torch::manual_seed(11);
+  auto y = ckpt::checkpoint(options(), block, ckpt::checkpoint(options(), block, x));
+  y.pow(2).sum().backward();
+  std::vector<torch::Tensor> actual;
+  for (const auto& p : params) actual.push_back(p.grad());
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(bit_equal(actual[i], expected[i])) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, CheckpointRngTest, ::testing::Values(false, true),
+                         ckpt::test::VariantName());
+
+TEST(DefaultDeviceTypeTest, SetAndGet) {
+  EXPECT_EQ(ckpt::DefaultDeviceType::get_device_type(), c10::DeviceType::CUDA);
+  ckpt::DefaultDeviceType::set_device_type(c10::DeviceType::Meta);
+  EXPECT_EQ(ckpt::DefaultDeviceType::get_device_type(), c10::DeviceType::Meta);
+  // With only CPU tensors, the default device type is the one inferred.
+  EXPECT_EQ(ckpt::detail::infer_device_type({torch::randn({1})}), c10::DeviceType::Meta);
+  ckpt::DefaultDeviceType::set_device_type(c10::DeviceType::CUDA);
+}
+
+TEST(DefaultDeviceTypeTest, InfersTheDeviceTypeOfNonCpuArguments) {
+  // Port of test_infer_device_state_recursive_meta.
+  auto meta = torch::empty({10}, torch::TensorOptions().device(torch::kMeta));
+  EXPECT_EQ(ckpt::detail::infer_device_type({torch::randn({1}), meta}), c10::DeviceType::Meta);
+}
+
+TEST(CheckpointCudaTest, DropoutGradientsMatch_CUDA) {
+  // Port of test_checkpoint_rng_gpu.
+  auto inp = torch::randn({20000}, torch::TensorOptions().device(torch::kCUDA)).requires_grad_();
+  torch::nn::Dropout phase1, phase2;
+  at::Generator generator = at::detail::getCUDAHooks().getDefaultCUDAGenerator(0);
+  auto cuda_state = generator.get_state();
+  auto out = ckpt::checkpoint(phase2, phase1(inp));
+  out.sum().backward();
+  auto g1 = inp.grad().clone();
+  generator.set_state(cuda_state);
+  inp.mutable_grad() = torch::Tensor();
+  phase2(phase1(inp)).sum().backward();
+  EXPECT_TRUE(bit_equal(g1, inp.grad()));
+}
+
+}  // namespace

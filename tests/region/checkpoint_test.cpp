@@ -1,0 +1,232 @@
+// ckpt::checkpoint, non-reentrant (the default): gradients, autograd::grad, captured tensors,
+// repeated backward, concurrency, compared against the same computation without checkpointing.
+
+#include <ckpt/checkpoint.h>
+
+#include "support/support.h"
+
+#include <atomic>
+#include <thread>
+
+namespace {
+
+using ckpt::test::bit_equal;
+using ckpt::test::take_grads;
+
+struct CheckpointTest : ckpt::test::SeedingFixture {};
+
+torch::nn::Sequential make_block(int64_t width = 16) {
+  return torch::nn::Sequential(torch::nn::Linear(width, 2 * width), torch::nn::Tanh(),
+                               torch::nn::Linear(2 * width, width), torch::nn::Sigmoid());
+}
+
+TEST_F(CheckpointTest, GradientsMatchUncheckpointedRunBitForBit) {
+  auto block = make_block();
+  auto x = torch::randn({8, 16}, torch::requires_grad());
+
+  auto expected = block->forward(x);
+  expected.pow(2).sum().backward();
+  auto expected_x = x.grad().clone();
+  auto expected_params = take_grads(*block);
+  x.mutable_grad() = torch::Tensor();
+
+  auto actual = ckpt::checkpoint([&](const torch::Tensor& t) { return block->forward(t); }, x);
+  EXPECT_TRUE(bit_equal(actual, expected));
+  actual.pow(2).sum().backward();
+  EXPECT_TRUE(bit_equal(x.grad(), expected_x));
+  auto actual_params = take_grads(*block);
+  ASSERT_EQ(actual_params.size(), expected_params.size());
+  for (size_t i = 0; i < actual_params.size(); ++i) {
+    EXPECT_TRUE(bit_equal(actual_params[i], expected_params[i])) << "parameter " << i;
+  }
+}
+
+TEST_F(CheckpointTest, ForwardKeepsOnlyTheBoundaryOfTheRegion) {
+  auto block = make_block();
+  auto x = torch::randn({4, 16}, torch::requires_grad());
+  auto y = ckpt::checkpoint(block, x);
+  ASSERT_TRUE(y.grad_fn());
+  EXPECT_EQ(y.grad_fn()->name(), "ckpt::CheckpointBackward");
+  // Next edges: the input's accumulator and the four parameters' accumulators, nothing inside.
+  EXPECT_EQ(y.grad_fn()->num_outputs(), 5u);
+  for (const auto& edge : y.grad_fn()->next_edges()) {
+    EXPECT_NE(dynamic_cast<torch::autograd::AccumulateGrad*>(edge.function.get()), nullptr);
+  }
+}
+
+TEST_F(CheckpointTest, WorksWithAutogradGradForInputsAndParameters) {
+  auto block = make_block();
+  auto x = torch::randn({8, 16}, torch::requires_grad());
+  auto w = block->parameters()[0];
+
+  auto expected = torch::autograd::grad({block->forward(x).sum()}, {x, w});
+  auto actual = torch::autograd::grad({ckpt::checkpoint(block, x).sum()}, {x, w});
+  EXPECT_TRUE(bit_equal(actual[0], expected[0]));
+  EXPECT_TRUE(bit_equal(actual[1], expected[1]));
+  // grad() does not touch .grad of anything.
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST_F(CheckpointTest, BackwardWithInputsArgumentComputesOnlyThose) {
+  auto block = make_block();
+  auto x = torch::randn({8, 16}, torch::requires_grad());
+  auto expected = torch::autograd::grad({block->forward(x).sum()}, {x})[0];
+  torch::autograd::backward({ckpt::checkpoint(block, x).sum()}, {}, c10::nullopt, false, {x});
+  EXPECT_TRUE(bit_equal(x.grad(), expected));
+  for (const auto& p : block->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST_F(CheckpointTest, InputWithoutGradStillGivesParameterGradients) {
+  auto block = make_block();
+  auto x = torch::randn({8, 16});
+  block->forward(x).sum().backward();
+  auto expected = take_grads(*block);
+  auto y = ckpt::checkpoint(block, x);
+  EXPECT_TRUE(y.requires_grad());
+  y.sum().backward();
+  auto actual = take_grads(*block);
+  for (size_t i = 0; i < actual.size(); ++i) EXPECT_TRUE(bit_equal(actual[i], expected[i]));
+}
+
+TEST_F(CheckpointTest, CapturedNonLeafTensorsReceiveGradients) {
+  auto a = torch::randn({5, 5}, torch::requires_grad());
+  auto w = torch::randn({5, 5}, torch::requires_grad());
+  auto scale = w * 2;  // a non-leaf captured by the closure
+  auto fn = [&](const torch::Tensor& t) { return (t.matmul(scale)).tanh() * scale.sum(); };
+
+  auto expected = torch::autograd::grad({fn(a).sum()}, {a, w});
+  auto actual = torch::autograd::grad({ckpt::checkpoint(fn, a).sum()}, {a, w});
+  EXPECT_TRUE(bit_equal(actual[0], expected[0]));
+  EXPECT_TRUE(bit_equal(actual[1], expected[1]));
+}
+
+// The region's input and a tensor it captures are linked before the region: the recompute must
+// stop at the region's border instead of running (and freeing) the graph before it.
+TEST_F(CheckpointTest, BoundaryTensorsThatDependOnEachOtherAreNotDifferentiatedTwice) {
+  auto a = torch::randn({4, 4}, torch::requires_grad());
+  int pre_region_hook_calls = 0;
+  auto x = a.exp();
+  x.register_hook([&](const torch::Tensor& g) {
+    ++pre_region_hook_calls;
+    return g;
+  });
+  auto captured = x.sin();  // depends on x, captured by the closure
+  auto fn = [&](const torch::Tensor& t) { return (t * captured).cos(); };
+
+  auto expected = torch::autograd::grad({fn(x).sum()}, {a}, {}, /*retain_graph=*/true)[0];
+  pre_region_hook_calls = 0;
+  auto y = ckpt::checkpoint(fn, x);
+  y.sum().backward();
+  EXPECT_TRUE(bit_equal(a.grad(), expected));
+  EXPECT_EQ(pre_region_hook_calls, 1);
+}
+
+TEST_F(CheckpointTest, ParameterUsedInsideAndOutsideGetsOneAccumulatedGradient) {
+  // Port of test_checkpointing_without_reentrant_parameter_used_in_an_out (test_autograd.py).
+  auto w = torch::randn({10, 10}, torch::requires_grad());
+  int hook_calls = 0;
+  w.register_hook([&](const torch::Tensor& g) {
+    ++hook_calls;
+    return g;
+  });
+  auto x = torch::rand({10, 10}, torch::requires_grad());
+  auto h = w * x;
+  auto out = ckpt::checkpoint([&](const torch::Tensor& t) { return w * t; }, h);
+  out = ckpt::checkpoint([&](const torch::Tensor& t) { return w * t; }, out);
+  out.sum().backward();
+  EXPECT_EQ(hook_calls, 1);
+  EXPECT_TRUE(ckpt::test::close(w.grad(), 3 * w * w * x));
+}
+
+TEST_F(CheckpointTest, RecomputesOncePerBackwardAndRetainGraphAllowsASecond) {
+  int calls = 0;
+  auto fn = [&](const torch::Tensor& t) {
+    ++calls;
+    return t.sin().exp();
+  };
+  auto x = torch::randn({6}, torch::requires_grad());
+  auto y = ckpt::checkpoint(fn, x);
+  EXPECT_EQ(calls, 1);
+  y.sum().backward({}, /*retain_graph=*/true);
+  EXPECT_EQ(calls, 2);
+  auto first = x.grad().clone();
+  y.sum().backward();
+  EXPECT_EQ(calls, 3);
+  EXPECT_TRUE(bit_equal(x.grad(), first * 2));
+  CKPT_EXPECT_THROWS_WITH(y.sum().backward(), "second time");
+}
+
+TEST_F(CheckpointTest, UnderNoGradGuardItJustRunsTheFunction) {
+  int calls = 0;
+  auto x = torch::randn({3}, torch::requires_grad());
+  torch::Tensor y;
+  {
+    torch::NoGradGuard no_grad;
+    y = ckpt::checkpoint(
+        [&](const torch::Tensor& t) {
+          ++calls;
+          return t * 2;
+        },
+        x);
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_TRUE(bit_equal(y, x.detach() * 2));
+}
+
+TEST_F(CheckpointTest, FunctionWithoutDifferentiableOutputKeepsNothing) {
+  auto x = torch::randn({3});  // nothing requires grad
+  auto y = ckpt::checkpoint([](const torch::Tensor& t) { return t.exp(); }, x);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_TRUE(bit_equal(y, x.exp()));
+}
+
+TEST_F(CheckpointTest, OutputThatIsAnInputGetsItsGradient) {
+  auto x = torch::randn({4}, torch::requires_grad());
+  auto [same, doubled] =
+      ckpt::checkpoint([](const torch::Tensor& t) { return std::make_tuple(t, t * 2); }, x);
+  (same * 3 + doubled).sum().backward();
+  EXPECT_TRUE(bit_equal(x.grad(), torch::full({4}, 5.0)));
+}
+
+TEST_F(CheckpointTest, ModuleHolderCanBeCheckpointedDirectly) {
+  torch::nn::Linear linear(4, 3);
+  auto x = torch::randn({2, 4}, torch::requires_grad());
+  auto expected = torch::autograd::grad({linear(x).sum()}, {x})[0];
+  auto actual = torch::autograd::grad({ckpt::checkpoint(linear, x).sum()}, {x})[0];
+  EXPECT_TRUE(bit_equal(actual, expected));
+}
+
+TEST_F(CheckpointTest, ThreadsRunRegionsConcurrently) {
+  constexpr int kThreads = 4;
+  std::vector<torch::nn::Sequential> blocks;
+  std::vector<torch::Tensor> inputs, expected;
+  for (int i = 0; i < kThreads; ++i) {
+    blocks.push_back(make_block(12));
+    inputs.push_back(torch::randn({5, 12}, torch::requires_grad()));
+    auto y = blocks[i]->forward(blocks[i]->forward(inputs[i]));
+    expected.push_back(torch::autograd::grad({y.sum()}, {inputs[i]})[0]);
+  }
+  std::vector<torch::Tensor> actual(kThreads);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        for (int repeat = 0; repeat < 20; ++repeat) {
+          auto h = ckpt::checkpoint(blocks[i], inputs[i]);
+          auto y = ckpt::checkpoint(blocks[i], h);
+          actual[i] = torch::autograd::grad({y.sum()}, {inputs[i]})[0];
+          if (!torch::equal(actual[i], expected[i])) ++failures;
+        }
+      } catch (...) {
+        ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+}  // namespace

@@ -1,0 +1,5 @@
+// Precompiled for every LibTorch test.
+#pragma once
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/torch.h>
