@@ -2,6 +2,7 @@
 
 #include "checkpoint_node.h"
 #include "graph.h"
+#include "recompute_mark.h"
 #include "region_state.h"
 
 #include <ATen/core/grad_mode.h>
@@ -88,6 +89,7 @@ std::vector<at::Tensor> RegionState::run_recompute(
   if (rng.has_value()) fork.emplace(*rng);
   const AutocastScope autocast_scope(autocast);
   const at::AutoGradMode grad_mode(true);
+  const RecomputeMark mark;
   return recompute(replacement);
 }
 
