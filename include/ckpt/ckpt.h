@@ -5,4 +5,7 @@
 
 #include <ckpt/checkpoint.h>
 #include <ckpt/memory_tracker.h>
+#include <ckpt/modules.h>
 #include <ckpt/options.h>
+#include <ckpt/recompute.h>
+#include <ckpt/sequential.h>

@@ -1,0 +1,31 @@
+#pragma once
+
+// Keeps a recompute from updating module buffers (BatchNorm's running statistics) a second time.
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+
+/// When `active` (by default: during a recompute, `ckpt::is_recomputing()`), snapshots the buffers
+/// of `modules` and their submodules, and writes the snapshot back when destroyed; otherwise does
+/// nothing.
+class BufferGuard {
+ public:
+  explicit BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+  BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, bool active);
+  ~BufferGuard();
+  BufferGuard(const BufferGuard&) = delete;
+  BufferGuard& operator=(const BufferGuard&) = delete;
+
+ private:
+  std::vector<at::Tensor> buffers_;
+  std::vector<at::Tensor> saved_;
+};
+
+}  // namespace detail
+}  // namespace ckpt
