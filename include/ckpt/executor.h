@@ -1,0 +1,121 @@
+#pragma once
+
+#include <ckpt/plan/chain.h>
+#include <ckpt/plan/schedule.h>
+#include <ckpt/plan/simulator.h>
+#include <ckpt/profiler.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+/// A memory budget for a planned chain: in bytes, or as a fraction of the chain's no-checkpoint
+/// activation peak (predicted from its profile).
+class Budget {
+ public:
+  /// An absolute budget. `value` must be positive.
+  static Budget bytes(int64_t value);
+  /// A fraction of the no-checkpoint peak; 0.4 means 40%. `value` must be in (0, 1].
+  static Budget fraction(double value);
+  /// Parses "123456", "512MB", "2GiB", "1.5GB" (bytes, decimal or binary units) or "40%".
+  static Budget parse(const std::string& text);
+
+  bool is_fraction() const { return is_fraction_; }
+  double value() const { return value_; }
+  /// The budget in bytes for a chain whose no-checkpoint peak is `no_checkpoint_peak_bytes`.
+  int64_t resolve(int64_t no_checkpoint_peak_bytes) const;
+
+ private:
+  Budget(bool is_fraction, double value) : is_fraction_(is_fraction), value_(value) {}
+  bool is_fraction_;
+  double value_;
+};
+
+/// Options for `PlannedSequential`.
+struct PlannedOptions {
+  /// The solver: "optimal" (rotor's dynamic program), "uniform:K" (checkpoint_sequential with K
+  /// segments), "sqrt" (Chen's √n), "revolve", or "none". Default: "optimal"
+  TORCH_ARG(std::string, solver) = "optimal";
+  /// Memory slots of the optimal solver's discretisation. Default: 500
+  TORCH_ARG(int, slots) = 500;
+  /// How stages are profiled. Default: ProfileOptions()
+  TORCH_ARG(ProfileOptions, profile) = ProfileOptions();
+  /// Replay each stage's RNG state when it is recomputed. Default: true
+  TORCH_ARG(bool, preserve_rng_state) = true;
+};
+
+/// Receives every operation of a schedule as the executor runs it (for traces and plots).
+struct ExecutionObserver {
+  virtual ~ExecutionObserver() = default;
+  virtual void on_op_begin(const plan::Op& /*op*/) {}
+  virtual void on_op_end(const plan::Op& /*op*/) {}
+};
+
+/// Runs a chain of modules under the fastest schedule that fits a memory budget.
+///
+/// On the first forward (or an explicit `plan(sample)`), it profiles the chain on the input,
+/// solves for a schedule under the budget and keeps it; every forward/backward then follows that
+/// schedule. Gradients are identical to the unchecked chain; RNG is replayed and buffers are not
+/// updated twice. If no schedule fits, `plan` raises an error that names the smallest feasible
+/// budget. The chain's modules are registered as children "0", "1", ... as in the Sequential.
+///
+/// Example:
+/// ```
+/// ckpt::PlannedSequential planned(model, ckpt::Budget::parse("40%"));
+/// auto loss = planned(x).sum();
+/// loss.backward();
+/// ```
+class PlannedSequentialImpl : public torch::nn::Module {
+ public:
+  PlannedSequentialImpl(const torch::nn::Sequential& chain, Budget budget,
+                        PlannedOptions options = {});
+
+  /// Runs the chain under the schedule; plans first if needed.
+  torch::Tensor forward(const torch::Tensor& input);
+  /// Profiles the chain on `sample_input` and solves for a schedule under the budget.
+  void plan(const torch::Tensor& sample_input);
+  /// Uses a given profile instead of measuring one, then solves.
+  void plan(const plan::Chain& profile);
+
+  bool planned() const { return planned_; }
+  const plan::Chain& profile() const;
+  const plan::Schedule& schedule() const;
+  /// The simulator's prediction for the schedule (time, peak bytes, forward count).
+  const plan::SimulationResult& prediction() const;
+  /// The budget in bytes the schedule was solved for.
+  int64_t budget_bytes() const;
+
+  void set_observer(std::shared_ptr<ExecutionObserver> observer) {
+    observer_ = std::move(observer);
+  }
+  void pretty_print(std::ostream& stream) const override;
+
+  PlannedOptions options;
+
+ private:
+  std::vector<torch::nn::AnyModule> stages_;
+  Budget budget_;
+  bool planned_ = false;
+  plan::Chain profile_;
+  plan::Schedule schedule_;
+  plan::SimulationResult prediction_;
+  int64_t budget_bytes_ = 0;
+  std::vector<int64_t> profiled_sizes_;
+  std::shared_ptr<ExecutionObserver> observer_;
+};
+
+/// A `ModuleHolder` subclass for `PlannedSequentialImpl`.
+TORCH_MODULE(PlannedSequential);
+
+}  // namespace ckpt

@@ -1,0 +1,33 @@
+#pragma once
+
+#include <ckpt/plan/chain.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <vector>
+
+namespace ckpt {
+
+/// Options for `profile_chain`.
+struct ProfileOptions {
+  /// Timed repetitions of each stage's forward and backward; the median is kept. Default: 5
+  TORCH_ARG(int, repeats) = 5;
+  /// Untimed repetitions before timing. Default: 1
+  TORCH_ARG(int, warmup) = 1;
+};
+
+/// Measures each stage of a chain on a sample input: forward and backward time (median, seconds)
+/// and the sizes of the planner's memory model (input, output, what a grad-enabled forward keeps,
+/// forward and backward temporaries), counted by the counting allocator. Buffers (BatchNorm
+/// statistics) and the RNG state are left as they were.
+///
+/// Example:
+/// ```
+/// plan::Chain chain = ckpt::profile_chain(stages, x);
+/// ```
+plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
+                          const at::Tensor& sample_input, const ProfileOptions& options = {});
+
+}  // namespace ckpt

@@ -1,0 +1,185 @@
+#include <ckpt/executor.h>
+#include <ckpt/plan/solvers.h>
+
+#include "schedule_runner.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <mutex>
+#include <sstream>
+
+namespace ckpt {
+namespace {
+
+using torch::autograd::variable_list;
+
+// Stands for the whole chain in the autograd graph; its one next edge is the input's.
+class PlannedBackward final : public torch::autograd::Node {
+ public:
+  PlannedBackward(std::shared_ptr<detail::ScheduleRunner> runner, torch::autograd::edge_list next)
+      : Node(std::move(next)), runner_(std::move(runner)) {}
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(runner_ != nullptr,
+                "ckpt::PlannedSequential: Trying to backward through the planned chain a second "
+                "time. Its schedule frees what it stored as it goes, so retain_graph is not "
+                "supported: run the forward again.");
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "ckpt::PlannedSequential does not support double backward (create_graph=true). "
+                "Use ckpt::checkpoint or checkpoint_sequential for higher-order gradients.");
+    // A plain backward accumulates parameter gradients stage by stage, as autograd would; inside
+    // autograd::grad or backward(inputs=...) only the input's gradient is computed.
+    const bool accumulate = torch::autograd::Engine::get_default_engine().is_checkpoint_valid();
+    auto runner = std::move(runner_);
+    // Hand δ_L over rather than keep it for the whole backward: the schedule frees it early.
+    at::Tensor input_grad = runner->backward(std::move(grads[0]), accumulate);
+    if (num_outputs() == 0) return {};
+    return {input_grad};
+  }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    runner_.reset();
+  }
+
+  std::string name() const override { return "ckpt::PlannedSequentialBackward"; }
+
+ private:
+  std::shared_ptr<detail::ScheduleRunner> runner_;
+};
+
+plan::Schedule solve(const plan::Chain& chain, const std::string& solver, int64_t budget_bytes,
+                     int slots) {
+  if (solver == "none") return plan::solve_no_checkpoint(chain);
+  if (solver == "sqrt") return plan::solve_sqrt_n(chain);
+  if (solver.rfind("uniform:", 0) == 0) {
+    const int segments = std::atoi(solver.c_str() + 8);
+    return plan::solve_uniform(chain, segments);
+  }
+  if (solver == "revolve") {
+    // The most slots (fewest recomputations) whose schedule fits.
+    for (int s = chain.size(); s >= 1; --s) {
+      plan::Schedule schedule = plan::solve_revolve(chain, s);
+      if (plan::simulate(chain, schedule).peak_bytes <= budget_bytes) return schedule;
+    }
+    return plan::solve_revolve(chain, 1);
+  }
+  TORCH_CHECK(solver == "optimal", "ckpt::PlannedSequential: unknown solver \"", solver,
+              "\". Use optimal, uniform:K, sqrt, revolve or none.");
+  plan::OptimalOptions options;
+  options.slots = slots;
+  const int64_t minimum = plan::min_feasible_budget_bytes(chain, options);
+  TORCH_CHECK(budget_bytes >= minimum, "ckpt::PlannedSequential: no schedule fits in a budget of ",
+              budget_bytes, " bytes; the smallest feasible budget for this chain is ", minimum,
+              " bytes. Raise the budget.");
+  const plan::OptimalTable table(chain, budget_bytes, options);
+  auto schedule = table.solve(budget_bytes);
+  TORCH_INTERNAL_ASSERT(schedule.has_value(), "no schedule at a budget above the minimum");
+  return *schedule;
+}
+
+}  // namespace
+
+PlannedSequentialImpl::PlannedSequentialImpl(const torch::nn::Sequential& chain, Budget budget,
+                                             PlannedOptions options)
+    : options(std::move(options)), budget_(budget) {
+  TORCH_CHECK(!chain.is_empty() && !chain->is_empty(),
+              "ckpt::PlannedSequential: the chain is empty. Pass a Sequential of at least one "
+              "module.");
+  size_t index = 0;
+  for (const auto& stage : *chain) {
+    stages_.push_back(stage);
+    register_module(std::to_string(index++), stage.ptr());
+  }
+}
+
+void PlannedSequentialImpl::plan(const torch::Tensor& sample_input) {
+  plan(profile_chain(stages_, sample_input, options.profile()));
+  profiled_sizes_ = sample_input.sizes().vec();
+}
+
+void PlannedSequentialImpl::plan(const plan::Chain& profile) {
+  TORCH_CHECK(profile.size() == static_cast<int>(stages_.size()),
+              "ckpt::PlannedSequential::plan: the profile has ", profile.size(),
+              " stages but the chain has ", stages_.size(), ".");
+  profile.validate();
+  const int64_t no_checkpoint_peak =
+      plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes;
+  const int64_t budget_bytes = budget_.resolve(no_checkpoint_peak);
+  plan::Schedule schedule = solve(profile, options.solver(), budget_bytes, options.slots());
+  plan::SimulationResult prediction = plan::simulate(profile, schedule);
+  TORCH_INTERNAL_ASSERT(prediction.valid,
+                        "solver returned an invalid schedule: ", prediction.error);
+  TORCH_CHECK(prediction.peak_bytes <= budget_bytes, "ckpt::PlannedSequential: the ",
+              options.solver(), " schedule needs ", prediction.peak_bytes,
+              " bytes, more than the budget of ", budget_bytes,
+              " bytes. Raise the budget or use the optimal solver.");
+  profile_ = profile;
+  schedule_ = std::move(schedule);
+  prediction_ = std::move(prediction);
+  budget_bytes_ = budget_bytes;
+  planned_ = true;
+}
+
+torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
+  if (!planned_) plan(input);
+  if (!profiled_sizes_.empty() && input.sizes().vec() != profiled_sizes_) {
+    TORCH_WARN_ONCE("ckpt::PlannedSequential: the input shape ", input.sizes(),
+                    " differs from the one the chain was profiled with; gradients stay exact but "
+                    "memory may differ from the prediction. Call plan() with a new sample.");
+  }
+  bool any_grad = input.requires_grad();
+  for (const auto& p : parameters()) any_grad = any_grad || p.requires_grad();
+  if (!at::GradMode::is_enabled() || !any_grad) {
+    torch::Tensor x = input;
+    for (auto& stage : stages_) x = stage.forward<torch::Tensor>(x);
+    return x;
+  }
+  auto runner = std::make_shared<detail::ScheduleRunner>(stages_, schedule_,
+                                                         options.preserve_rng_state(), observer_);
+  torch::Tensor output = runner->forward(input);
+  torch::autograd::edge_list next;
+  if (input.requires_grad()) next.push_back(torch::autograd::impl::gradient_edge(input));
+  auto node = std::make_shared<PlannedBackward>(std::move(runner), std::move(next));
+  torch::Tensor result = output.variable_data();
+  torch::autograd::impl::set_gradient_edge(
+      result, torch::autograd::Edge(node, node->add_input_metadata(result)));
+  return result;
+}
+
+const plan::Chain& PlannedSequentialImpl::profile() const {
+  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
+  return profile_;
+}
+
+const plan::Schedule& PlannedSequentialImpl::schedule() const {
+  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
+  return schedule_;
+}
+
+const plan::SimulationResult& PlannedSequentialImpl::prediction() const {
+  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
+  return prediction_;
+}
+
+int64_t PlannedSequentialImpl::budget_bytes() const {
+  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
+  return budget_bytes_;
+}
+
+void PlannedSequentialImpl::pretty_print(std::ostream& stream) const {
+  stream << "ckpt::PlannedSequential(stages=" << stages_.size() << ", solver=" << options.solver();
+  if (planned_) {
+    stream << ", budget_bytes=" << budget_bytes_
+           << ", predicted_peak_bytes=" << prediction_.peak_bytes
+           << ", forwards=" << prediction_.forward_count;
+  }
+  stream << ")";
+}
+
+}  // namespace ckpt

@@ -1,0 +1,187 @@
+#include "schedule_runner.h"
+
+#include "chains/buffer_guard.h"
+#include "region/recompute_mark.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/equal.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
+namespace ckpt {
+namespace detail {
+namespace {
+
+using plan::OpKind;
+
+at::Tensor cpu_rng_state() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+// Puts the CPU RNG state back as it was when constructed.
+class CpuRngRestore {
+ public:
+  CpuRngRestore() : state_(cpu_rng_state()) {}
+  ~CpuRngRestore() { set_cpu_rng_state(state_); }
+  CpuRngRestore(const CpuRngRestore&) = delete;
+  CpuRngRestore& operator=(const CpuRngRestore&) = delete;
+
+ private:
+  at::Tensor state_;
+};
+
+bool is_differentiable(const at::Tensor& t) {
+  return t.defined() && (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()));
+}
+
+// Notifies the observer around one operation.
+class OpScope {
+ public:
+  OpScope(ExecutionObserver* observer, const plan::Op& op) : observer_(observer), op_(op) {
+    if (observer_) observer_->on_op_begin(op_);
+  }
+  ~OpScope() {
+    if (observer_) observer_->on_op_end(op_);
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  ExecutionObserver* observer_;
+  const plan::Op& op_;
+};
+
+}  // namespace
+
+ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::Schedule schedule,
+                               bool preserve_rng_state, std::shared_ptr<ExecutionObserver> observer)
+    : stages_(std::move(stages)),
+      schedule_(std::move(schedule)),
+      loss_index_(schedule_.ops.size()),
+      preserve_rng_state_(preserve_rng_state),
+      observer_(std::move(observer)) {
+  for (size_t k = 0; k < schedule_.ops.size(); ++k) {
+    if (schedule_.ops[k].kind == OpKind::Loss) loss_index_ = k;
+  }
+  TORCH_INTERNAL_ASSERT(loss_index_ < schedule_.ops.size(), "schedule without a loss operation");
+  const size_t n = stages_.size();
+  x_.resize(n + 1);
+  kept_.assign(n + 1, false);
+  graphs_.resize(n);
+  rng_states_.resize(n);
+  ran_.assign(n, false);
+  // Only stages that run again need their RNG state stashed (5 KB each on the CPU).
+  std::vector<int> forwards(n, 0);
+  for (const auto& op : schedule_.ops) {
+    if (op.kind == OpKind::ForwardNone || op.kind == OpKind::ForwardInput ||
+        op.kind == OpKind::ForwardAll) {
+      ++forwards[op.stage];
+    }
+  }
+  recomputed_.resize(n);
+  for (size_t i = 0; i < n; ++i) recomputed_[i] = forwards[i] > 1;
+}
+
+const at::Tensor& ScheduleRunner::available(int i) const {
+  if (x_[i].defined()) return x_[i];
+  TORCH_INTERNAL_ASSERT(i > 0 && graphs_[i - 1].has_value(), "x_", i, " is not in memory");
+  return graphs_[i - 1]->output();
+}
+
+at::Tensor ScheduleRunner::forward(const at::Tensor& input) {
+  input_requires_grad_ = input.requires_grad() && is_differentiable(input);
+  x_[0] = input;
+  kept_[0] = true;
+  for (size_t k = 0; k < loss_index_; ++k) run_forward(schedule_.ops[k]);
+  return available(static_cast<int>(stages_.size()));
+}
+
+void ScheduleRunner::run_forward(const plan::Op& op) {
+  const OpScope scope(observer_.get(), op);
+  const int i = op.stage;
+  const at::Tensor input = available(i);
+  // A stage that already ran is being recomputed: replay its RNG, keep its buffers.
+  const bool recompute = ran_[i];
+  c10::optional<CpuRngRestore> restore;
+  c10::optional<RecomputeMark> mark;
+  if (recompute) {
+    mark.emplace();
+    if (preserve_rng_state_) {
+      restore.emplace();
+      if (rng_states_[i].defined()) set_cpu_rng_state(rng_states_[i]);
+    }
+  } else {
+    if (preserve_rng_state_ && recomputed_[i]) rng_states_[i] = cpu_rng_state();
+    ran_[i] = true;
+  }
+  const BufferGuard buffers({stages_[i].ptr()}, recompute);
+  run_stage(op, input);
+  // A stage that drew no random numbers needs no stashed state (5 KB each): drop it.
+  if (!recompute && rng_states_[i].defined() && torch::equal(rng_states_[i], cpu_rng_state())) {
+    rng_states_[i].reset();
+  }
+}
+
+void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {
+  const int i = op.stage;
+
+  if (op.kind == OpKind::ForwardAll) {
+    const bool needs_grad = i > 0 ? is_differentiable(input) : input_requires_grad_;
+    graphs_[i].emplace(stages_[i], input, needs_grad);
+    return;
+  }
+  at::Tensor output;
+  {
+    const at::NoGradGuard no_grad;
+    output = stages_[i].forward<at::Tensor>(input);
+  }
+  x_[i + 1] = std::move(output);
+  if (op.kind == OpKind::ForwardInput) {
+    kept_[i] = true;
+  } else if (i > 0 && x_[i].defined() && !kept_[i]) {
+    x_[i].reset();
+  }
+}
+
+at::Tensor ScheduleRunner::backward(at::Tensor grad_output, bool accumulate_parameters) {
+  const CpuRngRestore restore;  // recomputes must not move the caller's random stream
+  const int n = static_cast<int>(stages_.size());
+  x_[n].reset();  // the loss consumed x_L
+  delta_ = std::move(grad_output);
+  for (size_t k = loss_index_ + 1; k < schedule_.ops.size(); ++k) {
+    const plan::Op& op = schedule_.ops[k];
+    if (op.kind == OpKind::Backward) {
+      run_backward(op, accumulate_parameters);
+    } else {
+      run_forward(op);
+    }
+  }
+  x_[0].reset();
+  return std::move(delta_);
+}
+
+void ScheduleRunner::run_backward(const plan::Op& op, bool accumulate_parameters) {
+  const OpScope scope(observer_.get(), op);
+  const int i = op.stage;
+  TORCH_INTERNAL_ASSERT(graphs_[i].has_value(), "backward of stage ", i, " without its graph");
+  at::Tensor grad_output = std::move(delta_);
+  delta_ = graphs_[i]->backward(std::move(grad_output), accumulate_parameters);
+  graphs_[i].reset();
+  if (i > 0) {
+    x_[i].reset();
+    kept_[i] = false;
+  }
+}
+
+}  // namespace detail
+}  // namespace ckpt

@@ -1,0 +1,55 @@
+#pragma once
+
+// Runs one forward/backward of a chain under a schedule: the state between the two passes, kept
+// by the autograd node that stands for the chain in the graph.
+
+#include <ckpt/executor.h>
+#include <ckpt/plan/schedule.h>
+
+#include "chains/stage_graph.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <memory>
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+
+class ScheduleRunner {
+ public:
+  ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::Schedule schedule,
+                 bool preserve_rng_state, std::shared_ptr<ExecutionObserver> observer);
+
+  /// Runs the operations before the loss and returns the chain's output (x_L).
+  at::Tensor forward(const at::Tensor& input);
+  /// Runs the operations after the loss from δ_L; returns δ_0 (undefined if the input needs no
+  /// grad). `accumulate_parameters` as in `StageGraph::backward`.
+  at::Tensor backward(at::Tensor grad_output, bool accumulate_parameters);
+
+ private:
+  void run_forward(const plan::Op& op);
+  void run_stage(const plan::Op& op, const at::Tensor& input);
+  void run_backward(const plan::Op& op, bool accumulate_parameters);
+  const at::Tensor& available(int i) const;
+
+  std::vector<torch::nn::AnyModule> stages_;
+  plan::Schedule schedule_;
+  size_t loss_index_;
+  bool preserve_rng_state_;
+  std::shared_ptr<ExecutionObserver> observer_;
+
+  bool input_requires_grad_ = false;
+  std::vector<at::Tensor> x_;                      // standalone x_i, i = 0..L
+  std::vector<bool> kept_;                         // x_i is a checkpoint
+  std::vector<c10::optional<StageGraph>> graphs_;  // graphs_[i] holds x̄_{i+1}
+  std::vector<at::Tensor> rng_states_;             // CPU RNG before stage i first ran
+  std::vector<bool> ran_;
+  std::vector<bool> recomputed_;  // stage i runs more than once
+  at::Tensor delta_;              // the gradient at the current position
+};
+
+}  // namespace detail
+}  // namespace ckpt

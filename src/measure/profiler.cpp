@@ -1,0 +1,137 @@
+#include <ckpt/memory_tracker.h>
+#include <ckpt/profiler.h>
+
+#include "chains/buffer_guard.h"
+#include "chains/stage_graph.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+namespace ckpt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+int64_t storage_bytes(const at::Tensor& t) {
+  return t.defined() && t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
+}
+
+bool is_differentiable(const at::Tensor& t) {
+  return at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
+}
+
+// Gives every parameter of `module` a zero gradient buffer for its lifetime (the steady state of
+// training, where backward accumulates in place) and puts the original gradients back afterwards.
+class GradientBuffers {
+ public:
+  explicit GradientBuffers(torch::nn::Module& module) {
+    for (auto& p : module.parameters()) {
+      if (!p.requires_grad()) continue;
+      params_.push_back(p);
+      saved_.push_back(p.grad());
+      p.mutable_grad() = at::zeros_like(p);
+    }
+  }
+  ~GradientBuffers() {
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = saved_[i];
+  }
+  GradientBuffers(const GradientBuffers&) = delete;
+  GradientBuffers& operator=(const GradientBuffers&) = delete;
+
+ private:
+  std::vector<at::Tensor> params_, saved_;
+};
+
+}  // namespace
+
+plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
+                          const at::Tensor& sample_input, const ProfileOptions& options) {
+  TORCH_CHECK(!stages.empty(), "ckpt::profile_chain: the chain is empty.");
+  TORCH_CHECK(options.repeats() >= 1, "ckpt::profile_chain: repeats must be at least 1, but got ",
+              options.repeats(), ".");
+  MemoryTracker tracker;
+  // Profiling runs the stages many times: leave the RNG and the buffers as they were.
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  at::Tensor rng_state;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    rng_state = generator.get_state();
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> modules;
+  for (const auto& stage : stages) modules.push_back(stage.ptr());
+  const detail::BufferGuard buffers(modules, /*active=*/true);
+
+  plan::Chain chain;
+  chain.input_bytes = storage_bytes(sample_input);
+  at::Tensor x = sample_input.detach();
+  for (size_t i = 0; i < stages.size(); ++i) {
+    auto stage = stages[i];
+    const GradientBuffers grads(*stage.ptr());
+    const bool input_grad = i > 0 ? is_differentiable(x) : sample_input.requires_grad();
+    plan::Stage measured{};
+    std::vector<double> forward_times, backward_times;
+    int64_t saved = 0, forward_tmp = 0, backward_tmp = 0;
+    for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
+      const bool timed = r >= options.warmup();
+      tracker.reset_peak();
+      const int64_t before = tracker.current_bytes();
+      auto start = Clock::now();
+      detail::StageGraph graph(stage, x, input_grad);
+      const double forward_time = seconds_since(start);
+      saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
+      forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
+
+      at::Tensor grad_output = at::ones_like(graph.output());
+      tracker.reset_peak();
+      const int64_t before_backward = tracker.current_bytes();
+      start = Clock::now();
+      at::Tensor input_grad_value = graph.backward(grad_output, /*accumulate_parameters=*/true);
+      const double backward_time = seconds_since(start);
+      // The backward allocates δ_i (kept) on top of its temporaries.
+      backward_tmp = std::max(
+          backward_tmp, tracker.peak_bytes() - before_backward - storage_bytes(input_grad_value));
+      if (timed) {
+        forward_times.push_back(forward_time);
+        backward_times.push_back(backward_time);
+      }
+    }
+    at::Tensor output;
+    {
+      const at::NoGradGuard no_grad;
+      tracker.reset_peak();
+      const int64_t before = tracker.current_bytes();
+      output = stage.forward<at::Tensor>(x);
+      forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - storage_bytes(output));
+    }
+    measured.forward_time = median(forward_times);
+    measured.backward_time = median(backward_times);
+    measured.output_bytes = storage_bytes(output);
+    measured.saved_bytes = std::max(saved, measured.output_bytes);
+    measured.forward_tmp_bytes = std::max<int64_t>(forward_tmp, 0);
+    measured.backward_tmp_bytes = std::max<int64_t>(backward_tmp, 0);
+    chain.stages.push_back(measured);
+    x = output;
+  }
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rng_state);
+  }
+  return chain;
+}
+
+}  // namespace ckpt

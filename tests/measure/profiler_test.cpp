@@ -1,0 +1,48 @@
+// ckpt::profile_chain: sizes measured by the counting allocator, state left untouched.
+
+#include <ckpt/profiler.h>
+
+#include "support/support.h"
+
+namespace {
+
+TEST(ProfilerTest, MeasuresSizesOfTheMemoryModel) {
+  torch::manual_seed(0);
+  std::vector<torch::nn::AnyModule> stages = {torch::nn::AnyModule(torch::nn::Linear(64, 128)),
+                                              torch::nn::AnyModule(torch::nn::Tanh()),
+                                              torch::nn::AnyModule(torch::nn::Linear(128, 32))};
+  auto x = torch::randn({16, 64});
+  auto chain = ckpt::profile_chain(stages, x, ckpt::ProfileOptions().repeats(3));
+  ASSERT_EQ(chain.size(), 3);
+  EXPECT_EQ(chain.input_bytes, 16 * 64 * 4);
+  EXPECT_EQ(chain.stages[0].output_bytes, 16 * 128 * 4);
+  EXPECT_EQ(chain.stages[1].output_bytes, 16 * 128 * 4);
+  EXPECT_EQ(chain.stages[2].output_bytes, 16 * 32 * 4);
+  // Linear keeps its output (its input is x_0); Tanh keeps its output (tanh' uses it).
+  EXPECT_EQ(chain.stages[0].saved_bytes, 16 * 128 * 4);
+  EXPECT_EQ(chain.stages[1].saved_bytes, 16 * 128 * 4);
+  for (const auto& stage : chain.stages) {
+    EXPECT_GT(stage.forward_time, 0);
+    EXPECT_GT(stage.backward_time, 0);
+    EXPECT_GE(stage.forward_tmp_bytes, 0);
+    EXPECT_GE(stage.backward_tmp_bytes, 0);
+  }
+  chain.validate();
+}
+
+TEST(ProfilerTest, LeavesRngBuffersAndGradientsAsTheyWere) {
+  torch::nn::BatchNorm1d norm(8);
+  torch::nn::Linear linear(8, 8);
+  std::vector<torch::nn::AnyModule> stages = {torch::nn::AnyModule(linear),
+                                              torch::nn::AnyModule(norm),
+                                              torch::nn::AnyModule(torch::nn::Dropout(0.5))};
+  auto input = torch::randn({4, 8});
+  auto mean_before = norm->running_mean.clone();
+  auto rng_before = at::detail::getDefaultCPUGenerator().get_state();
+  ckpt::profile_chain(stages, input);
+  EXPECT_TRUE(torch::equal(norm->running_mean, mean_before));
+  EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
+  EXPECT_FALSE(linear->weight.grad().defined());
+}
+
+}  // namespace
