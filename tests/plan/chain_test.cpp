@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "plan_support.h"
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -12,13 +14,7 @@ namespace ckpt {
 namespace plan {
 namespace {
 
-Chain two_stage_chain() {
-  Chain chain;
-  chain.input_bytes = 10;
-  chain.stages.push_back(Stage{1.0, 2.0, 20, 30, 5, 7, {}});
-  chain.stages.push_back(Stage{2.0, 3.0, 40, 50, 0, 1, {}});
-  return chain;
-}
+using test::two_stage_chain;
 
 // Expects `fn` to throw std::invalid_argument whose message contains every substring.
 template <class F>

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "plan_support.h"
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -19,30 +21,7 @@ namespace ckpt {
 namespace plan {
 namespace {
 
-// Random heterogeneous chain with integer times (exact sums) and optional alternatives.
-Chain random_chain(std::mt19937& rng, int stages, int max_bytes, int alternatives) {
-  std::uniform_int_distribution<int64_t> size(1, max_bytes);
-  std::uniform_int_distribution<int64_t> tmp(0, max_bytes / 2);
-  std::uniform_int_distribution<int> time(1, 10);
-  Chain chain;
-  chain.input_bytes = size(rng);
-  for (int i = 0; i < stages; ++i) {
-    Stage stage;
-    stage.forward_time = time(rng);
-    stage.backward_time = time(rng);
-    stage.output_bytes = size(rng);
-    stage.saved_bytes = stage.output_bytes + tmp(rng) * 2;
-    stage.forward_tmp_bytes = tmp(rng);
-    stage.backward_tmp_bytes = tmp(rng);
-    for (int k = 0; k < alternatives; ++k) {
-      stage.alternatives.push_back(
-          StorageOption{static_cast<double>(time(rng)), static_cast<double>(time(rng)),
-                        stage.output_bytes + tmp(rng), tmp(rng), tmp(rng)});
-    }
-    chain.stages.push_back(stage);
-  }
-  return chain;
-}
+using test::random_chain;
 
 double total_time(const Chain& chain) {
   double total = 0.0;

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "plan_support.h"
+
 #include <random>
 #include <string>
 
@@ -14,40 +16,8 @@ namespace ckpt {
 namespace plan {
 namespace {
 
-// Input 10; stage 0: f=1 b=2 |x1|=20 |x̄1|=30 ftmp=5 btmp=7; stage 1: f=2 b=3 |x2|=40 |x̄2|=50
-// ftmp=0 btmp=1.
-Chain two_stage_chain() {
-  Chain chain;
-  chain.input_bytes = 10;
-  chain.stages.push_back(Stage{1.0, 2.0, 20, 30, 5, 7, {}});
-  chain.stages.push_back(Stage{2.0, 3.0, 40, 50, 0, 1, {}});
-  return chain;
-}
-
-// Random heterogeneous chain with integer times (exact sums) and optional alternatives.
-Chain random_chain(std::mt19937& rng, int stages, int max_bytes, int alternatives) {
-  std::uniform_int_distribution<int64_t> size(1, max_bytes);
-  std::uniform_int_distribution<int64_t> tmp(0, max_bytes / 2);
-  std::uniform_int_distribution<int> time(1, 10);
-  Chain chain;
-  chain.input_bytes = size(rng);
-  for (int i = 0; i < stages; ++i) {
-    Stage stage;
-    stage.forward_time = time(rng);
-    stage.backward_time = time(rng);
-    stage.output_bytes = size(rng);
-    stage.saved_bytes = stage.output_bytes + tmp(rng) * 2;
-    stage.forward_tmp_bytes = tmp(rng);
-    stage.backward_tmp_bytes = tmp(rng);
-    for (int k = 0; k < alternatives; ++k) {
-      stage.alternatives.push_back(
-          StorageOption{static_cast<double>(time(rng)), static_cast<double>(time(rng)),
-                        stage.output_bytes + tmp(rng), tmp(rng), tmp(rng)});
-    }
-    chain.stages.push_back(stage);
-  }
-  return chain;
-}
+using test::random_chain;
+using test::two_stage_chain;
 
 Schedule ops(std::initializer_list<Op> list) {
   return Schedule{std::vector<Op>(list)};
