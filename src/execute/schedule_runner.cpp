@@ -2,10 +2,10 @@
 
 #include "chains/buffer_guard.h"
 #include "region/recompute_mark.h"
+#include "region/rng_state.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/equal.h>
 #include <c10/util/Exception.h>
 
 #include <mutex>
@@ -127,7 +127,7 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
   const BufferGuard buffers({stages_[i].ptr()}, recompute);
   run_stage(op, input);
   // A stage that drew no random numbers needs no stashed state (5 KB each): drop it.
-  if (!recompute && rng_states_[i].defined() && torch::equal(rng_states_[i], cpu_rng_state())) {
+  if (!recompute && rng_states_[i].defined() && same_state(rng_states_[i], cpu_rng_state())) {
     rng_states_[i].reset();
   }
 }

@@ -137,6 +137,7 @@ std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, Recomput
                 "(for example by creating a tensor on it), or pass "
                 "CheckpointOptions().preserve_rng_state(false).");
   }
+  if (state.rng.has_value()) state.rng->drop_cpu_state_if_unused();
   state.outputs.reserve(outputs.size());
   for (const auto& output : outputs) state.outputs.push_back(TensorMeta::of(output));
   state.recompute = std::move(recompute);

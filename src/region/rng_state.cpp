@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <cstring>
 
 #include <algorithm>
 #include <mutex>
@@ -55,19 +56,34 @@ RngStash::RngStash(const std::vector<at::Tensor>& inputs)
   }
 }
 
+bool same_state(const at::Tensor& a, const at::Tensor& b) {
+  // Generator states are small contiguous byte tensors: compare the bytes directly.
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+void RngStash::drop_cpu_state_if_unused() {
+  if (cpu_state_.defined() && same_state(cpu_state_, read_state(cpu_generator()))) {
+    cpu_state_.reset();
+  }
+}
+
 RngFork::RngFork(const RngStash& stash) : generators_(stash.device_generators_) {
-  at::Generator cpu = cpu_generator();
-  saved_cpu_state_ = read_state(cpu);
+  if (stash.cpu_state_.defined()) {
+    at::Generator cpu = cpu_generator();
+    saved_cpu_state_ = read_state(cpu);
+    write_state(cpu, stash.cpu_state_);
+  }
   for (auto& generator : generators_) saved_device_states_.push_back(read_state(generator));
-  write_state(cpu, stash.cpu_state_);
   for (size_t i = 0; i < generators_.size(); ++i) {
     write_state(generators_[i], stash.device_states_[i]);
   }
 }
 
 RngFork::~RngFork() {
-  at::Generator cpu = cpu_generator();
-  write_state(cpu, saved_cpu_state_);
+  if (saved_cpu_state_.defined()) {
+    at::Generator cpu = cpu_generator();
+    write_state(cpu, saved_cpu_state_);
+  }
   for (size_t i = 0; i < generators_.size(); ++i) {
     write_state(generators_[i], saved_device_states_[i]);
   }

@@ -11,6 +11,9 @@
 namespace ckpt {
 namespace detail {
 
+/// Whether two generator states (byte tensors from `Generator::get_state`) are identical.
+bool same_state(const at::Tensor& a, const at::Tensor& b);
+
 /// The device type whose RNG is preserved for these tensor arguments (DefaultDeviceType rules).
 c10::DeviceType infer_device_type(const std::vector<at::Tensor>& tensors);
 
@@ -22,6 +25,10 @@ class RngStash {
  public:
   /// Reads the current states.
   explicit RngStash(const std::vector<at::Tensor>& inputs);
+
+  /// Forgets the CPU state when the generator has not moved since the stash: the forward drew no
+  /// random numbers on the CPU, so the recompute has nothing to replay (and 5 KB less is kept).
+  void drop_cpu_state_if_unused();
 
   c10::DeviceType device_type() const { return device_type_; }
   bool had_device_at_forward() const { return had_device_; }
