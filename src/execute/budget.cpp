@@ -1,13 +1,12 @@
 #include <ckpt/executor.h>
+#include <ckpt/plan/bytes.h>
 
 #include <c10/util/Exception.h>
 
-#include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
-#include <utility>
-#include <vector>
 
 namespace ckpt {
 
@@ -26,25 +25,22 @@ Budget Budget::fraction(double value) {
 }
 
 Budget Budget::parse(const std::string& text) {
-  const char* begin = text.c_str();
-  char* end = nullptr;
-  const double number = std::strtod(begin, &end);
-  std::string unit(end);
-  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
-  TORCH_CHECK(end != begin && std::isfinite(number),
-              "ckpt::Budget::parse: cannot read a budget from \"", text,
-              "\". Write bytes (\"1048576\"), with a unit (\"512MB\", \"2GiB\"), or a percentage "
-              "of the no-checkpoint peak (\"40%\").");
-  if (unit == "%") return fraction(number / 100.0);
-  static const std::vector<std::pair<std::string, double>> units = {
-      {"", 1},       {"B", 1},         {"KB", 1e3},        {"MB", 1e6},
-      {"GB", 1e9},   {"KiB", 1024.0},  {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-      {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}};
-  for (const auto& [name, scale] : units) {
-    if (unit == name) return bytes(static_cast<int64_t>(std::llround(number * scale)));
+  const auto last = text.find_last_not_of(" \t");
+  if (last != std::string::npos && text[last] == '%') {
+    char* end = nullptr;
+    const double percent = std::strtod(text.c_str(), &end);
+    TORCH_CHECK(end != text.c_str() && static_cast<size_t>(end - text.c_str()) == last,
+                "ckpt::Budget::parse: cannot read a percentage from \"", text,
+                "\". Write it as \"40%\".");
+    return fraction(percent / 100.0);
   }
-  TORCH_CHECK(false, "ckpt::Budget::parse: unknown unit \"", unit, "\" in \"", text,
-              "\". Use B, KB, MB, GB, KiB, MiB, GiB, or % of the no-checkpoint peak.");
+  int64_t value = 0;
+  try {
+    value = plan::parse_bytes(text, "ckpt::Budget::parse: the budget");
+  } catch (const std::invalid_argument& error) {
+    TORCH_CHECK(false, error.what(), " (or a percentage of the no-checkpoint peak, such as 40%).");
+  }
+  return bytes(value);
 }
 
 int64_t Budget::resolve(int64_t no_checkpoint_peak_bytes) const {

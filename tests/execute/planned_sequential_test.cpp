@@ -156,10 +156,11 @@ TEST(BudgetTest, ParsesBytesUnitsAndPercentages) {
   EXPECT_EQ(ckpt::Budget::parse("1.5KiB").resolve(0), 1536);
   EXPECT_TRUE(ckpt::Budget::parse("40%").is_fraction());
   EXPECT_EQ(ckpt::Budget::parse("40%").resolve(1000), 400);
-  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("lots"), "cannot read a budget");
+  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("lots"), "must be a positive size");
   CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("3 parsecs"), "unknown unit");
   CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("150%"), "(0, 1]");
-  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("-5"), "must be positive");
+  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("-5"), "must be a positive size");
+  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("4x%"), "cannot read a percentage");
 }
 
 }  // namespace
