@@ -1,0 +1,354 @@
+// End-to-end tests of the `ckpt` program: runs the built binary and checks exit codes, outputs,
+// JSON fields and error messages (plan on the fixture chains of data/chains/, tiny train runs).
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using nlohmann::json;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string work_path(const std::string& name) {
+  return std::string(CKPT_TEST_WORK_DIR) + "/" + name;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// Runs `ckpt ARGS` (through sh; `prefix` goes before the binary, e.g. a timeout command).
+Result run(const std::string& args, const std::string& prefix = "") {
+  const std::string err_path = work_path(
+      "stderr_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  const std::string command =
+      "OMP_NUM_THREADS=1 " + prefix + " " + CKPT_CLI_BINARY + " " + args + " 2>" + err_path;
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.out.append(buffer, n);
+  const int status = pclose(pipe);
+  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.err = read_text(err_path);
+  return result;
+}
+
+std::string chain(const std::string& name) {
+  return std::string(CKPT_SOURCE_DIR) + "/data/chains/" + name;
+}
+
+json plan_json(const std::string& args) {
+  const Result result = run("plan --json " + args);
+  EXPECT_EQ(result.code, 0) << result.err;
+  return json::parse(result.out);
+}
+
+const std::string kTiny =
+    "train --layers 2 --width 32 --heads 2 --context 16 --batch 4 --steps 4 --threads 1 ";
+
+// ~~~ global ~~~
+
+TEST(Cli, VersionPrintsVersion) {
+  const Result result = run("--version");
+  EXPECT_EQ(result.code, 0);
+  EXPECT_NE(result.out.find("0.1.0"), std::string::npos) << result.out;
+}
+
+TEST(Cli, HelpListsTheCommands) {
+  const Result result = run("--help");
+  EXPECT_EQ(result.code, 0);
+  for (const char* command : {"train", "plan", "bench"}) {
+    EXPECT_NE(result.out.find(command), std::string::npos) << result.out;
+  }
+}
+
+TEST(Cli, CommandHelpListsItsOptions) {
+  const Result result = run("train --help");
+  EXPECT_EQ(result.code, 0);
+  for (const char* option : {"--layers", "--strategy", "--plot", "--trace", "--json"}) {
+    EXPECT_NE(result.out.find(option), std::string::npos) << result.out;
+  }
+}
+
+TEST(Cli, NoCommandPrintsHelpAndFails) {
+  const Result result = run("");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("ckpt: error:"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("plan"), std::string::npos) << result.err;
+}
+
+TEST(Cli, UnknownOptionIsUsageError) {
+  const Result result = run("plan --chain x.json --budget 1 --frobnicate");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("ckpt: error:"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("frobnicate"), std::string::npos) << result.err;
+}
+
+TEST(Cli, UnknownCommandIsUsageError) {
+  const Result result = run("fly");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("ckpt: error:"), std::string::npos) << result.err;
+}
+
+// ~~~ plan ~~~
+
+TEST(Cli, PlanJsonHasContractFields) {
+  const json plan = plan_json("--chain " + chain("homogeneous.json") + " --budget 30000");
+  for (const char* key : {"feasible", "predicted_time", "predicted_peak_bytes", "forward_count",
+                          "schedule", "budget_bytes", "solver", "min_feasible_budget_bytes",
+                          "no_checkpoint_time", "no_checkpoint_peak_bytes"}) {
+    EXPECT_TRUE(plan.contains(key)) << key;
+  }
+  EXPECT_TRUE(plan["feasible"].get<bool>());
+  EXPECT_LE(plan["predicted_peak_bytes"].get<int64_t>(), 30000);
+  const std::set<std::string> ops{"forward_none", "forward_input", "forward_all", "backward",
+                                  "loss"};
+  int forwards = 0;
+  for (const json& op : plan["schedule"]) {
+    const std::string name = op["op"].get<std::string>();
+    EXPECT_TRUE(ops.count(name)) << name;
+    EXPECT_TRUE(op["stage"].is_number_integer());
+    forwards += name.rfind("forward", 0) == 0;
+  }
+  EXPECT_EQ(forwards, plan["forward_count"].get<int>());
+  EXPECT_GT(plan["predicted_time"].get<double>(), plan["no_checkpoint_time"].get<double>());
+}
+
+TEST(Cli, PlanHeterogeneousChainFitsBudget) {
+  const json plan = plan_json("--chain " + chain("resnet_like.json") + " --budget 100MiB");
+  EXPECT_TRUE(plan["feasible"].get<bool>());
+  EXPECT_EQ(plan["budget_bytes"].get<int64_t>(), 100 << 20);
+  EXPECT_LE(plan["predicted_peak_bytes"].get<int64_t>(), 100 << 20);
+  EXPECT_LT(plan["predicted_peak_bytes"].get<int64_t>(),
+            plan["no_checkpoint_peak_bytes"].get<int64_t>());
+}
+
+TEST(Cli, PlanUnlimitedBudgetRecomputesNothing) {
+  const json plan = plan_json("--chain " + chain("resnet_like.json") + " --budget 1GB");
+  EXPECT_EQ(plan["forward_count"].get<int>(), plan["stages"].get<int>());
+  EXPECT_DOUBLE_EQ(plan["predicted_time"].get<double>(), plan["no_checkpoint_time"].get<double>());
+}
+
+TEST(Cli, PlanInfeasibleBudgetReportsSmallestFeasible) {
+  const json plan = plan_json("--chain " + chain("homogeneous.json") + " --budget 100");
+  EXPECT_FALSE(plan["feasible"].get<bool>());
+  const int64_t smallest = plan["min_feasible_budget_bytes"].get<int64_t>();
+  EXPECT_GT(smallest, 100);
+  EXPECT_TRUE(plan["schedule"].empty());
+  const json retry =
+      plan_json("--chain " + chain("homogeneous.json") + " --budget " + std::to_string(smallest));
+  EXPECT_TRUE(retry["feasible"].get<bool>());
+  EXPECT_EQ(retry["predicted_peak_bytes"].get<int64_t>(), smallest);
+}
+
+TEST(Cli, PlanAcceptsBudgetUnits) {
+  const json bytes = plan_json("--chain " + chain("homogeneous.json") + " --budget 28672");
+  const json units = plan_json("--chain " + chain("homogeneous.json") + " --budget 28KiB");
+  EXPECT_EQ(bytes["budget_bytes"], units["budget_bytes"]);
+  EXPECT_EQ(bytes["schedule"], units["schedule"]);
+}
+
+TEST(Cli, PlanAcceptsBudgetAsPercentageOfNoCheckpointPeak) {
+  const json plan = plan_json("--chain " + chain("resnet_like.json") + " --budget 50%");
+  const int64_t peak = plan["no_checkpoint_peak_bytes"].get<int64_t>();
+  EXPECT_EQ(plan["budget_bytes"].get<int64_t>(), peak / 2);
+  EXPECT_TRUE(plan["feasible"].get<bool>());
+  EXPECT_LE(plan["predicted_peak_bytes"].get<int64_t>(), peak / 2);
+  EXPECT_NE(run("plan --chain " + chain("resnet_like.json") + " --budget 150%").code, 0);
+}
+
+TEST(Cli, PlanUniformSolverIsCheckpointSequential) {
+  const json plan =
+      plan_json("--chain " + chain("homogeneous.json") + " --budget 1MB --solver uniform:2");
+  EXPECT_EQ(plan["solver"], "uniform:2");
+  EXPECT_EQ(plan["schedule"][0]["op"], "forward_input");
+  EXPECT_EQ(plan["forward_count"].get<int>(), 8 + 4);
+}
+
+TEST(Cli, PlanEverySolverGivesAValidAnswer) {
+  for (const char* solver :
+       {"optimal", "uniform", "uniform:3", "sqrt", "revolve", "revolve:2", "none"}) {
+    const json plan =
+        plan_json("--chain " + chain("resnet_like.json") + " --budget 200MiB --solver " + solver);
+    EXPECT_TRUE(plan["feasible"].is_boolean()) << solver;
+    EXPECT_FALSE(plan["schedule"].empty()) << solver;
+  }
+}
+
+TEST(Cli, PlanHumanReadableOutput) {
+  const Result result = run("plan --chain " + chain("homogeneous.json") + " --budget 30000");
+  EXPECT_EQ(result.code, 0) << result.err;
+  for (const char* text :
+       {"feasible:   yes", "schedule:   Fck0", "peak:", "overhead", "min budget:"}) {
+    EXPECT_NE(result.out.find(text), std::string::npos) << result.out;
+  }
+}
+
+TEST(Cli, PlanInvalidChainNamesFileAndField) {
+  const Result result = run("plan --json --chain " + chain("invalid.json") + " --budget 1GB");
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("ckpt: error:"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("invalid.json"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("stages[1].saved_bytes"), std::string::npos) << result.err;
+}
+
+TEST(Cli, PlanMissingChainFileFails) {
+  const Result result = run("plan --chain /nonexistent/chain.json --budget 1GB");
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("cannot open"), std::string::npos) << result.err;
+}
+
+TEST(Cli, PlanRejectsBadBudget) {
+  for (const char* budget : {"12XB", "-5", "lots", "0"}) {
+    const Result result = run("plan --chain " + chain("homogeneous.json") + " --budget=" + budget);
+    EXPECT_EQ(result.code, 2) << budget;
+    EXPECT_NE(result.err.find("--budget"), std::string::npos) << result.err;
+  }
+}
+
+TEST(Cli, PlanRejectsUnknownSolver) {
+  const Result result =
+      run("plan --chain " + chain("homogeneous.json") + " --budget 1MB --solver magic");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("unknown solver 'magic'"), std::string::npos) << result.err;
+}
+
+TEST(Cli, PlanRequiresChainAndBudget) {
+  const Result result = run("plan --budget 1MB");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("--chain"), std::string::npos) << result.err;
+}
+
+// ~~~ train: bad options ~~~
+
+TEST(Cli, TrainRejectsUnknownStrategy) {
+  const Result result = run(kTiny + "--strategy magic");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("unknown strategy 'magic'"), std::string::npos) << result.err;
+}
+
+TEST(Cli, TrainRejectsNonPositiveSizes) {
+  for (const char* option : {"--layers 0", "--width -1", "--batch 0", "--steps 0", "--context 0"}) {
+    const Result result = run(kTiny + option);
+    EXPECT_EQ(result.code, 2) << option;
+    EXPECT_NE(result.err.find("must be a positive integer"), std::string::npos) << result.err;
+  }
+}
+
+TEST(Cli, TrainRejectsHeadsNotDividingWidth) {
+  const Result result = run(kTiny + "--heads 3");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("must divide --width"), std::string::npos) << result.err;
+}
+
+TEST(Cli, TrainRejectsSegmentsOutOfRange) {
+  const Result result = run(kTiny + "--strategy sequential:9");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("number of stages"), std::string::npos) << result.err;
+}
+
+TEST(Cli, TrainRejectsBadBudgetPercentage) {
+  const Result result = run(kTiny + "--strategy budget:150%");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("(0, 100]"), std::string::npos) << result.err;
+}
+
+TEST(Cli, TrainInfeasibleBudgetNamesTheSmallestFeasible) {
+  const Result result = run(kTiny + "--strategy budget:1KiB");
+  EXPECT_EQ(result.code, 2) << result.out;
+  EXPECT_NE(result.err.find("ckpt: error: --strategy budget:1KiB"), std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("smallest"), std::string::npos) << result.err;
+}
+
+// ~~~ train: runs ~~~
+
+TEST(Cli, TrainTinyRunHasIdenticalLossCurves) {
+  const std::string json_path = work_path("tiny_train.json");
+  const std::string plot_path = work_path("tiny_train.svg");
+  const std::string trace_path = work_path("tiny_train_trace.json");
+  const Result result = run(kTiny + "--strategy sequential:2 --json " + json_path + " --plot " +
+                            plot_path + " --trace " + trace_path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.out.find("identical, bit for bit"), std::string::npos) << result.out;
+  EXPECT_NE(result.err.find("step 4/4"), std::string::npos) << result.err;
+
+  const json summary = json::parse(read_text(json_path));
+  EXPECT_EQ(summary["strategy"], "sequential:2");
+  EXPECT_TRUE(summary["identical_losses"].get<bool>());
+  for (const char* run_name : {"baseline", "checkpointed"}) {
+    const json& run_json = summary[run_name];
+    EXPECT_GT(run_json["peak_bytes"].get<int64_t>(), 0);
+    EXPECT_GT(run_json["step_ms"].get<double>(), 0);
+    EXPECT_EQ(run_json["losses"].size(), 4u);
+  }
+  EXPECT_EQ(summary["baseline"]["losses"], summary["checkpointed"]["losses"]);
+  EXPECT_LT(summary["checkpointed"]["peak_bytes"].get<int64_t>(),
+            summary["baseline"]["peak_bytes"].get<int64_t>());
+
+  const std::string svg = read_text(plot_path);
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("polyline"), std::string::npos);
+  EXPECT_NE(svg.find("sequential:2"), std::string::npos);
+
+  const json trace = json::parse(read_text(trace_path));
+  std::set<std::string> categories, phases;
+  for (const json& event : trace["traceEvents"]) {
+    phases.insert(event["ph"].get<std::string>());
+    if (event.contains("cat")) categories.insert(event["cat"].get<std::string>());
+  }
+  for (const char* category : {"forward", "recompute", "backward"}) {
+    EXPECT_TRUE(categories.count(category)) << category;
+  }
+  EXPECT_TRUE(phases.count("C"));
+  EXPECT_TRUE(phases.count("X"));
+}
+
+TEST(Cli, TrainTinyPlannedRunHasIdenticalLossCurves) {
+  const std::string json_path = work_path("tiny_planned.json");
+  const Result result =
+      run(kTiny + "--strategy budget:80% --dropout 0.2 --untied --json " + json_path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  const json summary = json::parse(read_text(json_path));
+  EXPECT_TRUE(summary["identical_losses"].get<bool>()) << result.out;
+  EXPECT_TRUE(summary["checkpointed"].contains("schedule"));
+  EXPECT_GT(summary["checkpointed"]["budget_bytes"].get<int64_t>(), 0);
+}
+
+TEST(Cli, TrainCtrlCStopsWithSummary) {
+  const Result result =
+      run("train --layers 2 --width 32 --heads 2 --context 16 --batch 4 --steps 1000000 "
+          "--threads 1 --strategy sequential:2",
+          "timeout --preserve-status -s INT 4");
+  EXPECT_EQ(result.code, 130) << result.err;
+  EXPECT_NE(result.err.find("interrupted"), std::string::npos) << result.err;
+  EXPECT_NE(result.out.find("no checkpoint"), std::string::npos) << result.out;
+}
+
+// ~~~ bench ~~~
+
+TEST(Cli, BenchRejectsUnknownModel) {
+  const Result result = run("bench --models mlp,teapot");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("teapot"), std::string::npos) << result.err;
+}
+
+}  // namespace

@@ -1,0 +1,110 @@
+#include "bench_command.h"
+
+#include "errors.h"
+#include "units.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+
+#ifdef CKPT_CLI_HAVE_BENCH
+#include "compare/harness.h"
+#endif
+
+namespace ckpt {
+namespace cli {
+
+CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "bench",
+      "Compare no checkpointing, ckpt's checkpoint_sequential and planned schedules, and Python's "
+      "torch.utils.checkpoint on the same models");
+  command
+      ->add_option("--models", args.models,
+                   "Models to run, comma-separated: mlp, resnet, transformer, small (default: all)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  command->add_option("--steps", args.steps, "Timed steps per method")->capture_default_str();
+  command->add_option("--warmup", args.warmup, "Untimed steps before timing")
+      ->capture_default_str();
+  command->add_option("--threads", args.threads, "Intra-op threads")->capture_default_str();
+  command->add_flag("--quick", args.quick, "Small sizes and few steps (a smoke test)");
+  command->add_flag("--no-python", args.no_python, "Skip torch.utils.checkpoint");
+  command->add_flag("--no-planned", args.no_planned, "Skip ckpt's planned schedules");
+  command->add_option("--python", args.python, "Python interpreter (default: /usr/bin/python3)")
+      ->type_name("PATH");
+  command->add_option("--markdown", args.markdown_path, "Also write the markdown tables to FILE")
+      ->type_name("FILE");
+  command->add_option("--json", args.json_path, "Write every row as JSON to FILE")
+      ->type_name("FILE");
+  return command;
+}
+
+int run_bench(const BenchArgs& args) {
+  if (args.steps < 1)
+    throw UsageError("--steps must be a positive integer, but got " + std::to_string(args.steps));
+  if (args.warmup < 0)
+    throw UsageError("--warmup must be >= 0, but got " + std::to_string(args.warmup));
+  if (args.threads < 1)
+    throw UsageError("--threads must be a positive integer, but got " +
+                     std::to_string(args.threads));
+  for (const std::string& model : args.models) {
+    if (model != "mlp" && model != "resnet" && model != "transformer" && model != "small") {
+      throw UsageError("--models: unknown model '" + model +
+                       "'; choose among mlp, resnet, transformer, small");
+    }
+  }
+#ifdef CKPT_CLI_HAVE_BENCH
+  bench::BenchOptions options;
+  options.models = args.models;
+  options.steps = args.steps;
+  options.warmup = args.warmup;
+  options.threads = args.threads;
+  options.quick = args.quick;
+  options.python = !args.no_python;
+  options.planned = !args.no_planned;
+  options.python_executable = args.python;
+  const std::vector<bench::BenchRow> rows = bench::run_comparison(options);
+  const std::string markdown = bench::to_markdown(rows, options);
+  std::cout << markdown;
+  if (!args.markdown_path.empty()) {
+    std::ofstream file(args.markdown_path);
+    if (!(file << markdown))
+      throw std::runtime_error("--markdown: cannot write '" + args.markdown_path + "'");
+  }
+  if (!args.json_path.empty()) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const bench::BenchRow& row : rows) {
+      list.push_back({{"model", row.model},
+                      {"method", row.method},
+                      {"setting", row.setting},
+                      {"peak_bytes", row.peak_bytes},
+                      {"predicted_peak_bytes", row.predicted_peak_bytes},
+                      {"step_ms", row.step_ms},
+                      {"overhead", row.overhead},
+                      {"memory_ratio", row.memory_ratio},
+                      {"forward_count", row.forward_count}});
+    }
+    std::ofstream file(args.json_path);
+    if (!(file << nlohmann::json{{"rows", list},
+                                 {"steps", args.steps},
+                                 {"threads", args.threads},
+                                 {"quick", args.quick}}
+                      .dump(2)
+               << "\n")) {
+      throw std::runtime_error("--json: cannot write '" + args.json_path + "'");
+    }
+  }
+  return kExitOk;
+#else
+  throw std::runtime_error(
+      "ckpt bench is not available in this build: the benchmark harness (CMake target "
+      "ckpt_bench_harness, bench/compare/) was not built. Reconfigure with "
+      "-DCKPT_BUILD_BENCH=ON and Google Benchmark installed");
+#endif
+}
+
+}  // namespace cli
+}  // namespace ckpt

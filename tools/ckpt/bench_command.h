@@ -1,0 +1,33 @@
+#pragma once
+
+// `ckpt bench`: the side-by-side comparison of bench/compare (ckpt vs torch.utils.checkpoint).
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+namespace ckpt {
+namespace cli {
+
+struct BenchArgs {
+  std::vector<std::string> models;
+  int steps = 15;
+  int warmup = 3;
+  int threads = 1;
+  bool quick = false;
+  bool no_python = false;
+  bool no_planned = false;
+  std::string python;
+  std::string markdown_path;
+  std::string json_path;
+};
+
+/// Adds the `bench` subcommand, whose options fill `args`.
+CLI::App* add_bench_command(CLI::App& app, BenchArgs& args);
+
+/// Runs `ckpt bench`. Returns the exit code.
+int run_bench(const BenchArgs& args);
+
+}  // namespace cli
+}  // namespace ckpt

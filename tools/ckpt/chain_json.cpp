@@ -1,0 +1,174 @@
+#include "chain_json.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace ckpt {
+namespace cli {
+namespace {
+
+using nlohmann::json;
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& message) const {
+    throw std::invalid_argument(source_ + ": " + field + " " + message);
+  }
+
+  const json& require(const json& object, const std::string& key, const std::string& field) const {
+    const auto it = object.find(key);
+    if (it == object.end()) fail(field, "is missing");
+    return *it;
+  }
+
+  double time(const json& object, const std::string& key, const std::string& path) const {
+    const std::string field = path + "." + key;
+    const json& value = require(object, key, field);
+    if (!value.is_number()) fail(field, "must be a number, but got " + value.dump());
+    const double result = value.get<double>();
+    if (!std::isfinite(result) || result < 0) {
+      fail(field, "must be a finite number >= 0, but got " + value.dump());
+    }
+    return result;
+  }
+
+  int64_t bytes(const json& object, const std::string& key, const std::string& path,
+                bool optional) const {
+    const std::string field = path.empty() ? key : path + "." + key;
+    if (optional && object.find(key) == object.end()) return 0;
+    const json& value = require(object, key, field);
+    if (value.is_number_float()) {
+      const double d = value.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && d >= 0 && d < 9.0e18) {
+        return static_cast<int64_t>(d);
+      }
+    }
+    if (value.is_number_unsigned()) {
+      if (value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        fail(field, "is too large: " + value.dump());
+      }
+      return static_cast<int64_t>(value.get<uint64_t>());
+    }
+    if (value.is_number_integer() && value.get<int64_t>() >= 0) return value.get<int64_t>();
+    fail(field, "must be an integer number of bytes >= 0, but got " + value.dump());
+  }
+
+ private:
+  std::string source_;
+};
+
+}  // namespace
+
+plan::Chain chain_from_json(const json& document, const std::string& source) {
+  const Reader reader(source);
+  if (!document.is_object()) {
+    reader.fail("the document", "must be a JSON object with \"input_bytes\" and \"stages\"");
+  }
+  plan::Chain chain;
+  chain.input_bytes = reader.bytes(document, "input_bytes", "", /*optional=*/false);
+  const json& stages = reader.require(document, "stages", "stages");
+  if (!stages.is_array()) reader.fail("stages", "must be an array of stage objects");
+  if (stages.empty()) reader.fail("stages", "must hold at least one stage");
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const std::string path = "stages[" + std::to_string(i) + "]";
+    const json& object = stages[i];
+    if (!object.is_object()) reader.fail(path, "must be an object, but got " + object.dump());
+    plan::Stage stage;
+    stage.forward_time = reader.time(object, "forward_time", path);
+    stage.backward_time = reader.time(object, "backward_time", path);
+    stage.output_bytes = reader.bytes(object, "output_bytes", path, false);
+    stage.saved_bytes = reader.bytes(object, "saved_bytes", path, false);
+    stage.forward_tmp_bytes = reader.bytes(object, "forward_tmp_bytes", path, true);
+    stage.backward_tmp_bytes = reader.bytes(object, "backward_tmp_bytes", path, true);
+    if (stage.saved_bytes < stage.output_bytes) {
+      reader.fail(path + ".saved_bytes", "must be >= output_bytes (" +
+                                             std::to_string(stage.output_bytes) +
+                                             "): what a stage keeps includes its output, but got " +
+                                             std::to_string(stage.saved_bytes));
+    }
+    const auto alternatives = object.find("alternatives");
+    if (alternatives != object.end()) {
+      if (!alternatives->is_array()) reader.fail(path + ".alternatives", "must be an array");
+      for (size_t k = 0; k < alternatives->size(); ++k) {
+        const std::string option_path = path + ".alternatives[" + std::to_string(k) + "]";
+        const json& option = (*alternatives)[k];
+        if (!option.is_object()) reader.fail(option_path, "must be an object");
+        plan::StorageOption storage;
+        storage.forward_time = reader.time(option, "forward_time", option_path);
+        storage.backward_time = reader.time(option, "backward_time", option_path);
+        storage.saved_bytes = reader.bytes(option, "saved_bytes", option_path, false);
+        storage.forward_tmp_bytes = reader.bytes(option, "forward_tmp_bytes", option_path, true);
+        storage.backward_tmp_bytes = reader.bytes(option, "backward_tmp_bytes", option_path, true);
+        if (storage.saved_bytes < stage.output_bytes) {
+          reader.fail(option_path + ".saved_bytes",
+                      "must be >= the stage's output_bytes (" + std::to_string(stage.output_bytes) +
+                          "), but got " + std::to_string(storage.saved_bytes));
+        }
+        stage.alternatives.push_back(storage);
+      }
+    }
+    chain.stages.push_back(stage);
+  }
+  try {
+    chain.validate();
+  } catch (const std::invalid_argument& error) {
+    throw std::invalid_argument(source + ": " + error.what());
+  }
+  return chain;
+}
+
+plan::Chain load_chain_file(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw std::invalid_argument(path + ": cannot open the chain file");
+  std::stringstream text;
+  text << file.rdbuf();
+  json document;
+  try {
+    document = json::parse(text.str());
+  } catch (const json::parse_error& error) {
+    throw std::invalid_argument(path + ": not valid JSON: " + error.what());
+  }
+  return chain_from_json(document, path);
+}
+
+json chain_to_json(const plan::Chain& chain) {
+  json stages = json::array();
+  for (const plan::Stage& stage : chain.stages) {
+    json object = {{"forward_time", stage.forward_time},
+                   {"backward_time", stage.backward_time},
+                   {"output_bytes", stage.output_bytes},
+                   {"saved_bytes", stage.saved_bytes},
+                   {"forward_tmp_bytes", stage.forward_tmp_bytes},
+                   {"backward_tmp_bytes", stage.backward_tmp_bytes}};
+    if (!stage.alternatives.empty()) {
+      json alternatives = json::array();
+      for (const plan::StorageOption& option : stage.alternatives) {
+        alternatives.push_back({{"forward_time", option.forward_time},
+                                {"backward_time", option.backward_time},
+                                {"saved_bytes", option.saved_bytes},
+                                {"forward_tmp_bytes", option.forward_tmp_bytes},
+                                {"backward_tmp_bytes", option.backward_tmp_bytes}});
+      }
+      object["alternatives"] = alternatives;
+    }
+    stages.push_back(object);
+  }
+  return {{"input_bytes", chain.input_bytes}, {"stages", stages}};
+}
+
+json schedule_to_json(const plan::Schedule& schedule) {
+  json ops = json::array();
+  for (const plan::Op& op : schedule.ops) {
+    json object = {{"op", plan::to_string(op.kind)}, {"stage", op.stage}};
+    if (op.option != 0) object["option"] = op.option;
+    ops.push_back(object);
+  }
+  return ops;
+}
+
+}  // namespace cli
+}  // namespace ckpt

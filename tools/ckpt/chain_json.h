@@ -1,0 +1,30 @@
+#pragma once
+
+// The chain JSON format of `ckpt plan --chain FILE.json` (docs/cli.md), and schedules as JSON.
+
+#include <ckpt/plan/chain.h>
+#include <ckpt/plan/schedule.h>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace ckpt {
+namespace cli {
+
+/// Reads a chain from `json`. `source` (a file name) prefixes every error message. Throws
+/// std::invalid_argument naming the field when a field is missing, of the wrong type, negative,
+/// or when the chain fails `plan::Chain::validate`. Unknown fields are ignored.
+plan::Chain chain_from_json(const nlohmann::json& json, const std::string& source);
+
+/// Reads and parses a chain file (see `chain_from_json`); errors name the file.
+plan::Chain load_chain_file(const std::string& path);
+
+/// The chain in the same format (alternatives written only when present).
+nlohmann::json chain_to_json(const plan::Chain& chain);
+
+/// `[{"op": "forward_all", "stage": 0}, ...]`, with `"option"` on ops whose option is not 0.
+nlohmann::json schedule_to_json(const plan::Schedule& schedule);
+
+}  // namespace cli
+}  // namespace ckpt

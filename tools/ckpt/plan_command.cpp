@@ -1,0 +1,246 @@
+#include "plan_command.h"
+
+#include "chain_json.h"
+#include "errors.h"
+#include "units.h"
+
+#include <ckpt/plan/solvers.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+
+namespace ckpt {
+namespace cli {
+namespace {
+
+using nlohmann::json;
+
+// "uniform:4" -> ("uniform", 4); "sqrt" -> ("sqrt", 0).
+std::pair<std::string, int> split_solver(const std::string& solver) {
+  const auto colon = solver.find(':');
+  if (colon == std::string::npos) return {solver, 0};
+  const std::string name = solver.substr(0, colon);
+  const std::string what = "--solver " + name + ":N";
+  const int64_t value = parse_positive_int(solver.substr(colon + 1), what);
+  if (value > std::numeric_limits<int>::max()) throw UsageError(what + " is too large");
+  return {name, static_cast<int>(value)};
+}
+
+PlanOutcome fixed(const plan::Chain& chain, int64_t budget_bytes, plan::Schedule schedule,
+                  std::string solver) {
+  PlanOutcome outcome;
+  outcome.prediction = plan::simulate(chain, schedule);
+  outcome.schedule = std::move(schedule);
+  outcome.solver = std::move(solver);
+  outcome.feasible = outcome.prediction.valid && outcome.prediction.peak_bytes <= budget_bytes;
+  if (!outcome.feasible) {
+    outcome.message = "the " + outcome.solver + " schedule needs " +
+                      std::to_string(outcome.prediction.peak_bytes) + " bytes, above the budget";
+  }
+  return outcome;
+}
+
+// The fastest schedule of a family (uniform:K or revolve:S for K, S in 1..L) that fits the
+// budget, or the one with the smallest peak when none does.
+template <class Make>
+PlanOutcome best_of(const plan::Chain& chain, int64_t budget_bytes, const std::string& name,
+                    Make make) {
+  std::optional<PlanOutcome> best;
+  for (int k = 1; k <= chain.size(); ++k) {
+    PlanOutcome candidate = fixed(chain, budget_bytes, make(k), name + ":" + std::to_string(k));
+    const bool better = !best || (candidate.feasible && !best->feasible) ||
+                        (candidate.feasible && best->feasible &&
+                         candidate.prediction.time < best->prediction.time) ||
+                        (!candidate.feasible && !best->feasible &&
+                         candidate.prediction.peak_bytes < best->prediction.peak_bytes);
+    if (better) best = std::move(candidate);
+  }
+  return *best;
+}
+
+}  // namespace
+
+PlanOutcome solve_with(const plan::Chain& chain, int64_t budget_bytes, const std::string& solver,
+                       int slots) {
+  const auto [name, count] = split_solver(solver);
+  const int stages = chain.size();
+  const auto check_count = [&](const char* what) {
+    if (count > stages) {
+      throw UsageError("--solver " + solver + ": " + what +
+                       " must be between 1 and the number of " + "stages (" +
+                       std::to_string(stages) + ")");
+    }
+  };
+  if (name == "none" && count == 0) {
+    return fixed(chain, budget_bytes, plan::solve_no_checkpoint(chain), "none");
+  }
+  if (name == "sqrt" && count == 0) {
+    return fixed(chain, budget_bytes, plan::solve_sqrt_n(chain), "sqrt");
+  }
+  if (name == "uniform") {
+    if (count == 0) {
+      return best_of(chain, budget_bytes, "uniform",
+                     [&](int k) { return plan::solve_uniform(chain, k); });
+    }
+    check_count("the number of segments");
+    return fixed(chain, budget_bytes, plan::solve_uniform(chain, count), solver);
+  }
+  if (name == "revolve") {
+    if (count == 0) {
+      return best_of(chain, budget_bytes, "revolve",
+                     [&](int s) { return plan::solve_revolve(chain, s); });
+    }
+    check_count("the number of slots");
+    return fixed(chain, budget_bytes, plan::solve_revolve(chain, count), solver);
+  }
+  if (name == "optimal" && count == 0) {
+    if (slots < 1)
+      throw UsageError("--slots must be a positive integer, but got " + std::to_string(slots));
+    PlanOutcome outcome;
+    outcome.solver = "optimal";
+    std::optional<plan::Schedule> schedule;
+    if (budget_bytes >= chain.input_bytes) {
+      plan::OptimalOptions options;
+      options.slots = slots;
+      schedule = plan::solve_optimal(chain, budget_bytes, options);
+    }
+    if (schedule) {
+      outcome.prediction = plan::simulate(chain, *schedule);
+      outcome.schedule = std::move(schedule);
+      outcome.feasible = outcome.prediction.valid && outcome.prediction.peak_bytes <= budget_bytes;
+    } else {
+      outcome.message = "no schedule fits the budget";
+    }
+    return outcome;
+  }
+  throw UsageError("unknown solver '" + solver +
+                   "'; use optimal, uniform, uniform:K, sqrt, revolve, revolve:S or none");
+}
+
+CLI::App* add_plan_command(CLI::App& app, PlanArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "plan", "Find the fastest checkpointing schedule of a chain (a JSON file) under a budget");
+  command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  command->add_option("--chain", args.chain_path, "Chain description (JSON, see docs/cli.md)")
+      ->required()
+      ->type_name("FILE.json");
+  command
+      ->add_option("--budget", args.budget,
+                   "Memory budget: bytes (1048576, 512MiB, 2GB, ...) or a percentage of the "
+                   "chain's no-checkpoint peak (40%)")
+      ->required()
+      ->type_name("BYTES");
+  command
+      ->add_option("--solver", args.solver,
+                   "optimal | uniform[:K] | sqrt | revolve[:S] | none (uniform and revolve "
+                   "without a number pick the fastest that fits)")
+      ->type_name("NAME")
+      ->capture_default_str();
+  command->add_option("--slots", args.slots, "Memory slots of the optimal solver")
+      ->type_name("N")
+      ->capture_default_str();
+  command->add_flag("--json", args.json, "Print one JSON object instead of text");
+  return command;
+}
+
+// Bytes ("64MiB") or a percentage of the chain's no-checkpoint peak ("40%").
+int64_t parse_budget(const std::string& text, int64_t no_checkpoint_peak_bytes) {
+  if (!text.empty() && text.back() == '%') {
+    char* end = nullptr;
+    const double percent = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() - 1 || !(percent > 0 && percent <= 100)) {
+      throw UsageError(
+          "--budget: the percentage must be a number in (0, 100], such as 40%, but "
+          "got '" +
+          text + "'");
+    }
+    return static_cast<int64_t>(percent / 100.0 * static_cast<double>(no_checkpoint_peak_bytes));
+  }
+  try {
+    return parse_bytes(text, "--budget");
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(error.what());
+  }
+}
+
+int run_plan(const PlanArgs& args, std::ostream& out) {
+  if (args.slots < 1) {
+    throw UsageError("--slots must be a positive integer, but got " + std::to_string(args.slots));
+  }
+  const plan::Chain chain = load_chain_file(args.chain_path);
+  const plan::SimulationResult baseline = plan::simulate(chain, plan::solve_no_checkpoint(chain));
+  const int64_t budget_bytes = parse_budget(args.budget, baseline.peak_bytes);
+  const PlanOutcome outcome = solve_with(chain, budget_bytes, args.solver, args.slots);
+  const int64_t min_budget = plan::min_feasible_budget_bytes(chain);
+  const bool has_schedule = outcome.schedule.has_value();
+  std::string message = outcome.message;
+  if (!outcome.feasible) {
+    message += "; the smallest feasible budget for this chain is " + std::to_string(min_budget) +
+               " bytes (" + format_bytes(min_budget) + ")";
+  }
+
+  if (args.json) {
+    json result;
+    result["feasible"] = outcome.feasible;
+    result["solver"] = outcome.solver;
+    result["budget_bytes"] = budget_bytes;
+    result["stages"] = chain.size();
+    if (has_schedule) {
+      result["predicted_time"] = outcome.prediction.time;
+      result["predicted_peak_bytes"] = outcome.prediction.peak_bytes;
+      result["forward_count"] = outcome.prediction.forward_count;
+      result["schedule"] = schedule_to_json(*outcome.schedule);
+      result["schedule_text"] = plan::to_string(*outcome.schedule);
+    } else {
+      result["predicted_time"] = nullptr;
+      result["predicted_peak_bytes"] = nullptr;
+      result["forward_count"] = nullptr;
+      result["schedule"] = json::array();
+      result["schedule_text"] = "";
+    }
+    result["min_feasible_budget_bytes"] = min_budget;
+    result["no_checkpoint_time"] = baseline.time;
+    result["no_checkpoint_peak_bytes"] = baseline.peak_bytes;
+    if (has_schedule && baseline.time > 0) {
+      result["overhead"] = outcome.prediction.time / baseline.time - 1.0;
+    }
+    if (!outcome.feasible) result["message"] = message;
+    out << result.dump(2) << "\n";
+    return kExitOk;
+  }
+
+  char line[256];
+  out << "chain:      " << args.chain_path << " (" << chain.size() << " stages, input "
+      << format_bytes(chain.input_bytes) << ")\n";
+  out << "solver:     " << outcome.solver
+      << (outcome.solver == "optimal" ? " (" + std::to_string(args.slots) + " slots)" : "") << "\n";
+  out << "budget:     " << format_bytes(budget_bytes) << " (" << budget_bytes << " bytes)\n";
+  out << "feasible:   " << (outcome.feasible ? "yes" : "no") << "\n";
+  if (has_schedule) {
+    const auto& prediction = outcome.prediction;
+    out << "schedule:   " << plan::to_string(*outcome.schedule) << "\n";
+    out << "forwards:   " << prediction.forward_count << " (" << chain.size() << " stages, "
+        << prediction.forward_count - chain.size() << " recomputed)\n";
+    std::snprintf(line, sizeof line, "%+.1f%%",
+                  baseline.time > 0 ? 100.0 * (prediction.time / baseline.time - 1) : 0.0);
+    out << "time:       " << format_seconds(prediction.time) << " per step (no checkpointing "
+        << format_seconds(baseline.time) << ", overhead " << line << ")\n";
+    std::snprintf(line, sizeof line, "%.1f%%",
+                  100.0 * static_cast<double>(prediction.peak_bytes) /
+                      static_cast<double>(baseline.peak_bytes));
+    out << "peak:       " << format_bytes(prediction.peak_bytes) << " (" << prediction.peak_bytes
+        << " bytes; no checkpointing " << format_bytes(baseline.peak_bytes) << ", " << line
+        << ")\n";
+  }
+  out << "min budget: " << format_bytes(min_budget) << " (" << min_budget
+      << " bytes, the smallest budget any persistent schedule fits)\n";
+  if (!outcome.feasible) out << "note:       infeasible: " << message << "\n";
+  return kExitOk;
+}
+
+}  // namespace cli
+}  // namespace ckpt

@@ -1,0 +1,528 @@
+#include "train_command.h"
+
+#include "chain_json.h"
+#include "chrome_trace.h"
+#include "corpus.h"
+#include "errors.h"
+#include "gpt.h"
+#include "memory_plot.h"
+#include "progress.h"
+#include "train_recorder.h"
+#include "units.h"
+
+#include <ckpt/executor.h>
+#include <ckpt/memory_tracker.h>
+#include <ckpt/sequential.h>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+namespace ckpt {
+namespace cli {
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+extern "C" void on_sigint(int) {
+  g_interrupted = 1;
+}
+
+// Ctrl-C stops after the current step; a second Ctrl-C ends the program at once.
+class SigintGuard {
+ public:
+  SigintGuard() {
+    g_interrupted = 0;
+    struct sigaction action {};
+    action.sa_handler = on_sigint;
+    action.sa_flags = SA_RESETHAND;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &previous_);
+  }
+  ~SigintGuard() { sigaction(SIGINT, &previous_, nullptr); }
+
+ private:
+  struct sigaction previous_ {};
+};
+
+struct Strategy {
+  enum class Kind { None, Sequential, Budget } kind = Kind::None;
+  int64_t segments = 0;
+  bool fraction = false;
+  double value = 0;  // bytes, or a fraction in (0, 1]
+  std::string text;
+};
+
+Strategy parse_strategy(const std::string& text, int64_t stage_count) {
+  Strategy strategy;
+  strategy.text = text;
+  const auto colon = text.find(':');
+  const std::string name = text.substr(0, colon);
+  const std::string value = colon == std::string::npos ? "" : text.substr(colon + 1);
+  if (name == "none" && colon == std::string::npos) return strategy;
+  if (name == "sequential") {
+    strategy.kind = Strategy::Kind::Sequential;
+    if (value.empty()) {
+      throw UsageError("--strategy sequential:K needs a number of segments K, e.g. sequential:4");
+    }
+    strategy.segments = parse_positive_int(value, "--strategy sequential:K: K");
+    if (strategy.segments > stage_count) {
+      throw UsageError("--strategy " + text + ": K must be between 1 and the number of stages (" +
+                       std::to_string(stage_count) + " = layers + 2), but got " + value);
+    }
+    return strategy;
+  }
+  if (name == "budget") {
+    strategy.kind = Strategy::Kind::Budget;
+    if (value.empty()) {
+      throw UsageError(
+          "--strategy budget:B needs a budget, in bytes (budget:64MiB) or as a "
+          "percentage of the no-checkpoint peak (budget:40%)");
+    }
+    if (value.back() == '%') {
+      char* end = nullptr;
+      const std::string number = value.substr(0, value.size() - 1);
+      const double percent = std::strtod(number.c_str(), &end);
+      if (number.empty() || end != number.c_str() + number.size() || !(percent > 0) ||
+          percent > 100) {
+        throw UsageError("--strategy " + text +
+                         ": the percentage must be a number in (0, 100], e.g. budget:40%");
+      }
+      strategy.fraction = true;
+      strategy.value = percent / 100;
+    } else {
+      try {
+        strategy.value = static_cast<double>(parse_bytes(value, "--strategy budget:B"));
+      } catch (const std::invalid_argument& error) {
+        throw UsageError(error.what());
+      }
+    }
+    return strategy;
+  }
+  throw UsageError("unknown strategy '" + text +
+                   "'; use none, sequential:K (K segments) or budget:B (B bytes such as 64MiB, "
+                   "or a percentage of the no-checkpoint peak such as 40%)");
+}
+
+struct RunResult {
+  std::string label;
+  std::vector<float> losses;
+  std::vector<double> step_ms;
+  std::vector<int64_t> peak_bytes;
+  bool interrupted = false;
+  std::vector<std::pair<double, int64_t>> memory_samples;
+  std::unique_ptr<StepRecorder> recorder;
+  // Planned strategy only.
+  int64_t budget_bytes = -1;
+  int64_t predicted_peak_bytes = -1;
+  int forward_count = 0;
+  std::string schedule;
+  nlohmann::json profile;
+
+  int steps() const { return static_cast<int>(losses.size()); }
+  // The warm-up step (AdamW allocates its state in the first step) is left out when possible.
+  int64_t peak() const {
+    if (peak_bytes.empty()) return 0;
+    const auto begin = peak_bytes.size() > 1 ? peak_bytes.begin() + 1 : peak_bytes.begin();
+    return *std::max_element(begin, peak_bytes.end());
+  }
+  double median_ms(int instrumented_step) const {
+    std::vector<double> times;
+    for (size_t i = 0; i < step_ms.size(); ++i) {
+      if ((i == 0 || static_cast<int>(i) == instrumented_step) && step_ms.size() > 2) continue;
+      times.push_back(step_ms[i]);
+    }
+    if (times.empty()) return 0;
+    std::sort(times.begin(), times.end());
+    const size_t n = times.size();
+    return n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  }
+};
+
+std::vector<std::string> stage_names(int64_t layers) {
+  std::vector<std::string> names{"embedding"};
+  for (int64_t i = 1; i <= layers; ++i) names.push_back("block " + std::to_string(i));
+  names.emplace_back("head");
+  return names;
+}
+
+torch::Tensor to_tensor(const std::vector<int64_t>& values, int64_t batch, int64_t context) {
+  return torch::from_blob(const_cast<int64_t*>(values.data()), {batch, context}, torch::kLong)
+      .clone();
+}
+
+RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
+                     const std::string& label, bool instrument) {
+  RunResult result;
+  result.label = label;
+  GptConfig config;
+  config.vocab = static_cast<int64_t>(corpus.vocabulary.size());
+  config.layers = args.layers;
+  config.width = args.width;
+  config.heads = args.heads;
+  config.context = args.context;
+  config.dropout = args.dropout;
+  config.tied = !args.untied;
+
+  torch::manual_seed(args.seed);
+  torch::nn::Sequential chain = make_gpt(config);
+  chain->train();
+  std::vector<torch::Tensor> parameters = chain->parameters();
+  const auto clear_grads = [&] {
+    for (torch::Tensor& parameter : parameters) parameter.mutable_grad().reset();
+  };
+  if (instrument) result.recorder = std::make_unique<StepRecorder>(stage_names(args.layers));
+
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  PlannedSequential planned{nullptr};
+  switch (strategy.kind) {
+    case Strategy::Kind::None:
+      forward = [&](const torch::Tensor& x) { return chain->forward(x); };
+      break;
+    case Strategy::Kind::Sequential:
+      forward = [&](const torch::Tensor& x) {
+        return ckpt::checkpoint_sequential(chain, strategy.segments, x);
+      };
+      break;
+    case Strategy::Kind::Budget: {
+      const Budget budget = strategy.fraction ? Budget::fraction(strategy.value)
+                                              : Budget::bytes(static_cast<int64_t>(strategy.value));
+      planned = PlannedSequential(chain, budget);
+      // Profile on a batch from its own generator, so that training sees the same batches.
+      std::mt19937_64 sample_rng(args.seed ^ 0x5eedULL);
+      std::vector<int64_t> inputs, targets;
+      sample_batch(corpus, args.batch, args.context, sample_rng, inputs, targets);
+      std::cerr << "[" << label << "] profiling " << args.layers + 2
+                << " stages and solving for the budget...\n";
+      try {
+        planned->plan(to_tensor(inputs, args.batch, args.context));
+      } catch (const c10::Error& error) {
+        throw UsageError("--strategy " + strategy.text + ": " + error.what_without_backtrace());
+      }
+      clear_grads();
+      result.budget_bytes = planned->budget_bytes();
+      result.predicted_peak_bytes = planned->prediction().peak_bytes;
+      result.forward_count = planned->prediction().forward_count;
+      result.schedule = plan::to_string(planned->schedule());
+      result.profile = chain_to_json(planned->profile());
+      if (result.recorder) planned->set_observer(result.recorder->observer());
+      forward = [&](const torch::Tensor& x) { return planned->forward(x); };
+      break;
+    }
+  }
+  if (result.recorder && strategy.kind != Strategy::Kind::Budget) {
+    set_probe(chain, result.recorder.get());
+  }
+
+  torch::manual_seed(args.seed + 1);  // dropout draws: the same in every run
+  torch::optim::AdamW optimizer(
+      parameters,
+      torch::optim::AdamWOptions(args.lr).betas(std::make_tuple(0.9, 0.95)).weight_decay(0.1));
+  MemoryTracker tracker;
+  MemorySampler sampler;
+  std::mt19937_64 rng(args.seed);
+  std::vector<int64_t> inputs, targets;
+  const int instrumented_step = static_cast<int>(std::min<int64_t>(1, args.steps - 1));
+  Progress progress(label, static_cast<int>(args.steps));
+  const int64_t vocab = config.vocab;
+
+  for (int step = 0; step < args.steps; ++step) {
+    if (g_interrupted) {
+      result.interrupted = true;
+      break;
+    }
+    sample_batch(corpus, args.batch, args.context, rng, inputs, targets);
+    const torch::Tensor x = to_tensor(inputs, args.batch, args.context);
+    const torch::Tensor y = to_tensor(targets, args.batch, args.context);
+    clear_grads();
+    const bool record = result.recorder && step == instrumented_step;
+    const int64_t base_bytes = tracker.current_bytes();
+    tracker.reset_peak();
+    const Clock::time_point t0 = Clock::now();
+    if (record) {
+      result.recorder->begin(t0);
+      sampler.start(t0, base_bytes);
+    }
+    double loss_value = 0;
+    Clock::time_point t1, t2, t3;
+    {
+      const torch::Tensor logits = forward(x);
+      t1 = Clock::now();
+      const torch::Tensor loss =
+          torch::nn::functional::cross_entropy(logits.view({-1, vocab}), y.view({-1}));
+      t2 = Clock::now();
+      if (record) result.recorder->begin_backward();
+      loss.backward();
+      t3 = Clock::now();
+      if (record) result.recorder->end();
+      loss_value = loss.item<float>();
+    }
+    optimizer.step();
+    const Clock::time_point t4 = Clock::now();
+    result.peak_bytes.push_back(tracker.peak_bytes() - base_bytes);
+    if (record) {
+      result.memory_samples = sampler.stop();
+      result.recorder->add_phase("forward", t0, t1);
+      result.recorder->add_phase("loss", t1, t2);
+      result.recorder->add_phase("backward", t2, t3);
+      result.recorder->add_phase("optimizer", t3, t4);
+    }
+    const double seconds = std::chrono::duration<double>(t4 - t0).count();
+    result.step_ms.push_back(seconds * 1e3);
+    result.losses.push_back(static_cast<float>(loss_value));
+    progress.update(step + 1, loss_value, static_cast<double>(args.batch * args.context) / seconds,
+                    tracker.current_bytes(), result.peak_bytes.back());
+  }
+  progress.finish();
+  if (result.recorder) set_probe(chain, nullptr);
+  return result;
+}
+
+bool identical(const RunResult& a, const RunResult& b, int* compared) {
+  const int n = std::min(a.steps(), b.steps());
+  *compared = n;
+  return n > 0 && std::memcmp(a.losses.data(), b.losses.data(), sizeof(float) * n) == 0;
+}
+
+nlohmann::json run_json(const RunResult& run, int instrumented_step) {
+  nlohmann::json object = {{"label", run.label},
+                           {"peak_bytes", run.peak()},
+                           {"step_ms", run.median_ms(instrumented_step)},
+                           {"losses", run.losses},
+                           {"steps", run.steps()},
+                           {"peak_bytes_per_step", run.peak_bytes},
+                           {"step_ms_per_step", run.step_ms},
+                           {"interrupted", run.interrupted}};
+  object["final_loss"] =
+      run.losses.empty() ? nlohmann::json(nullptr) : nlohmann::json(run.losses.back());
+  if (run.budget_bytes >= 0) {
+    object["budget_bytes"] = run.budget_bytes;
+    object["predicted_peak_bytes"] = run.predicted_peak_bytes;
+    object["forward_count"] = run.forward_count;
+    object["schedule"] = run.schedule;
+    object["profile"] = run.profile;
+  }
+  return object;
+}
+
+void validate(const TrainArgs& args) {
+  const auto positive = [](int64_t value, const char* name) {
+    if (value < 1) {
+      throw UsageError(std::string(name) + " must be a positive integer, but got " +
+                       std::to_string(value));
+    }
+  };
+  positive(args.layers, "--layers");
+  positive(args.width, "--width");
+  positive(args.heads, "--heads");
+  positive(args.context, "--context");
+  positive(args.batch, "--batch");
+  positive(args.steps, "--steps");
+  positive(args.threads, "--threads");
+  if (args.width % args.heads != 0) {
+    throw UsageError("--heads (" + std::to_string(args.heads) + ") must divide --width (" +
+                     std::to_string(args.width) + ")");
+  }
+  if (!(args.lr > 0)) throw UsageError("--lr must be positive, but got " + std::to_string(args.lr));
+  if (!(args.dropout >= 0 && args.dropout < 1)) {
+    throw UsageError("--dropout must be in [0, 1), but got " + std::to_string(args.dropout));
+  }
+}
+
+void print_summary(const TrainArgs& args, const Strategy& strategy, const RunResult& baseline,
+                   const RunResult* checkpointed, int instrumented_step) {
+  char line[256];
+  std::printf("\n%-22s %14s %14s %12s %8s\n", "run", "peak memory", "median step", "final loss",
+              "steps");
+  const auto row = [&](const RunResult& run) {
+    std::snprintf(line, sizeof line, "%-22s %14s %11.1f ms %12.4f %8d\n", run.label.c_str(),
+                  format_bytes(run.peak()).c_str(), run.median_ms(instrumented_step),
+                  run.losses.empty() ? 0.0 : static_cast<double>(run.losses.back()), run.steps());
+    std::fputs(line, stdout);
+  };
+  row(baseline);
+  if (checkpointed != nullptr) {
+    row(*checkpointed);
+    const double memory = baseline.peak() > 0 ? static_cast<double>(checkpointed->peak()) /
+                                                    static_cast<double>(baseline.peak())
+                                              : 0.0;
+    const double base_ms = baseline.median_ms(instrumented_step);
+    const double time = base_ms > 0 ? checkpointed->median_ms(instrumented_step) / base_ms : 0.0;
+    std::printf("%-22s %13.1f%% %13.2fx\n", "checkpointed/baseline", 100 * memory, time);
+    if (checkpointed->budget_bytes >= 0) {
+      std::printf("\nplanned: budget %s, predicted peak %s, %d stage forwards for %lld stages\n",
+                  format_bytes(checkpointed->budget_bytes).c_str(),
+                  format_bytes(checkpointed->predicted_peak_bytes).c_str(),
+                  checkpointed->forward_count, static_cast<long long>(args.layers + 2));
+      std::printf("schedule: %s\n", checkpointed->schedule.c_str());
+    }
+    int compared = 0;
+    const bool same = identical(baseline, *checkpointed, &compared);
+    std::printf("\nloss curves: %s (%d steps compared)\n",
+                same ? "identical, bit for bit" : "DIFFERENT", compared);
+  } else {
+    std::printf("\n%s run: not started (interrupted)\n", strategy.text.c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "train",
+      "Train the built-in GPT-style character model twice with the same seeds: without "
+      "checkpointing and under --strategy; compare peak memory, step time and losses");
+  command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  command->add_option("--layers", args.layers, "Transformer blocks")->capture_default_str();
+  command->add_option("--width", args.width, "Embedding width")->capture_default_str();
+  command->add_option("--heads", args.heads, "Attention heads (must divide --width)")
+      ->capture_default_str();
+  command->add_option("--context", args.context, "Context length in characters")
+      ->capture_default_str();
+  command->add_option("--batch", args.batch, "Sequences per step")->capture_default_str();
+  command->add_option("--steps", args.steps, "Training steps of each run")->capture_default_str();
+  command->add_option("--threads", args.threads, "Intra-op threads (torch::set_num_threads)")
+      ->capture_default_str();
+  command
+      ->add_option("--strategy", args.strategy,
+                   "none | sequential:K | budget:BYTES | budget:PCT% (through the planner)")
+      ->type_name("NAME")
+      ->capture_default_str();
+  command->add_option("--seed", args.seed, "Seed of the weights, batches and dropout")
+      ->capture_default_str();
+  command->add_option("--lr", args.lr, "AdamW learning rate")->capture_default_str();
+  command->add_option("--dropout", args.dropout, "Dropout probability")->capture_default_str();
+  command->add_flag("--untied", args.untied, "Give the head its own weight (default: tied)");
+  command
+      ->add_option("--corpus", args.corpus,
+                   "Training text: a file or folder (default: /usr/share/common-licenses)")
+      ->type_name("PATH");
+  command->add_option("--plot", args.plot_path, "Write the memory-over-one-step chart (SVG)")
+      ->type_name("FILE.svg");
+  command->add_option("--trace", args.trace_path, "Write a Chrome trace of one step of each run")
+      ->type_name("FILE.json");
+  command->add_option("--json", args.json_path, "Write the summary as JSON")->type_name("FILE");
+  return command;
+}
+
+int run_train(const TrainArgs& args) {
+  validate(args);
+  const Strategy strategy = parse_strategy(args.strategy, args.layers + 2);
+  try {
+    torch::set_num_threads(static_cast<int>(args.threads));
+    const Corpus corpus = load_corpus(args.corpus, args.context + 2);
+    std::printf(
+        "ckpt train: GPT, %lld blocks, width %lld, %lld heads, context %lld, batch %lld, "
+        "%lld steps, %lld threads, dropout %g, %s head\n",
+        static_cast<long long>(args.layers), static_cast<long long>(args.width),
+        static_cast<long long>(args.heads), static_cast<long long>(args.context),
+        static_cast<long long>(args.batch), static_cast<long long>(args.steps),
+        static_cast<long long>(args.threads), args.dropout, args.untied ? "untied" : "tied");
+    std::printf("corpus:   %s (%d files, %zu characters, vocabulary %zu)\n", corpus.source.c_str(),
+                corpus.file_count, corpus.tokens.size(), corpus.vocabulary.size());
+    std::printf("strategy: %s\n", strategy.text.c_str());
+    std::fflush(stdout);
+
+    SigintGuard sigint;
+    const bool instrument = !args.plot_path.empty() || !args.trace_path.empty();
+    const int instrumented_step = static_cast<int>(std::min<int64_t>(1, args.steps - 1));
+    // A planned strategy runs first: a budget below the feasible minimum fails at once.
+    RunResult baseline;
+    std::optional<RunResult> checkpointed;
+    bool interrupted = false;
+    if (strategy.kind == Strategy::Kind::Budget) {
+      checkpointed = train_once(args, corpus, strategy, strategy.text, instrument);
+      interrupted = checkpointed->interrupted;
+      if (!interrupted)
+        baseline = train_once(args, corpus, Strategy{}, "no checkpoint", instrument);
+      interrupted = interrupted || baseline.interrupted;
+    } else {
+      baseline = train_once(args, corpus, Strategy{}, "no checkpoint", instrument);
+      interrupted = baseline.interrupted;
+      if (!interrupted)
+        checkpointed = train_once(args, corpus, strategy, strategy.text, instrument);
+      interrupted = interrupted || checkpointed->interrupted;
+    }
+    if (baseline.label.empty()) baseline.label = "no checkpoint";
+    if (interrupted) std::fprintf(stderr, "ckpt: interrupted; summary of the steps run so far\n");
+    print_summary(args, strategy, baseline, checkpointed ? &*checkpointed : nullptr,
+                  instrumented_step);
+
+    if (!args.json_path.empty()) {
+      nlohmann::json document = {{"strategy", strategy.text},
+                                 {"config",
+                                  {{"layers", args.layers},
+                                   {"width", args.width},
+                                   {"heads", args.heads},
+                                   {"context", args.context},
+                                   {"batch", args.batch},
+                                   {"steps", args.steps},
+                                   {"threads", args.threads},
+                                   {"seed", args.seed},
+                                   {"lr", args.lr},
+                                   {"dropout", args.dropout},
+                                   {"tied", !args.untied},
+                                   {"corpus", corpus.source},
+                                   {"vocabulary", corpus.vocabulary.size()}}},
+                                 {"baseline", run_json(baseline, instrumented_step)},
+                                 {"interrupted", interrupted}};
+      if (checkpointed) {
+        int compared = 0;
+        document["checkpointed"] = run_json(*checkpointed, instrumented_step);
+        document["identical_losses"] = identical(baseline, *checkpointed, &compared);
+        document["peak_ratio"] = baseline.peak() > 0 ? static_cast<double>(checkpointed->peak()) /
+                                                           static_cast<double>(baseline.peak())
+                                                     : 0.0;
+        const double base_ms = baseline.median_ms(instrumented_step);
+        document["step_time_ratio"] =
+            base_ms > 0 ? checkpointed->median_ms(instrumented_step) / base_ms : 0.0;
+      } else {
+        document["checkpointed"] = nullptr;
+      }
+      std::ofstream file(args.json_path);
+      if (!(file << document.dump(2) << "\n")) {
+        throw std::runtime_error("--json: cannot write '" + args.json_path + "'");
+      }
+    }
+    if (!args.plot_path.empty()) {
+      std::vector<MemorySeries> series{{"no checkpoint", "#d62728", baseline.memory_samples}};
+      if (checkpointed) {
+        series.push_back({strategy.text, "#1f77b4", checkpointed->memory_samples});
+      }
+      char title[256];
+      std::snprintf(title, sizeof title,
+                    "Memory during one training step: GPT %lld blocks, width %lld, batch %lld x "
+                    "%lld",
+                    static_cast<long long>(args.layers), static_cast<long long>(args.width),
+                    static_cast<long long>(args.batch), static_cast<long long>(args.context));
+      write_memory_plot(args.plot_path, series, title);
+      std::printf("plot:  %s\n", args.plot_path.c_str());
+    }
+    if (!args.trace_path.empty()) {
+      ChromeTrace trace;
+      if (baseline.recorder) {
+        baseline.recorder->write_to(trace, 1, "no checkpoint", baseline.memory_samples);
+      }
+      if (checkpointed && checkpointed->recorder) {
+        checkpointed->recorder->write_to(trace, 2, strategy.text, checkpointed->memory_samples);
+      }
+      trace.write(args.trace_path);
+      std::printf("trace: %s\n", args.trace_path.c_str());
+    }
+    if (!args.json_path.empty()) std::printf("json:  %s\n", args.json_path.c_str());
+    return interrupted ? kExitInterrupted : kExitOk;
+  } catch (const c10::Error& error) {
+    throw std::runtime_error(error.what_without_backtrace());
+  }
+}
+
+}  // namespace cli
+}  // namespace ckpt
