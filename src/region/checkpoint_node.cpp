@@ -80,20 +80,34 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   }
   if (roots.empty()) return result;
 
+  // Every needed border edge gets a sink that the engine runs. In a plain backward, a parameter
+  // whose gradient buffer exists is accumulated into in place as soon as its gradient is ready,
+  // and the border edge gets no gradient; its accumulator still runs once in the outer backward
+  // (post-hooks, such as data-parallel reducers', fire once). Other gradients are collected and
+  // returned, so that each reaches its accumulator summed over every use.
+  const bool plain_backward = !create_graph && Engine::get_default_engine().is_checkpoint_valid();
   edge_list targets(boundary_count);
-  edge_list captured_edges;
+  edge_list sinks;
   for (size_t k : needed) {
-    targets[k] = Edge(make_sink(boundary_[k]), 0);
-    captured_edges.push_back(targets[k]);
+    at::Tensor parameter = plain_backward ? accumulable_parameter(boundary_[k]) : at::Tensor();
+    std::function<void(const at::Tensor&)> receive;
+    if (parameter.defined()) {
+      receive = [parameter](const at::Tensor& grad) mutable {
+        const at::NoGradGuard no_grad;
+        parameter.mutable_grad().add_(grad);
+      };
+    } else {
+      receive = [&result, k](const at::Tensor& grad) { add_gradient(result[k], grad); };
+    }
+    targets[k] = Edge(make_sink(boundary_[k], std::move(receive)), 0);
+    sinks.push_back(targets[k]);
   }
-  variable_list captured;
   {
     const EdgeRedirect redirect(roots, marker, index, targets);
-    captured = Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph,
-                                                    create_graph, /*accumulate_grad=*/false,
-                                                    captured_edges);
+    // accumulate_grad=true makes the engine run the sinks (instead of capturing at them).
+    Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph,
+                                         create_graph, /*accumulate_grad=*/true, sinks);
   }
-  for (size_t j = 0; j < needed.size(); ++j) add_gradient(result[needed[j]], captured[j]);
   return result;
 }
 

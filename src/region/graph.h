@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -64,9 +65,15 @@ class EdgeRedirect {
   std::vector<std::tuple<Node*, size_t, Edge>> original_;
 };
 
-/// A node that only receives gradients: the engine captures what flows into it without running
-/// it. It has the input metadata of the boundary edge it stands for.
-std::shared_ptr<Node> make_sink(const Edge& stands_for);
+/// A node that stands for boundary edge `stands_for` (it has its input metadata) and hands every
+/// gradient the engine delivers to it to `receive`. It has no next edges.
+std::shared_ptr<Node> make_sink(const Edge& stands_for,
+                                std::function<void(const at::Tensor&)> receive);
+
+/// The parameter whose gradient `edge` delivers, when the gradient may be added straight into the
+/// parameter's existing `.grad` (a dense buffer of the same shape, no tensor hooks on the
+/// accumulator that would want to see or change it); an undefined tensor otherwise.
+at::Tensor accumulable_parameter(const Edge& edge);
 
 }  // namespace detail
 }  // namespace ckpt
