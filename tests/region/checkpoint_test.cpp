@@ -139,6 +139,35 @@ TEST_F(CheckpointTest, ParameterUsedInsideAndOutsideGetsOneAccumulatedGradient) 
   EXPECT_TRUE(ckpt::test::close(w.grad(), 3 * w * w * x));
 }
 
+// Counts how often a gradient accumulator runs: a data-parallel reducer hooks in this way.
+struct CountingPostHook : torch::autograd::FunctionPostHook {
+  explicit CountingPostHook(int* calls) : calls(calls) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    ++*calls;
+    return outputs;
+  }
+  int* calls;
+};
+
+TEST_F(CheckpointTest, AccumulatorOfAParameterInSeveralRegionsRunsOncePerBackward) {
+  torch::nn::Linear shared(8, 8);
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  auto block = [&](const torch::Tensor& t) { return shared(t).tanh(); };
+  auto expected = torch::autograd::grad({block(block(x)).sum()}, {shared->weight})[0];
+  int calls = 0;
+  // Held, as a reducer holds it: a leaf keeps its accumulator only weakly.
+  auto accumulator = torch::autograd::impl::grad_accumulator(shared->weight);
+  accumulator->add_post_hook(std::make_unique<CountingPostHook>(&calls));
+  // Two steps: the first creates the gradient buffer, the second accumulates into it in place.
+  for (int step = 1; step <= 2; ++step) {
+    calls = 0;
+    ckpt::checkpoint(block, ckpt::checkpoint(block, x)).sum().backward();
+    EXPECT_EQ(calls, 1) << "step " << step;
+    EXPECT_TRUE(ckpt::test::close(shared->weight.grad(), expected * step)) << "step " << step;
+  }
+}
+
 TEST_F(CheckpointTest, RecomputesOncePerBackwardAndRetainGraphAllowsASecond) {
   int calls = 0;
   auto fn = [&](const torch::Tensor& t) {
