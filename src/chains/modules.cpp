@@ -1,7 +1,6 @@
-#include <ckpt/checkpoint.h>
 #include <ckpt/modules.h>
 
-#include "buffer_guard.h"
+#include "module_region.h"
 
 #include <c10/util/Exception.h>
 
@@ -25,14 +24,9 @@ CheckpointedImpl::CheckpointedImpl(torch::nn::AnyModule module, const Checkpoint
 
 torch::Tensor CheckpointedImpl::forward(const torch::Tensor& input) {
   auto module = module_;
-  const std::vector<std::shared_ptr<torch::nn::Module>> modules = {module.ptr()};
-  return checkpoint(
-      options,
-      [module, modules](const torch::Tensor& x) mutable {
-        const detail::BufferGuard guard(modules);
-        return module.forward<torch::Tensor>(x);
-      },
-      input);
+  return detail::checkpoint_modules(
+      options, {module.ptr()},
+      [module](const torch::Tensor& x) mutable { return module.forward<torch::Tensor>(x); }, input);
 }
 
 void CheckpointedImpl::pretty_print(std::ostream& stream) const {

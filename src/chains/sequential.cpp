@@ -1,7 +1,7 @@
 #include <ckpt/checkpoint.h>
 #include <ckpt/sequential.h>
 
-#include "buffer_guard.h"
+#include "module_region.h"
 
 #include <c10/util/Exception.h>
 
@@ -44,15 +44,16 @@ torch::Tensor run_segments(const Chain& chain, int64_t segments, const torch::Te
   for (int64_t start = 0; start < segment_size * (segments - 1); start += segment_size) {
     end = start + segment_size - 1;
     const auto first = static_cast<size_t>(start), last = static_cast<size_t>(end);
-    std::vector<Module> modules;
-    if (chain.module) {
-      for (size_t i = first; i <= last; ++i) modules.push_back(chain.module(i));
-    }
-    auto segment = [chain, first, last, modules](const torch::Tensor& t) {
-      const detail::BufferGuard guard(modules);
+    auto segment = [chain, first, last](const torch::Tensor& t) {
       return run(chain, first, last, t);
     };
-    x = checkpoint(options, segment, x);
+    if (chain.module) {
+      std::vector<Module> modules;
+      for (size_t i = first; i <= last; ++i) modules.push_back(chain.module(i));
+      x = detail::checkpoint_modules(options, modules, segment, x);
+    } else {
+      x = checkpoint(options, segment, x);
+    }
   }
   return run(chain, static_cast<size_t>(end + 1), chain.size - 1, std::move(x));
 }

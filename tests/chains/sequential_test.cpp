@@ -217,3 +217,54 @@ TEST(SequentialMemoryTest, SqrtNSegmentsHalveThePeakOfA64LayerMlp) {
 }
 
 }  // namespace
+
+namespace {
+
+// A module that reads a tensor requiring grad that is neither its input nor its parameter: a
+// module chain declares its border (input and parameters), so this is reported, not wrong.
+struct CapturesOutsideImpl : torch::nn::Module {
+  explicit CapturesOutsideImpl(torch::Tensor outside) : outside(std::move(outside)) {}
+  torch::Tensor forward(torch::Tensor x) { return x * outside; }
+  torch::Tensor outside;
+};
+TORCH_MODULE(CapturesOutside);
+
+TEST(SequentialBorderTest, ModuleReadingAnUndeclaredTensorIsAClearError) {
+  auto w = torch::randn({4}, torch::requires_grad());
+  torch::nn::Sequential model{CapturesOutside(w), torch::nn::Tanh(), torch::nn::Tanh()};
+  auto x = torch::randn({4}, torch::requires_grad());
+  auto out = ckpt::checkpoint_sequential(model, 2, x);
+  CKPT_EXPECT_THROWS_WITH(out.sum().backward(), "neither the input nor a parameter");
+}
+
+TEST(SequentialBorderTest, ForwardOfACheckpointedSegmentRecordsNoGraph) {
+  // The non-reentrant forward of a module segment runs without grad (its border is known),
+  // yet gives autograd::grad and double backward.
+  int grad_mode_calls = 0;
+  std::vector<torch::nn::AnyModule> modules;
+  struct ProbeImpl : torch::nn::Module {
+    explicit ProbeImpl(int* calls) : calls(calls) {}
+    torch::Tensor forward(torch::Tensor x) {
+      *calls += torch::GradMode::is_enabled();
+      return x.sin();
+    }
+    int* calls;
+  };
+  modules.emplace_back(std::make_shared<ProbeImpl>(&grad_mode_calls));
+  modules.emplace_back(torch::nn::Linear(3, 3));
+  modules.emplace_back(torch::nn::Tanh());
+  auto x = torch::randn({2, 3}, torch::requires_grad());
+  auto y = ckpt::checkpoint_sequential(modules, 2, x);
+  EXPECT_EQ(grad_mode_calls, 0);
+  auto g = torch::autograd::grad({y.pow(2).sum()}, {x}, {}, true, true)[0];
+  EXPECT_EQ(grad_mode_calls, 1);  // the recompute
+  torch::Tensor plain = x;
+  for (auto& m : modules) plain = m.forward(plain);
+  auto expected = torch::autograd::grad({plain.pow(2).sum()}, {x}, {}, true, true)[0];
+  EXPECT_TRUE(bit_equal(g, expected));
+  auto gg = torch::autograd::grad({g.sum()}, {x})[0];
+  auto expected_gg = torch::autograd::grad({expected.sum()}, {x})[0];
+  EXPECT_TRUE(ckpt::test::close(gg, expected_gg));
+}
+
+}  // namespace
