@@ -345,6 +345,25 @@ TEST(Cli, TrainCtrlCStopsWithSummary) {
 
 // ~~~ bench ~~~
 
+TEST(Cli, TrainWritesTheMeasuredChainForPlan) {
+  const std::string path = work_path("measured_chain.json");
+  const Result result = run(kTiny + "--strategy sequential:2 --chain " + path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  const json plan = plan_json("--chain " + path + " --budget 80%");
+  EXPECT_EQ(plan["stages"].get<int>(), 4);  // embedding, 2 blocks, head
+  EXPECT_TRUE(plan["feasible"].get<bool>()) << plan.dump();
+}
+
+TEST(Cli, BenchQuickRunPrintsTheTables) {
+  const std::string path = work_path("bench.json");
+  const Result result = run("bench --quick --no-python --json " + path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.out.find("| none |"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("ckpt_planned"), std::string::npos);
+  const json rows = json::parse(read_text(path))["rows"];
+  EXPECT_GT(rows.size(), 10u);
+}
+
 TEST(Cli, BenchRejectsUnknownModel) {
   const Result result = run("bench --models mlp,teapot");
   EXPECT_EQ(result.code, 2);

@@ -158,6 +158,13 @@ torch::Tensor to_tensor(const std::vector<int64_t>& values, int64_t batch, int64
       .clone();
 }
 
+// The measured chain in the format of `ckpt plan --chain`.
+void write_chain(const std::string& path, const plan::Chain& chain) {
+  std::ofstream file(path);
+  file << chain_to_json(chain).dump(2) << "\n";
+  if (!file) throw std::runtime_error("cannot write the chain to " + path);
+}
+
 RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
                      const std::string& label, bool instrument) {
   RunResult result;
@@ -212,10 +219,20 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
       result.forward_count = planned->prediction().forward_count;
       result.schedule = plan::to_string(planned->schedule());
       result.profile = chain_to_json(planned->profile());
+      if (!args.chain_path.empty()) write_chain(args.chain_path, planned->profile());
       if (result.recorder) planned->set_observer(result.recorder->observer());
       forward = [&](const torch::Tensor& x) { return planned->forward(x); };
       break;
     }
+  }
+  if (!args.chain_path.empty() && strategy.kind != Strategy::Kind::Budget) {
+    std::mt19937_64 sample_rng(args.seed ^ 0x5eedULL);
+    std::vector<int64_t> inputs, targets;
+    sample_batch(corpus, args.batch, args.context, sample_rng, inputs, targets);
+    const std::vector<torch::nn::AnyModule> stages(chain->begin(), chain->end());
+    write_chain(args.chain_path,
+                ckpt::profile_chain(stages, to_tensor(inputs, args.batch, args.context)));
+    clear_grads();
   }
   if (result.recorder && strategy.kind != Strategy::Kind::Budget) {
     set_probe(chain, result.recorder.get());
@@ -410,6 +427,11 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   command->add_option("--trace", args.trace_path, "Write a Chrome trace of one step of each run")
       ->type_name("FILE.json");
   command->add_option("--json", args.json_path, "Write the summary as JSON")->type_name("FILE");
+  command
+      ->add_option("--chain", args.chain_path,
+                   "Write the model's measured chain (stage times and sizes), the input of "
+                   "`ckpt plan --chain`")
+      ->type_name("FILE.json");
   return command;
 }
 

@@ -27,6 +27,7 @@ struct TrainArgs {
   std::string plot_path;
   std::string trace_path;
   std::string json_path;
+  std::string chain_path;  // where to write the measured chain (the planner's input)
 };
 
 /// Adds the `train` subcommand, whose options fill `args`.

@@ -1,0 +1,536 @@
+#include "harness.h"
+
+#include "models.h"
+#include "process_memory.h"
+
+#include <ckpt/executor.h>
+#include <ckpt/memory_tracker.h>
+#include <ckpt/plan/solvers.h>
+#include <ckpt/profiler.h>
+#include <ckpt/sequential.h>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+#ifndef CKPT_BENCH_COMPARE_DIR
+#define CKPT_BENCH_COMPARE_DIR "bench/compare"
+#endif
+
+namespace ckpt {
+namespace bench {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// One method under test: how to run the chain's forward, and its row.
+struct Method {
+  BenchRow row;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::vector<double> times_ms;
+};
+
+struct Stats {
+  double median = 0, iqr = 0;
+};
+
+// Median and interquartile range (linear interpolation, as Python's statistics.quantiles with
+// the "exclusive" method is close enough for n >= 15).
+Stats stats(std::vector<double> v) {
+  Stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  auto quantile = [&v](double q) {
+    const double pos = q * static_cast<double>(v.size() - 1);
+    const auto lo = static_cast<size_t>(std::floor(pos));
+    const size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+  };
+  s.median = quantile(0.5);
+  s.iqr = quantile(0.75) - quantile(0.25);
+  return s;
+}
+
+std::string mib(int64_t bytes, int precision = 2) {
+  if (bytes < 0) return "—";
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(precision);
+  o << static_cast<double>(bytes) / kMiB;
+  return o.str();
+}
+
+std::string fixed(double value, int precision) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(precision);
+  o << value;
+  return o.str();
+}
+
+std::string percent(double ratio) {
+  return ratio > 0 ? fixed(100.0 * ratio, 1) + "%" : "—";
+}
+
+// Everything one model's step needs: the chain, the input and the gradient buffers, allocated
+// before any step so that a step's peak counts only what the step itself allocates.
+struct Workbench {
+  ModelConfig config;
+  torch::nn::Sequential model;
+  torch::Tensor x;
+  std::vector<torch::Tensor> params;
+
+  explicit Workbench(const ModelConfig& c) : config(c), model(build_model(c)) {
+    model->train();
+    x = make_input(c).requires_grad_(true);
+    x.mutable_grad() = torch::zeros_like(x);
+    params = model->parameters();
+    for (auto& p : params) p.mutable_grad() = torch::zeros_like(p);
+  }
+
+  void zero_grad() {
+    for (auto& p : params) p.mutable_grad().zero_();
+    x.mutable_grad().zero_();
+  }
+
+  // One training step without the optimizer: forward, loss, backward.
+  void step(const Method& method) {
+    auto out = method.forward(x);
+    auto loss = out.square().mean();
+    loss.backward();
+  }
+};
+
+// Runs `warmup` steps of a method, then one step whose peaks (counting allocator and RSS) are
+// recorded in its row.
+void warm_and_measure(Workbench& bench, Method& method, MemoryTracker& tracker, int warmup,
+                      bool rss) {
+  for (int i = 0; i < warmup; ++i) {
+    bench.zero_grad();
+    bench.step(method);
+  }
+  bench.zero_grad();
+  const bool rss_ok = rss && reset_rss_peak();
+  const int64_t rss_before = rss_ok ? rss_bytes() : -1;
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes();
+  bench.step(method);
+  method.row.peak_bytes = tracker.peak_bytes() - before;
+  if (rss_ok) method.row.rss_peak_bytes = rss_peak_bytes() - rss_before;
+}
+
+// warm_and_measure, but a method that throws is reported in its row's note and not timed.
+void try_warm_and_measure(Workbench& bench, Method& method, MemoryTracker& tracker, int warmup,
+                          bool rss) {
+  try {
+    warm_and_measure(bench, method, tracker, warmup, rss);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    std::cerr << "ckpt bench: " << method.row.model << ": " << method.row.method << " "
+              << method.row.setting << " failed: " << what << "\n";
+    method.row.note = "failed: " + what;
+    method.row.peak_bytes = -1;
+    method.row.step_ms = -1;
+    method.forward = nullptr;
+  }
+}
+
+std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig& config,
+                                 const std::vector<int>& segments, int steps, int warmup) {
+  std::string python = options.python_executable;
+  if (python.empty()) python = file_exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  std::string script = options.python_script;
+  if (script.empty()) script = std::string(CKPT_BENCH_COMPARE_DIR) + "/torch_checkpoint.py";
+  std::ostringstream cmd;
+  cmd << "'" << python << "' '" << script << "' --config '" << to_json(config) << "' --segments ";
+  for (size_t i = 0; i < segments.size(); ++i) cmd << (i ? "," : "") << segments[i];
+  cmd << " --steps " << steps << " --warmup " << warmup << " --threads " << options.threads;
+  std::string output;
+  const int status = run_command(cmd.str(), output);
+  std::vector<BenchRow> rows;
+  if (status != 0) {
+    std::cerr << "ckpt bench: the Python run failed (status " << status << "); skipping it\n"
+              << "  command: " << cmd.str() << "\n";
+    return rows;
+  }
+  nlohmann::json result;
+  try {
+    const auto last = output.find_last_of('{', output.rfind("\"rows\""));
+    result = nlohmann::json::parse(output.substr(last == std::string::npos ? 0 : last));
+  } catch (const std::exception& e) {
+    std::cerr << "ckpt bench: cannot parse the Python output (" << e.what() << "); skipping it\n";
+    return rows;
+  }
+  for (const auto& r : result["rows"]) {
+    BenchRow row;
+    row.model = config.name;
+    const int s = r["segments"].get<int>();
+    row.method = s == 0 ? "python_none" : "python_sequential";
+    row.setting = s == 0 ? "-" : "segments=" + std::to_string(s);
+    row.segments = s;
+    row.rss_peak_bytes = r["rss_peak_bytes"].get<int64_t>();
+    row.peak_bytes = row.rss_peak_bytes;
+    row.step_ms = r["step_ms"].get<double>();
+    row.step_iqr_ms = r["iqr_ms"].get<double>();
+    row.forward_count = r["forward_count"].get<int>();
+    row.note = "torch " + result["torch_version"].get<std::string>();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& name,
+                                MemoryTracker& tracker) {
+  ModelConfig config = model_config(name, options.quick);
+  if (!options.resnet_batch_norm) {
+    config.batch_norm = false;
+    config.description = describe(config);
+  }
+  const int steps = options.quick ? std::min(options.steps, 3) : std::max(options.steps, 1);
+  const int warmup = options.quick ? std::min(options.warmup, 1) : std::max(options.warmup, 0);
+  std::cerr << "ckpt bench: " << name << ": " << config.description << "\n";
+
+  Workbench bench(config);
+  const int n = static_cast<int>(bench.model->size());
+  const auto segments = segment_counts(n);
+  const int64_t input_bytes = static_cast<int64_t>(bench.x.nbytes());
+
+  std::vector<std::unique_ptr<Method>> methods;
+  auto add = [&](const std::string& method, const std::string& setting, int segs,
+                 std::function<torch::Tensor(const torch::Tensor&)> forward) {
+    auto m = std::make_unique<Method>();
+    m->row.model = name;
+    m->row.method = method;
+    m->row.setting = setting;
+    m->row.segments = segs;
+    m->row.forward_count = segs == 0 ? n : n + (n / segs) * (segs - 1);
+    m->forward = std::move(forward);
+    methods.push_back(std::move(m));
+    return methods.back().get();
+  };
+  auto model = bench.model;
+  add("none", "-", 0, [model](const torch::Tensor& x) mutable { return model->forward(x); });
+  std::map<int, Method*> sequential;  // non-reentrant rows by segments
+  for (const int s : segments) {
+    sequential[s] =
+        add("ckpt_sequential", "segments=" + std::to_string(s), s,
+            [model, s](const torch::Tensor& x) { return checkpoint_sequential(model, s, x); });
+    add("ckpt_sequential_reentrant", "segments=" + std::to_string(s), s,
+        [model, s](const torch::Tensor& x) {
+          return checkpoint_sequential(model, s, x, CheckpointOptions().use_reentrant(true));
+        });
+  }
+  // Memory phase: every method's warm-up and measured step, with small allocations returned to
+  // the system so that RSS follows the live tensors.
+  use_small_mmap_threshold();
+  for (auto& m : methods) try_warm_and_measure(bench, *m, tracker, warmup, options.rss);
+  const int64_t none_peak = methods.front()->row.peak_bytes;
+
+  if (options.planned) {
+    std::cerr << "ckpt bench: " << name << ": profiling the chain for the planner\n";
+    const std::vector<torch::nn::AnyModule> stages(model->begin(), model->end());
+    ProfileOptions profile_options;
+    if (options.quick) profile_options.repeats(1).warmup(0);
+    const plan::Chain profile = profile_chain(stages, bench.x.detach(), profile_options);
+    const int64_t min_budget = plan::min_feasible_budget_bytes(profile);
+    // Budgets in the planner's terms include x_0; the measured peaks exclude it (it lives
+    // before the step), so a budget of "peak P" is P + input_bytes.
+    std::vector<std::pair<int64_t, std::string>> budgets;
+    budgets.emplace_back(none_peak + input_bytes, "none peak");
+    for (const int s : segments) {
+      if (sequential[s]->row.peak_bytes < 0) continue;
+      budgets.emplace_back(sequential[s]->row.peak_bytes + input_bytes,
+                           "segments=" + std::to_string(s) + " peak");
+    }
+    const auto fifteen = static_cast<int64_t>(0.15 * static_cast<double>(none_peak)) + input_bytes;
+    budgets.emplace_back(fifteen, "15% of none");
+    budgets.emplace_back(min_budget, "min feasible");
+    for (const auto& [budget, label] : budgets) {
+      BenchRow row;
+      row.model = name;
+      row.method = "ckpt_planned";
+      row.budget_bytes = budget;
+      row.setting = "budget=" + mib(budget - input_bytes) + "MiB (" + label + ")";
+      if (budget < min_budget) {
+        row.note = "infeasible: the smallest feasible budget is " + mib(min_budget - input_bytes) +
+                   " MiB (" +
+                   percent(static_cast<double>(min_budget - input_bytes) /
+                           static_cast<double>(none_peak)) +
+                   " of none)";
+        row.peak_bytes = -1;
+        row.step_ms = -1;
+        auto m = std::make_unique<Method>();
+        m->row = row;
+        methods.push_back(std::move(m));
+        continue;
+      }
+      PlannedSequential planned(model, Budget::bytes(budget), PlannedOptions().solver("optimal"));
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        planned->plan(profile);
+      } catch (const std::exception& e) {
+        row.note = std::string("plan failed: ") + e.what();
+        row.peak_bytes = -1;
+        row.step_ms = -1;
+        auto m = std::make_unique<Method>();
+        m->row = row;
+        methods.push_back(std::move(m));
+        continue;
+      }
+      row.solver_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      row.predicted_peak_bytes = planned->prediction().peak_bytes - input_bytes;
+      row.forward_count = planned->prediction().forward_count;
+      auto m = std::make_unique<Method>();
+      m->row = row;
+      m->forward = [planned](const torch::Tensor& x) mutable { return planned->forward(x); };
+      try_warm_and_measure(bench, *m, tracker, warmup, options.rss);
+      methods.push_back(std::move(m));
+    }
+  }
+
+  // Timed steps, interleaved: round r runs every method once, starting at a rotating offset.
+  std::vector<Method*> runnable;
+  for (auto& m : methods) {
+    if (m->forward) runnable.push_back(m.get());
+  }
+  // Timing phase: the heap keeps freed memory (no mmap and page faults per tensor); one untimed
+  // round first.
+  use_large_mmap_threshold();
+  for (Method* m : runnable) {
+    bench.zero_grad();
+    bench.step(*m);
+  }
+  std::cerr << "ckpt bench: " << name << ": timing " << runnable.size() << " methods x " << steps
+            << " steps\n";
+  for (int r = 0; r < steps; ++r) {
+    for (size_t j = 0; j < runnable.size(); ++j) {
+      Method& m = *runnable[(j + static_cast<size_t>(r)) % runnable.size()];
+      bench.zero_grad();
+      const auto t0 = std::chrono::steady_clock::now();
+      bench.step(m);
+      m.times_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+
+  std::vector<BenchRow> rows;
+  for (auto& m : methods) {
+    if (m->forward) {
+      const Stats s = stats(m->times_ms);
+      m->row.step_ms = s.median;
+      m->row.step_iqr_ms = s.iqr;
+    }
+    rows.push_back(m->row);
+  }
+  if (options.python) {
+    std::cerr << "ckpt bench: " << name << ": running torch.utils.checkpoint\n";
+    for (auto& row : run_python(options, config, segments, steps, warmup)) rows.push_back(row);
+  }
+
+  // Ratios against the same language's no-checkpoint row.
+  const BenchRow* cpp_none = &rows.front();
+  const BenchRow* py_none = nullptr;
+  for (const auto& row : rows) {
+    if (row.method == "python_none") py_none = &row;
+  }
+  for (auto& row : rows) {
+    const bool py = row.method.rfind("python", 0) == 0;
+    const BenchRow* base = py ? py_none : cpp_none;
+    if (base == nullptr || row.step_ms <= 0) continue;
+    row.overhead = row.step_ms / base->step_ms;
+    if (!py && row.peak_bytes >= 0 && base->peak_bytes > 0) {
+      row.memory_ratio =
+          static_cast<double>(row.peak_bytes) / static_cast<double>(base->peak_bytes);
+    }
+    if (row.rss_peak_bytes >= 0 && base->rss_peak_bytes > 0) {
+      row.rss_memory_ratio =
+          static_cast<double>(row.rss_peak_bytes) / static_cast<double>(base->rss_peak_bytes);
+      if (py) row.memory_ratio = row.rss_memory_ratio;
+    }
+  }
+  return rows;
+}
+
+const BenchRow* find(const std::vector<BenchRow>& rows, const std::string& model,
+                     const std::string& method, int segments) {
+  for (const auto& row : rows) {
+    if (row.model == model && row.method == method && row.segments == segments) return &row;
+  }
+  return nullptr;
+}
+
+std::string verdict(bool met) {
+  return met ? "**met**" : "**missed**";
+}
+
+}  // namespace
+
+std::vector<int> segment_counts(int stages) {
+  std::vector<int> out;
+  for (const int s : {2, 4, static_cast<int>(std::lround(std::sqrt(stages))), stages}) {
+    if (s >= 2 && s <= stages && std::find(out.begin(), out.end(), s) == out.end()) {
+      out.push_back(s);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<BenchRow> run_comparison(const BenchOptions& options) {
+  torch::set_num_threads(options.threads);
+  MemoryTracker tracker;  // installs the counting allocator before any model exists
+  const auto names = options.models.empty() ? model_names() : options.models;
+  std::vector<BenchRow> rows;
+  for (const auto& name : names) {
+    for (auto& row : run_model(options, name, tracker)) rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::string to_markdown(const std::vector<BenchRow>& rows, const BenchOptions& options) {
+  std::ostringstream md;
+  std::vector<std::string> models;
+  for (const auto& row : rows) {
+    if (std::find(models.begin(), models.end(), row.model) == models.end()) {
+      models.push_back(row.model);
+    }
+  }
+  for (const auto& name : models) {
+    ModelConfig config = model_config(name, options.quick);
+    if (!options.resnet_batch_norm) {
+      config.batch_norm = false;
+      config.description = describe(config);
+    }
+    int stages = 0;
+    for (const auto& row : rows) {
+      if (row.model == name && row.method == "none") stages = row.forward_count;
+    }
+    md << "### " << name << ": " << config.description << " (" << stages << " stages)\n\n";
+    md << "| method | setting | fwd | peak MiB | % none | RSS peak MiB | % none (RSS) | predicted "
+          "MiB | pred. error | step ms | IQR ms | overhead | C++ / Python | notes |\n";
+    md << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    for (const auto& row : rows) {
+      if (row.model != name) continue;
+      const bool py = row.method.rfind("python", 0) == 0;
+      md << "| " << row.method << " | " << row.setting << " | "
+         << (row.forward_count > 0 ? std::to_string(row.forward_count) : "—") << " | "
+         << (py ? "—" : mib(row.peak_bytes)) << " | " << (py ? "—" : percent(row.memory_ratio))
+         << " | " << mib(row.rss_peak_bytes) << " | " << percent(row.rss_memory_ratio) << " | "
+         << (row.predicted_peak_bytes >= 0 ? mib(row.predicted_peak_bytes) : "—") << " | ";
+      if (row.predicted_peak_bytes > 0 && row.peak_bytes >= 0) {
+        const double err = static_cast<double>(row.peak_bytes - row.predicted_peak_bytes) /
+                           static_cast<double>(row.predicted_peak_bytes);
+        md << (err >= 0 ? "+" : "") << fixed(100 * err, 1) << "%";
+      } else {
+        md << "—";
+      }
+      md << " | " << (row.step_ms > 0 ? fixed(row.step_ms, 2) : "—") << " | "
+         << (row.step_ms > 0 ? fixed(row.step_iqr_ms, 2) : "—") << " | "
+         << (row.overhead > 0 ? fixed(row.overhead, 3) + "×" : "—") << " | ";
+      const BenchRow* twin = nullptr;
+      if (row.method == "none") twin = find(rows, name, "python_none", 0);
+      if (row.method.rfind("ckpt_sequential", 0) == 0) {
+        twin = find(rows, name, "python_sequential", row.segments);
+      }
+      md << (twin && twin->step_ms > 0 && row.step_ms > 0
+                 ? fixed(row.step_ms / twin->step_ms, 3) + "×"
+                 : "—");
+      std::string note = row.note;
+      if (row.solver_ms >= 0)
+        note += (note.empty() ? "" : "; ") + ("solve " + fixed(row.solver_ms, 1) + " ms");
+      md << " | " << note << " |\n";
+    }
+    md << "\n";
+  }
+
+  // Targets.
+  md << "### Targets\n\n| target | figures | verdict |\n|---|---|---|\n";
+  if (const BenchRow* none = find(rows, "mlp", "none", 0)) {
+    const int n = none->forward_count;
+    const int s = static_cast<int>(std::lround(std::sqrt(n)));
+    if (const BenchRow* r = find(rows, "mlp", "ckpt_sequential", s)) {
+      md << "| MLP (" << n << " stages): peak at √n = " << s << " segments ≤ 0.5× none | "
+         << mib(r->peak_bytes) << " / " << mib(none->peak_bytes)
+         << " MiB = " << fixed(r->memory_ratio, 3) << "× (RSS " << fixed(r->rss_memory_ratio, 3)
+         << "×) | " << verdict(r->memory_ratio <= 0.5) << " |\n";
+    }
+  }
+  if (const BenchRow* none = find(rows, "small", "none", 0)) {
+    for (const int s : segment_counts(none->forward_count)) {
+      const BenchRow* py = find(rows, "small", "python_sequential", s);
+      for (const char* method : {"ckpt_sequential_reentrant", "ckpt_sequential"}) {
+        const BenchRow* r = find(rows, "small", method, s);
+        if (r == nullptr) continue;
+        if (py && py->step_ms > 0) {
+          md << "| small, segments=" << s << ": " << method << " ≤ 0.8× Python | "
+             << fixed(r->step_ms, 2) << " / " << fixed(py->step_ms, 2)
+             << " ms = " << fixed(r->step_ms / py->step_ms, 3) << "× | "
+             << verdict(r->step_ms / py->step_ms <= 0.8) << " |\n";
+        }
+        md << "| small, segments=" << s << ": " << method << " overhead ≤ 1.45× | "
+           << fixed(r->step_ms, 2) << " / " << fixed(none->step_ms, 2)
+           << " ms = " << fixed(r->overhead, 3) << "× | " << verdict(r->overhead <= 1.45) << " |\n";
+      }
+    }
+  }
+  for (const auto& name : models) {
+    const BenchRow* none = find(rows, name, "none", 0);
+    if (none == nullptr) continue;
+    for (const auto& row : rows) {
+      if (row.model != name || row.method != "ckpt_planned") continue;
+      const auto open = row.setting.find("(segments=");
+      if (open != std::string::npos) {
+        const int s = std::stoi(row.setting.substr(open + 10));
+        const BenchRow* seq = find(rows, name, "ckpt_sequential", s);
+        if (seq == nullptr || row.step_ms <= 0) continue;
+        const double ratio = (row.overhead - 1) / std::max(seq->overhead - 1, 1e-9);
+        md << "| " << name << ": planned at the peak of segments=" << s << " | planned "
+           << mib(row.peak_bytes) << " MiB, " << fixed(row.overhead, 3)
+           << "× vs checkpoint_sequential " << mib(seq->peak_bytes) << " MiB, "
+           << fixed(seq->overhead, 3) << "×; overhead ratio " << fixed(ratio, 2) << " | "
+           << (name == "resnet"
+                   ? verdict(ratio <= 1.0 / 3.0) + " (≤ 1/3)"
+                   : verdict(row.step_ms <= seq->step_ms * 1.05) + " (not slower, 5% noise)")
+           << " |\n";
+      } else if (row.setting.find("min feasible") != std::string::npos && row.step_ms > 0) {
+        md << "| " << name << ": lowest feasible budget ≤ 15% of none | " << mib(row.peak_bytes)
+           << " MiB = " << percent(row.memory_ratio) << " of none, overhead "
+           << fixed(row.overhead, 3) << "× | " << verdict(row.memory_ratio <= 0.15) << " |\n";
+      }
+    }
+    double worst = 0;
+    int count = 0;
+    for (const auto& row : rows) {
+      if (row.model != name || row.method != "ckpt_planned" || row.predicted_peak_bytes <= 0 ||
+          row.peak_bytes < 0) {
+        continue;
+      }
+      ++count;
+      worst =
+          std::max(worst, std::abs(static_cast<double>(row.peak_bytes - row.predicted_peak_bytes)) /
+                              static_cast<double>(row.predicted_peak_bytes));
+    }
+    if (count > 0) {
+      md << "| " << name << ": measured peak within ±10% of the prediction (" << count
+         << " planned rows) | worst " << fixed(100 * worst, 1) << "% | " << verdict(worst <= 0.10)
+         << " |\n";
+    }
+  }
+  md << "\n";
+  return md.str();
+}
+
+}  // namespace bench
+}  // namespace ckpt

@@ -1,0 +1,59 @@
+#pragma once
+
+// The side-by-side benchmark: the same models through no checkpointing, ckpt's
+// checkpoint_sequential, ckpt's planned schedules, and Python's torch.utils.checkpoint.
+// Shared by bench/compare/main.cpp and the `ckpt bench` subcommand.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+namespace bench {
+
+struct BenchOptions {
+  std::vector<std::string> models;  // empty: all ("mlp", "resnet", "transformer", "small")
+  int steps = 15;                   // timed steps per method (after warm-up)
+  int warmup = 3;
+  int threads = 1;
+  bool python = true;   // also run torch.utils.checkpoint (skipped if unavailable)
+  bool planned = true;  // also run PlannedSequential at the peaks of checkpoint_sequential
+  bool quick = false;   // small sizes, few steps: for tests
+  std::string python_executable;  // empty: /usr/bin/python3, else python3
+  std::string python_script;      // empty: bench/compare/torch_checkpoint.py of the source tree
+  bool rss = true;                // also measure each step's RSS high-water mark (Linux)
+  bool resnet_batch_norm = true;  // false: the ResNet-like chain without BatchNorm layers
+};
+
+struct BenchRow {
+  std::string model;
+  std::string method;      // "none", "ckpt_sequential", "python_sequential", "ckpt_planned", ...
+  std::string setting;     // "segments=4", "budget=12.3MiB", ...
+  int64_t peak_bytes = 0;  // activation peak of one step (counting allocator, or RSS for Python)
+  int64_t predicted_peak_bytes = -1;  // planned rows: the simulator's prediction
+  double step_ms = 0;                 // median step time
+  double overhead = 0;                // step time / the model's "none" step time
+  double memory_ratio = 0;            // peak / the model's "none" peak
+  int forward_count = 0;              // stage forwards per step
+  // Added fields (the original ones above are the contract of `ckpt bench`):
+  int segments = 0;             // checkpoint_sequential rows: the segment count (after clamping)
+  int64_t budget_bytes = -1;    // planned rows: the budget given to the planner (x_0 included)
+  int64_t rss_peak_bytes = -1;  // VmHWM - VmRSS before the step (-1: not measured)
+  double rss_memory_ratio = 0;  // rss_peak_bytes / the same language's "none" RSS peak
+  double step_iqr_ms = 0;       // interquartile range of the timed steps
+  double solver_ms = -1;        // planned rows: wall time of solving the profiled chain
+  std::string note;             // e.g. why a planned budget is infeasible
+};
+
+/// Runs every selected model and method; prints progress to stderr.
+std::vector<BenchRow> run_comparison(const BenchOptions& options);
+
+/// The segment counts of the comparison for a chain of `stages` stages: {2, 4, round(sqrt(n)), n},
+/// those above n dropped, sorted, without duplicates.
+std::vector<int> segment_counts(int stages);
+
+/// One markdown table per model, then the targets of issues 3 and 4 checked against the rows.
+std::string to_markdown(const std::vector<BenchRow>& rows, const BenchOptions& options);
+
+}  // namespace bench
+}  // namespace ckpt

@@ -1,0 +1,236 @@
+#include "models.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace ckpt {
+namespace bench {
+namespace {
+
+// One MLP stage: tanh(linear(x)).
+class MlpLayerImpl : public torch::nn::Module {
+ public:
+  explicit MlpLayerImpl(int64_t width)
+      : linear_(register_module("linear", torch::nn::Linear(width, width))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(linear_(x)); }
+
+ private:
+  torch::nn::Linear linear_;
+};
+TORCH_MODULE(MlpLayer);
+
+// The ResNet stem: relu(bn(conv3x3(x))).
+class StemImpl : public torch::nn::Module {
+ public:
+  StemImpl(int64_t channels, bool batch_norm)
+      : conv_(register_module(
+            "conv",
+            torch::nn::Conv2d(torch::nn::Conv2dOptions(3, channels, 3).padding(1).bias(false)))) {
+    if (batch_norm) bn_ = register_module("bn", torch::nn::BatchNorm2d(channels));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = conv_(x);
+    return torch::relu(bn_ ? bn_(h) : h);
+  }
+
+ private:
+  torch::nn::Conv2d conv_;
+  torch::nn::BatchNorm2d bn_{nullptr};
+};
+TORCH_MODULE(Stem);
+
+// A basic residual block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)); the shortcut is
+// a strided 1x1 conv + BatchNorm when the block changes the shape.
+class ResidualBlockImpl : public torch::nn::Module {
+ public:
+  ResidualBlockImpl(int64_t in, int64_t out, int64_t stride, bool batch_norm)
+      : conv1_(register_module(
+            "conv1",
+            torch::nn::Conv2d(
+                torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
+        conv2_(register_module(
+            "conv2",
+            torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))) {
+    if (batch_norm) {
+      bn1_ = register_module("bn1", torch::nn::BatchNorm2d(out));
+      bn2_ = register_module("bn2", torch::nn::BatchNorm2d(out));
+    }
+    if (stride != 1 || in != out) {
+      proj_ = register_module(
+          "proj",
+          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
+      if (batch_norm) proj_bn_ = register_module("proj_bn", torch::nn::BatchNorm2d(out));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = conv1_(x);
+    h = torch::relu(bn1_ ? bn1_(h) : h);
+    h = conv2_(h);
+    if (bn2_) h = bn2_(h);
+    torch::Tensor shortcut = x;
+    if (proj_) {
+      shortcut = proj_(x);
+      if (proj_bn_) shortcut = proj_bn_(shortcut);
+    }
+    return torch::relu(h + shortcut);
+  }
+
+ private:
+  torch::nn::Conv2d conv1_;
+  torch::nn::BatchNorm2d bn1_{nullptr};
+  torch::nn::Conv2d conv2_;
+  torch::nn::BatchNorm2d bn2_{nullptr};
+  torch::nn::Conv2d proj_{nullptr};
+  torch::nn::BatchNorm2d proj_bn_{nullptr};
+};
+TORCH_MODULE(ResidualBlock);
+
+// The ResNet head: linear(mean over H, W).
+class HeadImpl : public torch::nn::Module {
+ public:
+  explicit HeadImpl(int64_t channels)
+      : linear_(register_module("linear", torch::nn::Linear(channels, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return linear_(x.mean({2, 3})); }
+
+ private:
+  torch::nn::Linear linear_;
+};
+TORCH_MODULE(Head);
+
+// A pre-LayerNorm transformer block with explicit multi-head attention (the same ops as the
+// Python twin, rather than nn::MultiheadAttention, whose C++ and Python paths differ).
+class TransformerBlockImpl : public torch::nn::Module {
+ public:
+  TransformerBlockImpl(int64_t d_model, int64_t heads, int64_t ff)
+      : heads_(heads),
+        ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
+        qkv_(register_module("qkv", torch::nn::Linear(d_model, 3 * d_model))),
+        out_(register_module("out", torch::nn::Linear(d_model, d_model))),
+        ln2_(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
+        ff1_(register_module("ff1", torch::nn::Linear(d_model, ff))),
+        ff2_(register_module("ff2", torch::nn::Linear(ff, d_model))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t b = x.size(0), s = x.size(1), d = x.size(2), dh = d / heads_;
+    auto qkv = qkv_(ln1_(x)).view({b, s, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
+    auto q = qkv[0], k = qkv[1], v = qkv[2];
+    auto scores =
+        torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
+    auto context = torch::matmul(torch::softmax(scores, -1), v).transpose(1, 2).reshape({b, s, d});
+    auto h = x + out_(context);
+    return h + ff2_(torch::gelu(ff1_(ln2_(h))));
+  }
+
+ private:
+  int64_t heads_;
+  torch::nn::LayerNorm ln1_;
+  torch::nn::Linear qkv_, out_;
+  torch::nn::LayerNorm ln2_;
+  torch::nn::Linear ff1_, ff2_;
+};
+TORCH_MODULE(TransformerBlock);
+
+}  // namespace
+
+std::vector<std::string> model_names() {
+  return {"mlp", "resnet", "transformer", "small"};
+}
+
+std::string describe(const ModelConfig& c) {
+  std::ostringstream d;
+  if (c.kind == "mlp") {
+    d << c.depth << " x (Linear(" << c.width << ", " << c.width << ") + Tanh), batch " << c.batch;
+  } else if (c.kind == "resnet") {
+    d << "stem conv 3->" << c.channels.front() << ", " << c.channels.size() << " stages x "
+      << c.blocks_per_stage << " residual blocks, channels";
+    for (size_t i = 0; i < c.channels.size(); ++i) d << (i ? "->" : " ") << c.channels[i];
+    d << (c.batch_norm ? ", BatchNorm" : ", no BatchNorm")
+      << " (resolution halves per stage), head; input " << c.batch << "x3x" << c.image << "x"
+      << c.image;
+  } else {
+    d << c.depth << " pre-LN blocks, d=" << c.d_model << ", " << c.heads << " heads, FF " << c.ff
+      << ", GELU; input " << c.batch << "x" << c.seq << "x" << c.d_model;
+  }
+  return d.str();
+}
+
+ModelConfig model_config(const std::string& name, bool quick) {
+  ModelConfig c;
+  c.name = name;
+  if (name == "mlp") {
+    c.kind = "mlp";
+    c.depth = quick ? 16 : 64;
+    c.width = quick ? 32 : 256;
+    c.batch = quick ? 8 : 128;
+  } else if (name == "small") {
+    c.kind = "mlp";
+    c.depth = quick ? 32 : 128;
+    c.width = quick ? 8 : 32;
+    c.batch = quick ? 4 : 16;
+  } else if (name == "resnet") {
+    c.kind = "resnet";
+    c.channels = quick ? std::vector<int64_t>{4, 8} : std::vector<int64_t>{16, 32, 64, 128};
+    c.blocks_per_stage = quick ? 1 : 4;
+    c.image = quick ? 16 : 64;
+    c.batch = quick ? 2 : 8;
+  } else if (name == "transformer") {
+    c.kind = "transformer";
+    c.depth = quick ? 2 : 8;
+    c.d_model = quick ? 16 : 128;
+    c.heads = 4;
+    c.ff = 4 * c.d_model;
+    c.seq = quick ? 8 : 256;
+    c.batch = quick ? 2 : 4;
+  } else {
+    throw std::invalid_argument("ckpt bench: unknown model '" + name +
+                                "' (expected mlp, resnet, transformer or small)");
+  }
+  c.description = describe(c);
+  return c;
+}
+
+torch::nn::Sequential build_model(const ModelConfig& c) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  if (c.kind == "mlp") {
+    for (int64_t i = 0; i < c.depth; ++i) model->push_back(MlpLayer(c.width));
+  } else if (c.kind == "resnet") {
+    model->push_back(Stem(c.channels.front(), c.batch_norm));
+    int64_t in = c.channels.front();
+    for (size_t s = 0; s < c.channels.size(); ++s) {
+      for (int64_t b = 0; b < c.blocks_per_stage; ++b) {
+        const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+        model->push_back(ResidualBlock(in, c.channels[s], stride, c.batch_norm));
+        in = c.channels[s];
+      }
+    }
+    model->push_back(Head(in));
+  } else {
+    for (int64_t i = 0; i < c.depth; ++i)
+      model->push_back(TransformerBlock(c.d_model, c.heads, c.ff));
+  }
+  return model;
+}
+
+at::Tensor make_input(const ModelConfig& c) {
+  torch::manual_seed(1);
+  if (c.kind == "mlp") return torch::randn({c.batch, c.width});
+  if (c.kind == "resnet") return torch::randn({c.batch, 3, c.image, c.image});
+  return torch::randn({c.batch, c.seq, c.d_model});
+}
+
+std::string to_json(const ModelConfig& c) {
+  std::ostringstream o;
+  o << "{\"name\": \"" << c.name << "\", \"kind\": \"" << c.kind << "\", \"batch\": " << c.batch
+    << ", \"depth\": " << c.depth << ", \"width\": " << c.width << ", \"channels\": [";
+  for (size_t i = 0; i < c.channels.size(); ++i) o << (i ? ", " : "") << c.channels[i];
+  o << "], \"blocks_per_stage\": " << c.blocks_per_stage << ", \"image\": " << c.image
+    << ", \"batch_norm\": " << (c.batch_norm ? "true" : "false") << ", \"seq\": " << c.seq
+    << ", \"d_model\": " << c.d_model << ", \"heads\": " << c.heads << ", \"ff\": " << c.ff << "}";
+  return o.str();
+}
+
+}  // namespace bench
+}  // namespace ckpt

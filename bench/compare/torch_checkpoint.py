@@ -1,0 +1,233 @@
+#!/usr/bin/python3
+"""Python twin of the ckpt comparison harness (bench/compare/harness.cpp).
+
+Builds the same chain as bench/compare/models.cpp from the same configuration (JSON, written by
+the harness), and measures no checkpointing and torch.utils.checkpoint.checkpoint_sequential
+(reentrant, the only variant PyTorch 1.13 offers there) with the same protocol: gradient buffers
+pre-allocated and zeroed in place, input requiring grad, loss = mean(output^2), warm-up steps,
+one memory step per method (RSS high-water mark: VmHWM - VmRSS before, after writing 5 to
+/proc/self/clear_refs, with mallopt(M_MMAP_THRESHOLD, 65536) as MALLOC_MMAP_THRESHOLD_=65536
+would set), then timed steps interleaved across methods with a large mmap threshold (no mmap and
+page faults per tensor), exactly like the C++ harness. Prints one JSON object on stdout.
+
+Usage: torch_checkpoint.py --config JSON --segments 2,4,8 [--steps 15] [--warmup 3] [--threads 1]
+"""
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as tuc
+
+
+class MlpLayer(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.tanh(self.linear(x))
+
+
+def norm(channels, batch_norm):
+    return nn.BatchNorm2d(channels) if batch_norm else nn.Identity()
+
+
+class Stem(nn.Module):
+    def __init__(self, channels, batch_norm):
+        super().__init__()
+        self.conv = nn.Conv2d(3, channels, 3, padding=1, bias=False)
+        self.bn = norm(channels, batch_norm)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, cin, cout, stride, batch_norm):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = norm(cout, batch_norm)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = norm(cout, batch_norm)
+        self.proj = None
+        if stride != 1 or cin != cout:
+            self.proj = nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
+            self.proj_bn = norm(cout, batch_norm)
+
+    def forward(self, x):
+        h = torch.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(self.conv2(h))
+        shortcut = self.proj_bn(self.proj(x)) if self.proj is not None else x
+        return torch.relu(h + shortcut)
+
+
+class Head(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.linear = nn.Linear(channels, 10)
+
+    def forward(self, x):
+        return self.linear(x.mean((2, 3)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, d_model, heads, ff):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ff1 = nn.Linear(d_model, ff)
+        self.ff2 = nn.Linear(ff, d_model)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        dh = d // self.heads
+        qkv = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, dh).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(dh))
+        context = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2).reshape(b, s, d)
+        h = x + self.out(context)
+        return h + self.ff2(torch.nn.functional.gelu(self.ff1(self.ln2(h))))
+
+
+def build_model(c):
+    torch.manual_seed(0)
+    stages = []
+    if c["kind"] == "mlp":
+        stages = [MlpLayer(c["width"]) for _ in range(c["depth"])]
+    elif c["kind"] == "resnet":
+        ch = c["channels"]
+        bn = c.get("batch_norm", True)
+        stages.append(Stem(ch[0], bn))
+        cin = ch[0]
+        for s, cout in enumerate(ch):
+            for b in range(c["blocks_per_stage"]):
+                stages.append(ResidualBlock(cin, cout, 2 if (s > 0 and b == 0) else 1, bn))
+                cin = cout
+        stages.append(Head(cin))
+    else:
+        stages = [TransformerBlock(c["d_model"], c["heads"], c["ff"]) for _ in range(c["depth"])]
+    return nn.Sequential(*stages)
+
+
+def make_input(c):
+    torch.manual_seed(1)
+    if c["kind"] == "mlp":
+        return torch.randn(c["batch"], c["width"])
+    if c["kind"] == "resnet":
+        return torch.randn(c["batch"], 3, c["image"], c["image"])
+    return torch.randn(c["batch"], c["seq"], c["d_model"])
+
+
+def status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def reset_hwm():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def set_mmap_threshold(threshold, trim):
+    """mallopt(M_MMAP_THRESHOLD / M_TRIM_THRESHOLD), as the C++ harness does (glibc only)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+        if trim:
+            libc.mallopt(-1, trim)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--segments", default="")
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    config = json.loads(args.config)
+    model = build_model(config)
+    model.train()
+    x = make_input(config).requires_grad_(True)
+    x.grad = torch.zeros_like(x)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    n = len(model)
+
+    def forward(segments):
+        if segments == 0:
+            return model(x)
+        return tuc.checkpoint_sequential(model, segments, x)
+
+    def step(segments):
+        for p in params:
+            p.grad.zero_()
+        x.grad.zero_()
+        out = forward(segments)
+        loss = out.square().mean()
+        loss.backward()
+
+    settings = [0] + [int(s) for s in args.segments.split(",") if s]
+    results = {}
+    # Memory phase: allocations of 64 KiB or more are mmapped and returned when freed, so RSS
+    # follows the live tensors (as MALLOC_MMAP_THRESHOLD_=65536 does).
+    set_mmap_threshold(65536, 0)
+    for s in settings:
+        for _ in range(args.warmup):
+            step(s)
+        rss_ok = reset_hwm()
+        before = status_kib("VmRSS")
+        step(s)
+        peak = (status_kib("VmHWM") - before) * 1024 if rss_ok else -1
+        size = n // s if s else 0
+        results[s] = {"rss_peak_bytes": peak, "times": [],
+                      "forward_count": n + (size * (s - 1) if s else 0)}
+
+    # Timing phase: the heap keeps freed memory, as in the C++ harness; one untimed round first.
+    set_mmap_threshold(32 << 20, 64 << 20)
+    for s in settings:
+        step(s)
+    for r in range(args.steps):
+        order = settings[r % len(settings):] + settings[:r % len(settings)]
+        for s in order:
+            t0 = time.perf_counter()
+            step(s)
+            results[s]["times"].append((time.perf_counter() - t0) * 1e3)
+
+    rows = []
+    for s in settings:
+        times = sorted(results[s]["times"])
+        q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
+        rows.append({"method": "none" if s == 0 else "python_sequential",
+                     "segments": s, "step_ms": statistics.median(times), "iqr_ms": q[2] - q[0],
+                     "rss_peak_bytes": results[s]["rss_peak_bytes"],
+                     "forward_count": results[s]["forward_count"]})
+    json.dump({"torch_version": torch.__version__, "threads": torch.get_num_threads(),
+               "stages": n, "rows": rows}, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
