@@ -443,11 +443,12 @@ int run_train(const TrainArgs& args) {
     const Corpus corpus = load_corpus(args.corpus, args.context + 2);
     std::printf(
         "ckpt train: GPT, %lld blocks, width %lld, %lld heads, context %lld, batch %lld, "
-        "%lld steps, %lld threads, dropout %g, %s head\n",
+        "%lld steps, %lld thread%s, dropout %g, %s head\n",
         static_cast<long long>(args.layers), static_cast<long long>(args.width),
         static_cast<long long>(args.heads), static_cast<long long>(args.context),
         static_cast<long long>(args.batch), static_cast<long long>(args.steps),
-        static_cast<long long>(args.threads), args.dropout, args.untied ? "untied" : "tied");
+        static_cast<long long>(args.threads), args.threads == 1 ? "" : "s", args.dropout,
+        args.untied ? "untied" : "tied");
     std::printf("corpus:   %s (%d files, %zu characters, vocabulary %zu)\n", corpus.source.c_str(),
                 corpus.file_count, corpus.tokens.size(), corpus.vocabulary.size());
     std::printf("strategy: %s\n", strategy.text.c_str());
