@@ -116,9 +116,9 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
   c10::optional<RecomputeMark> mark;
   if (recompute) {
     mark.emplace();
-    if (preserve_rng_state_) {
+    if (preserve_rng_state_ && rng_states_[i].defined()) {
       restore.emplace();
-      if (rng_states_[i].defined()) set_cpu_rng_state(rng_states_[i]);
+      set_cpu_rng_state(rng_states_[i]);
     }
   } else {
     if (preserve_rng_state_ && recomputed_[i]) rng_states_[i] = cpu_rng_state();
