@@ -85,7 +85,9 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
     const bool input_grad = i > 0 ? is_differentiable(x) : sample_input.requires_grad();
     plan::Stage measured{};
     std::vector<double> forward_times, backward_times;
-    int64_t saved = 0, forward_tmp = 0, backward_tmp = 0;
+    // The no-grad and the grad-enabled forward have their own temporaries: what a no-grad
+    // forward frees (attention scores), a grad-enabled one may keep in `saved`.
+    int64_t saved = 0, forward_all_tmp = 0, forward_none_tmp = 0, backward_tmp = 0;
     for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
       const bool timed = r >= options.warmup();
       tracker.reset_peak();
@@ -94,7 +96,7 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
       detail::StageGraph graph(stage, x, input_grad);
       const double forward_time = seconds_since(start);
       saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
-      forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
+      forward_all_tmp = std::max(forward_all_tmp, tracker.peak_bytes() - before - saved);
 
       at::Tensor grad_output = at::ones_like(graph.output());
       tracker.reset_peak();
@@ -116,13 +118,14 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
       tracker.reset_peak();
       const int64_t before = tracker.current_bytes();
       output = stage.forward<at::Tensor>(x);
-      forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - storage_bytes(output));
+      forward_none_tmp = tracker.peak_bytes() - before - storage_bytes(output);
     }
     measured.forward_time = median(forward_times);
     measured.backward_time = median(backward_times);
     measured.output_bytes = storage_bytes(output);
     measured.saved_bytes = std::max(saved, measured.output_bytes);
-    measured.forward_tmp_bytes = std::max<int64_t>(forward_tmp, 0);
+    measured.forward_tmp_bytes = std::max<int64_t>(forward_none_tmp, 0);
+    measured.forward_all_tmp_bytes = std::max<int64_t>(forward_all_tmp, 0);
     measured.backward_tmp_bytes = std::max<int64_t>(backward_tmp, 0);
     chain.stages.push_back(measured);
     x = output;

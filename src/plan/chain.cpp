@@ -50,7 +50,8 @@ StorageOption Stage::option(int k) const {
                                 ". Use an option listed by option_count().");
   }
   if (k == 0) {
-    return StorageOption{forward_time, backward_time, saved_bytes, forward_tmp_bytes,
+    return StorageOption{forward_time, backward_time, saved_bytes,
+                         forward_all_tmp_bytes >= 0 ? forward_all_tmp_bytes : forward_tmp_bytes,
                          backward_tmp_bytes};
   }
   return alternatives[static_cast<size_t>(k - 1)];
@@ -81,10 +82,8 @@ void Chain::validate() const {
   bool ok = !stages.empty() && input_bytes >= 0;
   for (size_t i = 0; ok && i < stages.size(); ++i) {
     const Stage& stage = stages[i];
-    ok = stage.output_bytes >= 0 &&
-         option_ok(StorageOption{stage.forward_time, stage.backward_time, stage.saved_bytes,
-                                 stage.forward_tmp_bytes, stage.backward_tmp_bytes},
-                   stage.output_bytes);
+    ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 &&
+         stage.forward_all_tmp_bytes >= -1 && option_ok(stage.option(0), stage.output_bytes);
     for (const StorageOption& option : stage.alternatives) {
       ok = ok && option_ok(option, stage.output_bytes);
     }
@@ -100,6 +99,13 @@ void Chain::validate() const {
     const Stage& stage = stages[i];
     const std::string name = "stages[" + std::to_string(i) + "].";
     check_size(stage.output_bytes, name + "output_bytes");
+    check_size(stage.forward_tmp_bytes, name + "forward_tmp_bytes");
+    if (stage.forward_all_tmp_bytes < -1) {
+      throw std::invalid_argument(std::string(kValidate) + name +
+                                  "forward_all_tmp_bytes must be >= 0 bytes, or -1 for \"the same "
+                                  "as forward_tmp_bytes\", but got " +
+                                  std::to_string(stage.forward_all_tmp_bytes) + ".");
+    }
     for (int k = 0; k < stage.option_count(); ++k) {
       const std::string prefix =
           k == 0 ? name : name + "alternatives[" + std::to_string(k - 1) + "].";

@@ -49,6 +49,10 @@ TEST(ChainTest, RejectsNegativeSizes) {
   chain.stages[1].forward_tmp_bytes = -3;
   expect_invalid([&] { chain.validate(); }, {"stages[1].forward_tmp_bytes", "but got -3"});
   chain = two_stage_chain();
+  chain.stages[0].forward_all_tmp_bytes = -2;
+  expect_invalid([&] { chain.validate(); },
+                 {"stages[0].forward_all_tmp_bytes", "-1", "but got -2"});
+  chain = two_stage_chain();
   chain.stages[0].backward_tmp_bytes = -4;
   expect_invalid([&] { chain.validate(); }, {"stages[0].backward_tmp_bytes"});
   chain = two_stage_chain();

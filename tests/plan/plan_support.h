@@ -36,6 +36,8 @@ inline Chain random_chain(std::mt19937& rng, int stages, int max_bytes, int alte
     stage.saved_bytes = stage.output_bytes + tmp(rng) * 2;
     stage.forward_tmp_bytes = tmp(rng);
     stage.backward_tmp_bytes = tmp(rng);
+    // Half the stages give their grad-enabled forward its own temporaries.
+    if (std::uniform_int_distribution<int>(0, 1)(rng) == 1) stage.forward_all_tmp_bytes = tmp(rng);
     for (int k = 0; k < alternatives; ++k) {
       stage.alternatives.push_back(
           StorageOption{static_cast<double>(time(rng)), static_cast<double>(time(rng)),

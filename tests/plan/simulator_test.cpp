@@ -92,6 +92,27 @@ TEST(SimulatorTest, ForwardNoneKeepsCheckpointsAndFreesTheRest) {
   EXPECT_EQ(result.forward_count, 7);
 }
 
+TEST(SimulatorTest, ForwardAllUsesItsOwnTemporariesWhenGiven) {
+  Chain chain = two_stage_chain();
+  chain.stages[0].forward_tmp_bytes = 200;    // the no-grad forward's temporaries
+  chain.stages[0].forward_all_tmp_bytes = 1;  // the grad-enabled forward's
+  // No checkpointing: Fall0 10+30+1 = 41, and B1's 151 stays the peak.
+  const SimulationResult plain = simulate(chain, solve_no_checkpoint(chain));
+  ASSERT_TRUE(plain.valid) << plain.error;
+  EXPECT_EQ(plain.peak_bytes, 151);
+  // Fck0 first: 10+20+200 = 230.
+  const SimulationResult checkpointed = simulate(chain, ops({{kFck, 0, 0},
+                                                             {kFn, 1, 0},
+                                                             {kLoss, 2, 0},
+                                                             {kFall, 0, 0},
+                                                             {kFall, 1, 0},
+                                                             {kB, 1, 0},
+                                                             {kB, 0, 0}}));
+  ASSERT_TRUE(checkpointed.valid) << checkpointed.error;
+  EXPECT_EQ(checkpointed.peak_bytes, 230);
+  EXPECT_EQ(chain.stages[0].option(0).forward_tmp_bytes, 1);
+}
+
 TEST(SimulatorTest, AlternativeOptionsUseTheirOwnCosts) {
   Chain chain = two_stage_chain();
   chain.stages[1].alternatives.push_back(StorageOption{5.0, 7.0, 40, 3, 2});

@@ -84,6 +84,9 @@ plan::Chain chain_from_json(const json& document, const std::string& source) {
     stage.saved_bytes = reader.bytes(object, "saved_bytes", path, false);
     stage.forward_tmp_bytes = reader.bytes(object, "forward_tmp_bytes", path, true);
     stage.backward_tmp_bytes = reader.bytes(object, "backward_tmp_bytes", path, true);
+    if (object.contains("forward_all_tmp_bytes")) {
+      stage.forward_all_tmp_bytes = reader.bytes(object, "forward_all_tmp_bytes", path, true);
+    }
     if (stage.saved_bytes < stage.output_bytes) {
       reader.fail(path + ".saved_bytes", "must be >= output_bytes (" +
                                              std::to_string(stage.output_bytes) +
@@ -144,6 +147,9 @@ json chain_to_json(const plan::Chain& chain) {
                    {"saved_bytes", stage.saved_bytes},
                    {"forward_tmp_bytes", stage.forward_tmp_bytes},
                    {"backward_tmp_bytes", stage.backward_tmp_bytes}};
+    if (stage.forward_all_tmp_bytes >= 0) {
+      object["forward_all_tmp_bytes"] = stage.forward_all_tmp_bytes;
+    }
     if (!stage.alternatives.empty()) {
       json alternatives = json::array();
       for (const plan::StorageOption& option : stage.alternatives) {

@@ -39,7 +39,8 @@ struct Stage {
   /// Size of everything kept for the backward after a grad-enabled forward (|x̄_{i+1}|), output
   /// included, so `saved_bytes >= output_bytes`.
   int64_t saved_bytes = 0;
-  /// Transient bytes during a forward, above what the forward keeps.
+  /// Transient bytes during a forward, above what the forward keeps (the no-grad forwards; also
+  /// `forward_all` unless `forward_all_tmp_bytes` says otherwise).
   int64_t forward_tmp_bytes = 0;
   /// Transient bytes during the backward.
   int64_t backward_tmp_bytes = 0;
@@ -47,6 +48,10 @@ struct Stage {
   /// no-grad forwards (`forward_none`, `forward_input`) always use `forward_time` and
   /// `forward_tmp_bytes`. Default: empty (one option).
   std::vector<StorageOption> alternatives;
+  /// Transient bytes of the grad-enabled forward of option 0, when they differ from the no-grad
+  /// forward's (what a no-grad forward frees, such as attention scores, a grad-enabled one may
+  /// keep, and then it is in `saved_bytes`). -1: the same as `forward_tmp_bytes`. Default: -1
+  int64_t forward_all_tmp_bytes = -1;
 
   /// Number of full-storage options: 1 + alternatives.size().
   int option_count() const { return 1 + static_cast<int>(alternatives.size()); }
