@@ -16,11 +16,17 @@ struct ProfileOptions {
   TORCH_ARG(int, repeats) = 5;
   /// Untimed repetitions before timing. Default: 1
   TORCH_ARG(int, warmup) = 1;
+  /// Also measure each stage run as a checkpointed region, which keeps only its output during
+  /// the forward and recomputes in its backward, and offer it to the planner as storage option
+  /// 1 where it keeps less. Default: true
+  TORCH_ARG(bool, checkpointed_option) = true;
 };
 
 /// Measures each stage of a chain on a sample input: forward and backward time (median, seconds)
 /// and the sizes of the planner's memory model (input, output, what a grad-enabled forward keeps,
-/// forward and backward temporaries), counted by the counting allocator. Buffers (BatchNorm
+/// forward temporaries of each forward mode, backward temporaries), counted by the counting
+/// allocator. With `checkpointed_option`, a stage also gets storage option 1 (the stage as a
+/// checkpointed region), which `PlannedSequential` knows how to run. Buffers (BatchNorm
 /// statistics) and the RNG state are left as they were.
 ///
 /// Example:

@@ -1,5 +1,6 @@
 #include "stage_graph.h"
 
+#include "module_region.h"
 #include "region/graph.h"
 
 #include <ATen/core/grad_mode.h>
@@ -12,12 +13,19 @@ namespace ckpt {
 namespace detail {
 
 StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
-                       bool input_requires_grad) {
+                       bool input_requires_grad, bool checkpointed) {
   const at::AutoGradMode grad_mode(true);
   leaf_ = input.detach();
   if (input_requires_grad) leaf_.requires_grad_(true);
   const RegionMarker marker;
-  output_ = stage.forward<at::Tensor>(leaf_);
+  if (checkpointed) {
+    auto module = stage;
+    output_ = checkpoint_modules(
+        CheckpointOptions(), {module.ptr()},
+        [module](const at::Tensor& x) mutable { return module.forward<at::Tensor>(x); }, leaf_);
+  } else {
+    output_ = stage.forward<at::Tensor>(leaf_);
+  }
   if (!output_.requires_grad()) return;
   boundary_ = find_boundary_edges({torch::autograd::impl::gradient_edge(output_)}, marker);
   for (const auto& edge : boundary_) {

@@ -13,8 +13,11 @@ namespace detail {
 class StageGraph {
  public:
   /// Runs `stage` on a detached alias of `input` (a leaf that requires grad when
-  /// `input_requires_grad`) and keeps the graph.
-  StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input, bool input_requires_grad);
+  /// `input_requires_grad`) and keeps the graph. With `checkpointed` the stage runs as a
+  /// checkpointed region: the graph keeps only its output, and its backward recomputes it
+  /// (storage option 1 of the planner).
+  StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input, bool input_requires_grad,
+             bool checkpointed = false);
 
   const at::Tensor& output() const { return output_; }
 

@@ -137,7 +137,8 @@ void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {
 
   if (op.kind == OpKind::ForwardAll) {
     const bool needs_grad = i > 0 ? is_differentiable(input) : input_requires_grad_;
-    graphs_[i].emplace(stages_[i], input, needs_grad);
+    // Option 1 of a stage is the stage run as a checkpointed region (see profile_chain).
+    graphs_[i].emplace(stages_[i], input, needs_grad, /*checkpointed=*/op.option == 1);
     return;
   }
   at::Tensor output;

@@ -57,6 +57,41 @@ class GradientBuffers {
   std::vector<at::Tensor> params_, saved_;
 };
 
+// Runs the stage with grad enabled (plainly, or as a checkpointed region) and its backward,
+// repeatedly: median times, what the forward keeps, and the temporaries of both, as one storage
+// option of the planner. The forward's temporaries are above what it keeps; the backward's are
+// above its inputs and the input gradient it produces.
+plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::Tensor& x,
+                                         bool input_grad, bool checkpointed,
+                                         const ProfileOptions& options, MemoryTracker& tracker) {
+  std::vector<double> forward_times, backward_times;
+  int64_t saved = 0, forward_tmp = 0, backward_tmp = 0;
+  for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
+    tracker.reset_peak();
+    const int64_t before = tracker.current_bytes();
+    auto start = Clock::now();
+    detail::StageGraph graph(stage, x, input_grad, checkpointed);
+    const double forward_time = seconds_since(start);
+    saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
+    forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
+
+    at::Tensor grad_output = at::ones_like(graph.output());
+    tracker.reset_peak();
+    const int64_t before_backward = tracker.current_bytes();
+    start = Clock::now();
+    at::Tensor input_grad_value = graph.backward(grad_output, /*accumulate_parameters=*/true);
+    const double backward_time = seconds_since(start);
+    backward_tmp = std::max(
+        backward_tmp, tracker.peak_bytes() - before_backward - storage_bytes(input_grad_value));
+    if (r >= options.warmup()) {
+      forward_times.push_back(forward_time);
+      backward_times.push_back(backward_time);
+    }
+  }
+  return plan::StorageOption{median(forward_times), median(backward_times), saved,
+                             std::max<int64_t>(forward_tmp, 0), std::max<int64_t>(backward_tmp, 0)};
+}
+
 }  // namespace
 
 plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
@@ -84,34 +119,16 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
     const GradientBuffers grads(*stage.ptr());
     const bool input_grad = i > 0 ? is_differentiable(x) : sample_input.requires_grad();
     plan::Stage measured{};
-    std::vector<double> forward_times, backward_times;
-    // The no-grad and the grad-enabled forward have their own temporaries: what a no-grad
-    // forward frees (attention scores), a grad-enabled one may keep in `saved`.
-    int64_t saved = 0, forward_all_tmp = 0, forward_none_tmp = 0, backward_tmp = 0;
-    for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
-      const bool timed = r >= options.warmup();
-      tracker.reset_peak();
-      const int64_t before = tracker.current_bytes();
-      auto start = Clock::now();
-      detail::StageGraph graph(stage, x, input_grad);
-      const double forward_time = seconds_since(start);
-      saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
-      forward_all_tmp = std::max(forward_all_tmp, tracker.peak_bytes() - before - saved);
-
-      at::Tensor grad_output = at::ones_like(graph.output());
-      tracker.reset_peak();
-      const int64_t before_backward = tracker.current_bytes();
-      start = Clock::now();
-      at::Tensor input_grad_value = graph.backward(grad_output, /*accumulate_parameters=*/true);
-      const double backward_time = seconds_since(start);
-      // The backward allocates δ_i (kept) on top of its temporaries.
-      backward_tmp = std::max(
-          backward_tmp, tracker.peak_bytes() - before_backward - storage_bytes(input_grad_value));
-      if (timed) {
-        forward_times.push_back(forward_time);
-        backward_times.push_back(backward_time);
-      }
+    const plan::StorageOption full =
+        measure_full_storage(stage, x, input_grad, false, options, tracker);
+    if (options.checkpointed_option()) {
+      const plan::StorageOption checkpointed =
+          measure_full_storage(stage, x, input_grad, true, options, tracker);
+      // Worth offering only where it keeps less than running the stage plainly.
+      if (checkpointed.saved_bytes < full.saved_bytes)
+        measured.alternatives.push_back(checkpointed);
     }
+    int64_t forward_none_tmp = 0;
     at::Tensor output;
     {
       const at::NoGradGuard no_grad;
@@ -120,13 +137,16 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
       output = stage.forward<at::Tensor>(x);
       forward_none_tmp = tracker.peak_bytes() - before - storage_bytes(output);
     }
-    measured.forward_time = median(forward_times);
-    measured.backward_time = median(backward_times);
+    measured.forward_time = full.forward_time;
+    measured.backward_time = full.backward_time;
     measured.output_bytes = storage_bytes(output);
-    measured.saved_bytes = std::max(saved, measured.output_bytes);
+    measured.saved_bytes = std::max(full.saved_bytes, measured.output_bytes);
     measured.forward_tmp_bytes = std::max<int64_t>(forward_none_tmp, 0);
-    measured.forward_all_tmp_bytes = std::max<int64_t>(forward_all_tmp, 0);
-    measured.backward_tmp_bytes = std::max<int64_t>(backward_tmp, 0);
+    measured.forward_all_tmp_bytes = full.forward_tmp_bytes;
+    measured.backward_tmp_bytes = full.backward_tmp_bytes;
+    for (auto& option : measured.alternatives) {
+      option.saved_bytes = std::max(option.saved_bytes, measured.output_bytes);
+    }
     chain.stages.push_back(measured);
     x = output;
   }
