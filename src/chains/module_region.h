@@ -1,6 +1,6 @@
 #pragma once
 
-// A checkpointed region over modules: its border is the input and the modules' parameters.
+// A checkpointed region over modules, whose buffers a recompute must not update again.
 
 #include <ckpt/options.h>
 
@@ -14,9 +14,8 @@
 namespace ckpt {
 namespace detail {
 
-/// Runs `fn(input)` as a checkpointed region that reads no tensor requiring grad other than
-/// `input` and the parameters of `modules`: the non-reentrant forward runs without grad (see
-/// `Region`), and a recompute leaves the modules' buffers as the forward left them.
+/// Runs `fn(input)` as a checkpointed region in which a recompute leaves the buffers of `modules`
+/// (BatchNorm statistics) as the forward left them.
 at::Tensor checkpoint_modules(const CheckpointOptions& options,
                               const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                               std::function<at::Tensor(const at::Tensor&)> fn,

@@ -62,9 +62,6 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   for (size_t slot = 0; slot < grads.size(); ++slot) {
     if (!grads[slot].defined()) continue;
     const at::Tensor& output = outputs[state_->connected[slot]];
-    // With a declared border, an output that depends on nothing differentiable was connected
-    // anyway (the forward ran without grad): its gradient goes nowhere.
-    if (state_->declared_border && !output.requires_grad()) continue;
     TORCH_CHECK(output.requires_grad(), "ckpt::checkpoint: output #", state_->connected[slot],
                 " of the region required grad in the forward pass but not in the recomputation. "
                 "The checkpointed function must compute the same thing when it runs again.");

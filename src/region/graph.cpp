@@ -91,10 +91,9 @@ EdgeRedirect::EdgeRedirect(const edge_list& roots, const RegionMarker& marker,
                   "ckpt::checkpoint: the recomputation of the region used a tensor that requires "
                   "grad (a gradient edge into ",
                   edge.function->name(),
-                  ") that is not on the region's border: either the forward pass did not use it "
-                  "(the function must compute the same thing when it runs again: no branches on "
-                  "global state), or, for a chain of modules, it is neither the input nor a "
-                  "parameter of the modules (use ckpt::checkpoint for such functions).");
+                  ") that the forward pass did not use. The checkpointed function must compute the "
+                  "same thing when it runs again: do not branch on global state or on values that "
+                  "change between the forward and the backward pass.");
       original_.emplace_back(&node, i, edge);
       // Writing through next_edges() keeps topological numbers as they are: a sink is a leaf,
       // so every parent's number stays larger than its children's.

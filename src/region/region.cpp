@@ -9,7 +9,6 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <set>
 #include <sstream>
 #include <utility>
 
@@ -122,18 +121,10 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs)
   marker_ = std::make_unique<RegionMarker>();
 }
 
-Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
-               std::vector<at::Tensor> parameters)
-    : Region(options, std::move(inputs)) {
-  declared_border_ = !options.use_reentrant();
-  state_->declared_border = declared_border_;
-  parameters_ = std::move(parameters);
-}
-
 Region::~Region() = default;
 
 bool Region::forward_grad_mode() const {
-  return !state_->options.use_reentrant() && !declared_border_;
+  return !state_->options.use_reentrant();
 }
 
 std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, RecomputeFn recompute) {
@@ -156,34 +147,16 @@ std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, Recomput
 
 std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> outputs) {
   RegionState& state = *state_;
-  edge_list boundary;
-  if (declared_border_) {
-    // The forward ran without grad: the border is the inputs and parameters that require grad,
-    // and every differentiable output depends on them as far as autograd is concerned.
-    std::vector<at::Tensor> border = state.inputs;
-    border.insert(border.end(), parameters_.begin(), parameters_.end());
-    std::set<std::pair<const Node*, uint32_t>> seen;
-    for (const auto& tensor : border) {
-      if (!tensor.defined() || !tensor.requires_grad()) continue;
-      Edge edge = torch::autograd::impl::gradient_edge(tensor);
-      if (seen.emplace(edge.function.get(), edge.input_nr).second) boundary.push_back(edge);
+  edge_list roots;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].defined() && outputs[i].requires_grad()) {
+      state.connected.push_back(i);
+      roots.push_back(torch::autograd::impl::gradient_edge(outputs[i]));
     }
-    for (size_t i = 0; i < outputs.size() && !boundary.empty(); ++i) {
-      if (outputs[i].defined() && is_differentiable_type(outputs[i])) state.connected.push_back(i);
-    }
-  } else {
-    edge_list roots;
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].defined() && outputs[i].requires_grad()) {
-        state.connected.push_back(i);
-        roots.push_back(torch::autograd::impl::gradient_edge(outputs[i]));
-      }
-    }
-    boundary = find_boundary_edges(roots, *marker_);
   }
   if (state.connected.empty()) return outputs;  // nothing to differentiate, nothing kept
 
-  auto node = std::make_shared<NonReentrantBackward>(state_, std::move(boundary));
+  auto node = std::make_shared<NonReentrantBackward>(state_, find_boundary_edges(roots, *marker_));
   for (size_t slot = 0; slot < state.connected.size(); ++slot) {
     at::Tensor& output = outputs[state.connected[slot]];
     output = fresh_alias(output);

@@ -38,7 +38,6 @@ struct RegionState {
   std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
   std::vector<size_t> connected;    // which outputs feed the backward node, by its input number
   RecomputeFn recompute;
-  bool declared_border = false;  // the border was declared (inputs + parameters), not found
   bool released = false;
 
   /// Raises an error when an input was modified in place since the forward pass.

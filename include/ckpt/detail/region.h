@@ -28,11 +28,6 @@ class RegionMarker;
 class Region {
  public:
   Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs);
-  /// A region whose function reads no tensor that requires grad other than `inputs` and
-  /// `parameters` (a chain of modules). Its border is known up front, so the non-reentrant
-  /// forward runs without grad, as cheaply as the reentrant one; the backward is unchanged.
-  Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
-         std::vector<at::Tensor> parameters);
   ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -50,8 +45,6 @@ class Region {
 
   std::shared_ptr<RegionState> state_;
   std::unique_ptr<RegionMarker> marker_;
-  bool declared_border_ = false;
-  std::vector<at::Tensor> parameters_;
 };
 
 }  // namespace detail
