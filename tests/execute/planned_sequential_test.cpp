@@ -42,6 +42,30 @@ torch::nn::Sequential make_blocks(int blocks, int64_t width) {
   return chain;
 }
 
+// One training step of `planned` equals the same step of `plain` (a copy of its chain with the
+// same weights): input gradient, every parameter gradient and every buffer, bit for bit, with
+// the same dropout seed.
+void expect_step_equals_plain(torch::nn::Sequential plain, torch::nn::Sequential chain,
+                              ckpt::PlannedSequential planned, const torch::Tensor& x) {
+  auto input = x.clone().requires_grad_();
+  torch::manual_seed(9);
+  plain->forward(input).pow(2).sum().backward();
+  auto expected_input = input.grad().clone();
+  auto expected = take_grads(*plain);
+
+  auto input2 = x.clone().requires_grad_();
+  torch::manual_seed(9);
+  planned(input2).pow(2).sum().backward();
+  EXPECT_TRUE(bit_equal(input2.grad(), expected_input));
+  auto actual = take_grads(*chain);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) EXPECT_TRUE(bit_equal(actual[i], expected[i])) << i;
+  auto a = plain->named_buffers(), b = chain->named_buffers();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(bit_equal(a[i].value(), b[i].value())) << a[i].key();
+  }
+}
+
 void expect_same_step(const std::string& solver, const std::string& budget) {
   SCOPED_TRACE(solver + " " + budget);
   torch::manual_seed(2);
@@ -52,24 +76,7 @@ void expect_same_step(const std::string& solver, const std::string& budget) {
                                   ckpt::PlannedOptions().solver(solver));
   auto x = torch::randn({16, 32});
   planned->plan(x);
-
-  auto input = x.clone().requires_grad_();
-  torch::manual_seed(9);
-  plain->forward(input).pow(2).sum().backward();
-  auto expected_input = input.grad().clone();
-  auto expected = take_grads(*plain);
-
-  auto input2 = x.clone().requires_grad_();
-  torch::manual_seed(9);
-  auto y = planned(input2);
-  y.pow(2).sum().backward();
-  EXPECT_TRUE(bit_equal(input2.grad(), expected_input));
-  auto actual = take_grads(*chain);
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < actual.size(); ++i) EXPECT_TRUE(bit_equal(actual[i], expected[i])) << i;
-  auto a = plain->named_buffers(), b = chain->named_buffers();
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_TRUE(bit_equal(a[i].value(), b[i].value())) << a[i].key();
+  expect_step_equals_plain(plain, chain, planned, x);
 }
 
 TEST_F(PlannedSequentialTest, GradientsBuffersAndDropoutMatchForEverySolver) {
@@ -118,20 +125,7 @@ TEST_F(PlannedSequentialTest, CheckpointedStageOptionRunsExactly) {
   bool uses_option = false;
   for (const auto& op : tight->schedule().ops) uses_option = uses_option || op.option == 1;
   EXPECT_TRUE(uses_option) << ckpt::plan::to_string(tight->schedule());
-
-  auto input = x.clone().requires_grad_();
-  torch::manual_seed(9);
-  plain->forward(input).pow(2).sum().backward();
-  auto expected_input = input.grad().clone();
-  auto expected = take_grads(*plain);
-  auto input2 = x.clone().requires_grad_();
-  torch::manual_seed(9);
-  tight(input2).pow(2).sum().backward();
-  EXPECT_TRUE(bit_equal(input2.grad(), expected_input));
-  auto actual = take_grads(*chain);
-  for (size_t i = 0; i < actual.size(); ++i) EXPECT_TRUE(bit_equal(actual[i], expected[i])) << i;
-  auto a = plain->named_buffers(), b = chain->named_buffers();
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bit_equal(a[i].value(), b[i].value()));
+  expect_step_equals_plain(plain, chain, tight, x);
 }
 
 TEST_F(PlannedSequentialTest, InfeasibleBudgetNamesTheSmallestFeasibleOne) {
