@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# Configures and builds ckpt in build/ (Release, Ninja). Extra arguments go to CMake.
+# Configures and builds ckpt (Release, Ninja) against the LibTorch chosen by CKPT_LIBTORCH
+# (scripts/libtorch.sh): build/ for the wheel's LibTorch 2.x, build-debian/ for Debian's 1.13.
+# Extra arguments go to CMake.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+source scripts/libtorch.sh
+ckpt_family_settings
 launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" "$@" > build.log 2>&1 ||
-  { cat build.log; exit 1; }
-cmake --build build -j "$(nproc)"
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="$PWD"  # relative paths in the cache: every clone shares it
+fi
+log="$CKPT_BUILD_DIR.log"
+cmake -S . -B "$CKPT_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+  "${CKPT_CMAKE_ARGS[@]}" "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
+cmake --build "$CKPT_BUILD_DIR" -j "$(nproc)"

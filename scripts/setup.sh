@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # Installs what building and testing ckpt needs on Debian 12, if it is missing. Safe to re-run.
+# CKPT_LIBTORCH (see scripts/libtorch.sh) chooses the LibTorch: the `torch` wheel in .venv
+# (default) or Debian's libtorch-dev.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/libtorch.sh
 
 packages=(
   cmake ninja-build g++ ccache          # toolchain
-  libtorch-dev libopenblas0-pthread     # LibTorch 1.13 (CPU) and a fast BLAS for it
   libgtest-dev libgmock-dev             # tests
   libbenchmark-dev                      # micro-benchmarks
   libcli11-dev nlohmann-json3-dev       # the ckpt program
-  python3-torch python3-numpy           # comparisons with torch.utils.checkpoint
+  python3-venv python3-numpy            # the wheel's virtual environment; parity tests
 )
+case "$CKPT_FAMILY" in
+  debian) packages+=(libtorch-dev libopenblas0-pthread python3-torch) ;;  # OpenBLAS: 20x faster
+esac
 
 missing=()
 for p in "${packages[@]}"; do
@@ -21,4 +27,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ "$CKPT_FAMILY" = wheel ]; then
+  # The project's own environment, never the system's Python; pip's cache makes re-runs cheap.
+  if ! .venv/bin/python -c "import torch, numpy, sys; sys.exit(torch.__version__.split('+')[0] != '$CKPT_TORCH_VERSION')" 2>/dev/null; then
+    echo "ckpt: installing torch==$CKPT_TORCH_VERSION into .venv (several GB the first time)"
+    /usr/bin/python3 -m venv .venv
+    .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$CKPT_TORCH_VERSION" numpy
+  fi
 fi

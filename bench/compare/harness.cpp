@@ -23,6 +23,9 @@
 #include <sstream>
 #include <stdexcept>
 
+#ifndef CKPT_BENCH_DEFAULT_PYTHON
+#define CKPT_BENCH_DEFAULT_PYTHON ""
+#endif
 #ifndef CKPT_BENCH_COMPARE_DIR
 #define CKPT_BENCH_COMPARE_DIR "bench/compare"
 #endif
@@ -90,9 +93,10 @@ struct Workbench {
   torch::Tensor x;
   std::vector<torch::Tensor> params;
 
-  explicit Workbench(const ModelConfig& c) : config(c), model(build_model(c)) {
+  Workbench(const ModelConfig& c, const torch::Device& device) : config(c), model(build_model(c)) {
     model->train();
-    x = make_input(c).requires_grad_(true);
+    model->to(device);
+    x = make_input(c).to(device).requires_grad_(true);
     x.mutable_grad() = torch::zeros_like(x);
     params = model->parameters();
     for (auto& p : params) p.mutable_grad() = torch::zeros_like(p);
@@ -103,11 +107,12 @@ struct Workbench {
     x.mutable_grad().zero_();
   }
 
-  // One training step without the optimizer: forward, loss, backward.
+  // One training step without the optimizer: forward, loss, backward (finished on the device).
   void step(const Method& method) {
     auto out = method.forward(x);
     auto loss = out.square().mean();
     loss.backward();
+    if (x.is_cuda()) torch::cuda::synchronize(x.device().index());
   }
 };
 
@@ -149,6 +154,8 @@ void try_warm_and_measure(Workbench& bench, Method& method, MemoryTracker& track
 std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig& config,
                                  const std::vector<int>& segments, int steps, int warmup) {
   std::string python = options.python_executable;
+  // The Python configured at build time (the newest torch for LibTorch 2.x builds), else Debian's.
+  if (python.empty()) python = CKPT_BENCH_DEFAULT_PYTHON;
   if (python.empty()) python = file_exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   std::string script = options.python_script;
   if (script.empty()) script = std::string(CKPT_BENCH_COMPARE_DIR) + "/torch_checkpoint.py";
@@ -176,7 +183,10 @@ std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig&
     BenchRow row;
     row.model = config.name;
     const int s = r["segments"].get<int>();
-    row.method = s == 0 ? "python_none" : "python_sequential";
+    // Named as the C++ twins are: the default (non-reentrant) variant has no suffix.
+    const bool reentrant = r.value("reentrant", true);
+    row.method = s == 0 ? "python_none"
+                        : (reentrant ? "python_sequential_reentrant" : "python_sequential");
     row.setting = s == 0 ? "-" : "segments=" + std::to_string(s);
     row.segments = s;
     row.rss_peak_bytes = r["rss_peak_bytes"].get<int64_t>();
@@ -201,7 +211,7 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
   const int warmup = options.quick ? std::min(options.warmup, 1) : std::max(options.warmup, 0);
   std::cerr << "ckpt bench: " << name << ": " << config.description << "\n";
 
-  Workbench bench(config);
+  Workbench bench(config, torch::Device(options.device));
   const int n = static_cast<int>(bench.model->size());
   const auto segments = segment_counts(n);
   const int64_t input_bytes = static_cast<int64_t>(bench.x.nbytes());
@@ -334,7 +344,7 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
     }
     rows.push_back(m->row);
   }
-  if (options.python) {
+  if (options.python && torch::Device(options.device).is_cpu()) {
     std::cerr << "ckpt bench: " << name << ": running torch.utils.checkpoint\n";
     for (auto& row : run_python(options, config, segments, steps, warmup)) rows.push_back(row);
   }
@@ -371,6 +381,12 @@ const BenchRow* find(const std::vector<BenchRow>& rows, const std::string& model
   return nullptr;
 }
 
+// The Python row that runs what a C++ method runs: ckpt_sequential[_reentrant] ->
+// python_sequential[_reentrant].
+std::string python_twin(const std::string& cpp_method) {
+  return "python" + cpp_method.substr(std::string("ckpt").size());
+}
+
 std::string verdict(bool met) {
   return met ? "**met**" : "**missed**";
 }
@@ -390,7 +406,8 @@ std::vector<int> segment_counts(int stages) {
 
 std::vector<BenchRow> run_comparison(const BenchOptions& options) {
   torch::set_num_threads(options.threads);
-  MemoryTracker tracker;  // installs the counting allocator before any model exists
+  // On the CPU, the tracker installs the counting allocator before any model exists.
+  MemoryTracker tracker{torch::Device(options.device)};
   const auto names = options.models.empty() ? model_names() : options.models;
   std::vector<BenchRow> rows;
   for (const auto& name : names) {
@@ -442,7 +459,7 @@ std::string to_markdown(const std::vector<BenchRow>& rows, const BenchOptions& o
       const BenchRow* twin = nullptr;
       if (row.method == "none") twin = find(rows, name, "python_none", 0);
       if (row.method.rfind("ckpt_sequential", 0) == 0) {
-        twin = find(rows, name, "python_sequential", row.segments);
+        twin = find(rows, name, python_twin(row.method), row.segments);
       }
       md << (twin && twin->step_ms > 0 && row.step_ms > 0
                  ? fixed(row.step_ms / twin->step_ms, 3) + "×"
@@ -469,8 +486,8 @@ std::string to_markdown(const std::vector<BenchRow>& rows, const BenchOptions& o
   }
   if (const BenchRow* none = find(rows, "small", "none", 0)) {
     for (const int s : segment_counts(none->forward_count)) {
-      const BenchRow* py = find(rows, "small", "python_sequential", s);
       for (const char* method : {"ckpt_sequential_reentrant", "ckpt_sequential"}) {
+        const BenchRow* py = find(rows, "small", python_twin(method), s);
         const BenchRow* r = find(rows, "small", method, s);
         if (r == nullptr) continue;
         if (py && py->step_ms > 0) {

@@ -19,10 +19,12 @@ struct BenchOptions {
   bool python = true;   // also run torch.utils.checkpoint (skipped if unavailable)
   bool planned = true;  // also run PlannedSequential at the peaks of checkpoint_sequential
   bool quick = false;   // small sizes, few steps: for tests
-  std::string python_executable;  // empty: /usr/bin/python3, else python3
+  std::string python_executable;  // empty: CKPT_PYTHON at build time, else /usr/bin/python3
   std::string python_script;      // empty: bench/compare/torch_checkpoint.py of the source tree
   bool rss = true;                // also measure each step's RSS high-water mark (Linux)
   bool resnet_batch_norm = true;  // false: the ResNet-like chain without BatchNorm layers
+  std::string device = "cpu";     // where the C++ methods run ("cuda", "cuda:1", ...); peaks on
+                                  // an accelerator come from its caching allocator's statistics
 };
 
 struct BenchRow {

@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
   app.add_option("--python", options.python_executable, "Python interpreter with torch");
   app.add_option("--script", options.python_script, "path of torch_checkpoint.py");
   app.add_option("--markdown", markdown, "also write the tables to this file");
+  app.add_option("--device", options.device,
+                 "device of the C++ methods: cpu, cuda, cuda:1, ... (Python runs on the CPU only)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   options.python = !no_python;
   options.planned = !no_planned;

@@ -3,7 +3,8 @@
 
 Builds the same chain as bench/compare/models.cpp from the same configuration (JSON, written by
 the harness), and measures no checkpointing and torch.utils.checkpoint.checkpoint_sequential
-(reentrant, the only variant PyTorch 1.13 offers there) with the same protocol: gradient buffers
+(both variants where checkpoint_sequential takes use_reentrant, as in 2.x; reentrant only in
+1.13) with the same protocol: gradient buffers
 pre-allocated and zeroed in place, input requiring grad, loss = mean(output^2), warm-up steps,
 one memory step per method (RSS high-water mark: VmHWM - VmRSS before, after writing 5 to
 /proc/self/clear_refs, with mallopt(M_MMAP_THRESHOLD, 65536) as MALLOC_MMAP_THRESHOLD_=65536
@@ -14,6 +15,7 @@ Usage: torch_checkpoint.py --config JSON --segments 2,4,8 [--steps 15] [--warmup
 """
 
 import argparse
+import inspect
 import json
 import math
 import statistics
@@ -176,20 +178,27 @@ def main():
         p.grad = torch.zeros_like(p)
     n = len(model)
 
-    def forward(segments):
+    # A setting is (segments, reentrant); segments 0 is no checkpointing.
+    def forward(setting):
+        segments, reentrant = setting
         if segments == 0:
             return model(x)
-        return tuc.checkpoint_sequential(model, segments, x)
+        if not has_use_reentrant:
+            return tuc.checkpoint_sequential(model, segments, x)
+        return tuc.checkpoint_sequential(model, segments, x, use_reentrant=reentrant)
 
-    def step(segments):
+    def step(setting):
         for p in params:
             p.grad.zero_()
         x.grad.zero_()
-        out = forward(segments)
+        out = forward(setting)
         loss = out.square().mean()
         loss.backward()
 
-    settings = [0] + [int(s) for s in args.segments.split(",") if s]
+    has_use_reentrant = "use_reentrant" in inspect.signature(tuc.checkpoint_sequential).parameters
+    segment_counts = [int(s) for s in args.segments.split(",") if s]
+    variants = [True, False] if has_use_reentrant else [True]
+    settings = [(0, True)] + [(s, r) for r in variants for s in segment_counts]
     results = {}
     # Memory phase: allocations of 64 KiB or more are mmapped and returned when freed, so RSS
     # follows the live tensors (as MALLOC_MMAP_THRESHOLD_=65536 does).
@@ -201,9 +210,9 @@ def main():
         before = status_kib("VmRSS")
         step(s)
         peak = (status_kib("VmHWM") - before) * 1024 if rss_ok else -1
-        size = n // s if s else 0
+        size = n // s[0] if s[0] else 0
         results[s] = {"rss_peak_bytes": peak, "times": [],
-                      "forward_count": n + (size * (s - 1) if s else 0)}
+                      "forward_count": n + (size * (s[0] - 1) if s[0] else 0)}
 
     # Timing phase: the heap keeps freed memory, as in the C++ harness; one untimed round first.
     set_mmap_threshold(32 << 20, 64 << 20)
@@ -220,8 +229,7 @@ def main():
     for s in settings:
         times = sorted(results[s]["times"])
         q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
-        rows.append({"method": "none" if s == 0 else "python_sequential",
-                     "segments": s, "step_ms": statistics.median(times), "iqr_ms": q[2] - q[0],
+        rows.append({"segments": s[0], "reentrant": s[1], "step_ms": statistics.median(times), "iqr_ms": q[2] - q[0],
                      "rss_peak_bytes": results[s]["rss_peak_bytes"],
                      "forward_count": results[s]["forward_count"]})
     json.dump({"torch_version": torch.__version__, "threads": torch.get_num_threads(),

@@ -1,15 +1,23 @@
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 
 namespace ckpt {
 
-/// Counts the bytes that live tensors hold through LibTorch's CPU allocator.
+/// Counts the bytes that live tensors hold on a device.
 ///
-/// The first tracker constructed in a process installs a counting allocator with
-/// `c10::SetCPUAllocator`; it stays installed for the life of the process and forwards to the
-/// allocator that was there before. Only memory allocated after that point is counted. Trackers
-/// are thread-safe, and each keeps its own peak.
+/// On the CPU (the default), the first tracker constructed in a process installs a counting
+/// allocator with `c10::SetCPUAllocator`; it stays installed for the life of the process and
+/// forwards to the allocator that was there before. Only memory allocated after that point is
+/// counted. CPU trackers are thread-safe, and each keeps its own peak.
+///
+/// On an accelerator (CUDA, XPU, ...; LibTorch 2.9 or later), a tracker reads the caching
+/// allocator's statistics: bytes allocated to tensors now, and their high-water mark. That mark
+/// is one per device, so constructing a tracker or calling `reset_peak()` restarts it for every
+/// tracker of the device. Where a device's memory can't be measured, the constructor raises an
+/// error (`can_measure` tells beforehand); it never reports zero.
 ///
 /// Example:
 /// ```
@@ -20,12 +28,19 @@ namespace ckpt {
 /// ```
 class MemoryTracker {
  public:
-  MemoryTracker();
+  /// Tracks `device` (CPU by default; an accelerator without an index means index 0).
+  explicit MemoryTracker(c10::Device device = c10::Device(c10::DeviceType::CPU));
   ~MemoryTracker();
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
-  /// Bytes allocated through the counting allocator and still live (process-wide).
+  /// Whether trackers can measure `device` with this LibTorch build.
+  static bool can_measure(c10::Device device);
+
+  /// The device whose memory this tracker counts.
+  c10::Device device() const { return device_; }
+
+  /// Bytes allocated on the device and still live (process-wide).
   int64_t current_bytes() const;
   /// High-water mark of `current_bytes()` since construction or the last `reset_peak()`.
   int64_t peak_bytes() const;
@@ -33,7 +48,8 @@ class MemoryTracker {
   void reset_peak();
 
  private:
-  int slot_;
+  c10::Device device_;
+  int slot_ = -1;  // the CPU allocator's peak slot; -1 on an accelerator
 };
 
 }  // namespace ckpt

@@ -1,6 +1,7 @@
 #include <ckpt/executor.h>
 #include <ckpt/plan/solvers.h>
 
+#include "compat/torch_compat.h"
 #include "schedule_runner.h"
 
 #include <ATen/core/grad_mode.h>
@@ -18,10 +19,10 @@ namespace {
 using torch::autograd::variable_list;
 
 // Stands for the whole chain in the autograd graph; its one next edge is the input's.
-class PlannedBackward final : public torch::autograd::Node {
+class PlannedBackward final : public compat::OwningNode {
  public:
   PlannedBackward(std::shared_ptr<detail::ScheduleRunner> runner, torch::autograd::edge_list next)
-      : Node(std::move(next)), runner_(std::move(runner)) {}
+      : OwningNode(std::move(next)), runner_(std::move(runner)) {}
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -50,6 +51,8 @@ class PlannedBackward final : public torch::autograd::Node {
   std::string name() const override { return "ckpt::PlannedSequentialBackward"; }
 
  private:
+  void release_owned() override { runner_.reset(); }
+
   std::shared_ptr<detail::ScheduleRunner> runner_;
 };
 
@@ -145,7 +148,7 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
   torch::Tensor output = runner->forward(input);
   torch::autograd::edge_list next;
   if (input.requires_grad()) next.push_back(torch::autograd::impl::gradient_edge(input));
-  auto node = std::make_shared<PlannedBackward>(std::move(runner), std::move(next));
+  auto node = compat::make_node<PlannedBackward>(std::move(runner), std::move(next));
   torch::Tensor result = output.variable_data();
   torch::autograd::impl::set_gradient_edge(
       result, torch::autograd::Edge(node, node->add_input_metadata(result)));

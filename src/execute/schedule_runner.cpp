@@ -2,7 +2,6 @@
 
 #include "chains/buffer_guard.h"
 #include "region/recompute_mark.h"
-#include "region/rng_state.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
@@ -78,7 +77,7 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
   x_.resize(n + 1);
   kept_.assign(n + 1, false);
   graphs_.resize(n);
-  rng_states_.resize(n);
+  rng_.resize(n);
   ran_.assign(n, false);
   // Only stages that run again need their RNG state stashed (5 KB each on the CPU).
   std::vector<int> forwards(n, 0);
@@ -110,26 +109,23 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
   const OpScope scope(observer_.get(), op);
   const int i = op.stage;
   const at::Tensor input = available(i);
-  // A stage that already ran is being recomputed: replay its RNG, keep its buffers.
+  // A stage that already ran is being recomputed: replay its RNG (the CPU's and its input's
+  // device's, as a region does), keep its buffers.
   const bool recompute = ran_[i];
-  c10::optional<CpuRngRestore> restore;
+  c10::optional<RngFork> replay;
   c10::optional<RecomputeMark> mark;
   if (recompute) {
     mark.emplace();
-    if (preserve_rng_state_ && rng_states_[i].defined()) {
-      restore.emplace();
-      set_cpu_rng_state(rng_states_[i]);
-    }
+    if (rng_[i].has_value()) replay.emplace(*rng_[i]);
   } else {
-    if (preserve_rng_state_ && recomputed_[i]) rng_states_[i] = cpu_rng_state();
+    if (preserve_rng_state_ && recomputed_[i]) rng_[i].emplace(std::vector<at::Tensor>{input},
+                                                               infer_device_type({input}));
     ran_[i] = true;
   }
   const BufferGuard buffers({stages_[i].ptr()}, recompute);
   run_stage(op, input);
-  // A stage that drew no random numbers needs no stashed state (5 KB each): drop it.
-  if (!recompute && rng_states_[i].defined() && same_state(rng_states_[i], cpu_rng_state())) {
-    rng_states_[i].reset();
-  }
+  // A stage that drew no random numbers on the CPU needs no stashed CPU state (5 KB each).
+  if (!recompute && rng_[i].has_value()) rng_[i]->drop_cpu_state_if_unused();
 }
 
 void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {

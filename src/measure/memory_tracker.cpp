@@ -1,12 +1,13 @@
 #include <ckpt/memory_tracker.h>
 
+#include "compat/torch_compat.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
 #include <array>
 #include <atomic>
-#include <cstring>
 #include <mutex>
 
 namespace ckpt {
@@ -18,13 +19,13 @@ constexpr size_t kHeaderBytes = 64;
 
 // Forwards to the previous CPU allocator and counts live bytes. Each live tracker owns a slot whose
 // peak the allocator raises; slots are claimed and released under a mutex, the counters are atomic.
-class CountingAllocator final : public c10::Allocator {
+class CountingAllocator final : public compat::AllocatorBase {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {
     for (auto& peak : peaks_) peak.store(-1);
   }
 
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate_bytes(size_t bytes) const override {
     if (bytes == 0) return inner_->allocate(0);
     void* base = inner_->raw_allocate(bytes + kHeaderBytes);
     *static_cast<size_t*>(base) = bytes;
@@ -34,11 +35,6 @@ class CountingAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::free_block; }
-
-  // Needed by LibTorch 2.x, where it is pure virtual; harmless in 1.13.
-  void copy_data(void* dest, const void* src, std::size_t count) const {
-    std::memcpy(dest, src, count);
-  }
 
   int64_t current() const { return current_.load(); }
   int64_t peak(int slot) const { return peaks_[slot].load(); }
@@ -99,22 +95,40 @@ CountingAllocator& CountingAllocator::instance() {
 
 }  // namespace
 
-MemoryTracker::MemoryTracker() : slot_(CountingAllocator::instance().claim_slot()) {}
+MemoryTracker::MemoryTracker(c10::Device device) : device_(device) {
+  if (device_.is_cpu()) {
+    slot_ = CountingAllocator::instance().claim_slot();
+    return;
+  }
+  // An accelerator's caching allocator keeps one high-water mark per device: start it here.
+  if (!device_.has_index()) device_.set_index(0);
+  compat::reset_device_peak(device_);
+}
 
 MemoryTracker::~MemoryTracker() {
-  CountingAllocator::instance().release_slot(slot_);
+  if (slot_ >= 0) CountingAllocator::instance().release_slot(slot_);
 }
 
 int64_t MemoryTracker::current_bytes() const {
+  if (slot_ < 0) return compat::device_memory_stats(device_).allocated_bytes;
   return CountingAllocator::instance().current();
 }
 
 int64_t MemoryTracker::peak_bytes() const {
+  if (slot_ < 0) return compat::device_memory_stats(device_).peak_allocated_bytes;
   return CountingAllocator::instance().peak(slot_);
 }
 
 void MemoryTracker::reset_peak() {
+  if (slot_ < 0) {
+    compat::reset_device_peak(device_);
+    return;
+  }
   CountingAllocator::instance().reset_peak(slot_);
+}
+
+bool MemoryTracker::can_measure(c10::Device device) {
+  return device.is_cpu() || compat::device_memory_measurable(device.type());
 }
 
 }  // namespace ckpt

@@ -3,8 +3,8 @@
 
 #include "chains/buffer_guard.h"
 #include "chains/stage_graph.h"
+#include "compat/torch_compat.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
@@ -17,9 +17,39 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
+// Host time since `start`, once the device has finished the work queued on it.
+double seconds_since(Clock::time_point start, c10::Device device) {
+  compat::synchronize(device);
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
+
+// The states of the CPU generator and of the sample's device generator, put back on destruction:
+// profiling runs the stages many times and must not move the caller's random streams.
+class GeneratorStates {
+ public:
+  explicit GeneratorStates(c10::Device device) {
+    save(c10::Device(c10::DeviceType::CPU));
+    if (!device.is_cpu() && compat::device_initialized(device.type())) save(device);
+  }
+  ~GeneratorStates() {
+    for (size_t i = 0; i < generators_.size(); ++i) {
+      std::lock_guard<std::mutex> lock(generators_[i].mutex());
+      generators_[i].set_state(states_[i]);
+    }
+  }
+  GeneratorStates(const GeneratorStates&) = delete;
+  GeneratorStates& operator=(const GeneratorStates&) = delete;
+
+ private:
+  void save(c10::Device device) {
+    at::Generator generator = compat::default_generator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    states_.push_back(generator.get_state());
+    generators_.push_back(std::move(generator));
+  }
+  std::vector<at::Generator> generators_;
+  std::vector<at::Tensor> states_;
+};
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -64,23 +94,26 @@ class GradientBuffers {
 plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::Tensor& x,
                                          bool input_grad, bool checkpointed,
                                          const ProfileOptions& options, MemoryTracker& tracker) {
+  const c10::Device device = x.device();
   std::vector<double> forward_times, backward_times;
   int64_t saved = 0, forward_tmp = 0, backward_tmp = 0;
   for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
+    compat::synchronize(device);
     auto start = Clock::now();
     detail::StageGraph graph(stage, x, input_grad, checkpointed);
-    const double forward_time = seconds_since(start);
+    const double forward_time = seconds_since(start, device);
     saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
     forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
 
     at::Tensor grad_output = at::ones_like(graph.output());
     tracker.reset_peak();
     const int64_t before_backward = tracker.current_bytes();
+    compat::synchronize(device);
     start = Clock::now();
     at::Tensor input_grad_value = graph.backward(grad_output, /*accumulate_parameters=*/true);
-    const double backward_time = seconds_since(start);
+    const double backward_time = seconds_since(start, device);
     backward_tmp = std::max(
         backward_tmp, tracker.peak_bytes() - before_backward - storage_bytes(input_grad_value));
     if (r >= options.warmup()) {
@@ -99,14 +132,16 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
   TORCH_CHECK(!stages.empty(), "ckpt::profile_chain: the chain is empty.");
   TORCH_CHECK(options.repeats() >= 1, "ckpt::profile_chain: repeats must be at least 1, but got ",
               options.repeats(), ".");
-  MemoryTracker tracker;
+  TORCH_CHECK(MemoryTracker::can_measure(sample_input.device()),
+              "ckpt::profile_chain: the memory of ", sample_input.device(),
+              " can't be measured with this LibTorch build (device memory needs LibTorch 2.9 or "
+              "later and an accelerator whose allocator keeps statistics). Profile on the CPU, or "
+              "plan from a chain measured elsewhere.");
+  // Memory of the sample's device: the counting allocator on the CPU, the caching allocator's
+  // statistics on an accelerator.
+  MemoryTracker tracker(sample_input.device());
   // Profiling runs the stages many times: leave the RNG and the buffers as they were.
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  at::Tensor rng_state;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    rng_state = generator.get_state();
-  }
+  const GeneratorStates generators(sample_input.device());
   std::vector<std::shared_ptr<torch::nn::Module>> modules;
   for (const auto& stage : stages) modules.push_back(stage.ptr());
   const detail::BufferGuard buffers(modules, /*active=*/true);
@@ -149,10 +184,6 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
     }
     chain.stages.push_back(measured);
     x = output;
-  }
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(rng_state);
   }
   return chain;
 }

@@ -2,26 +2,38 @@
 
 // Capturing the autocast state of a region's forward and re-applying it during the recompute.
 
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
 namespace ckpt {
 namespace detail {
 
-/// The autocast flags and dtypes of the CPU and CUDA, and whether the cast cache is on.
+/// Whether autocast is on for one device type, and to which dtype it casts.
+struct DeviceAutocast {
+  c10::DeviceType type = c10::DeviceType::CPU;
+  bool enabled = false;
+  c10::ScalarType dtype = c10::ScalarType::BFloat16;
+
+  bool operator==(const DeviceAutocast& other) const {
+    return type == other.type && enabled == other.enabled && dtype == other.dtype;
+  }
+};
+
+/// The autocast state a region's forward ran under, as Python's checkpoint keeps it: the CPU's,
+/// that of the region's device type (CUDA, XPU, MPS, ... whichever its arguments use, when
+/// autocast knows that type in this LibTorch), and whether the cast cache is on.
 struct AutocastState {
-  bool cpu_enabled = false;
-  c10::ScalarType cpu_dtype = c10::ScalarType::BFloat16;
-  bool cuda_enabled = false;
-  c10::ScalarType cuda_dtype = c10::ScalarType::Half;
+  DeviceAutocast cpu;
+  bool has_device = false;
+  DeviceAutocast device;
   bool cache_enabled = true;
 
-  /// Reads the calling thread's current state.
-  static AutocastState current();
+  /// Reads the calling thread's current state for the CPU and `device_type`.
+  static AutocastState current(c10::DeviceType device_type);
 
   bool operator==(const AutocastState& other) const {
-    return cpu_enabled == other.cpu_enabled && cpu_dtype == other.cpu_dtype &&
-           cuda_enabled == other.cuda_enabled && cuda_dtype == other.cuda_dtype &&
-           cache_enabled == other.cache_enabled;
+    return cpu == other.cpu && has_device == other.has_device &&
+           (!has_device || device == other.device) && cache_enabled == other.cache_enabled;
   }
 };
 

@@ -2,6 +2,7 @@
 
 // The autograd nodes that stand for a checkpointed region in the graph.
 
+#include "compat/torch_compat.h"
 #include "graph.h"
 #include "region_state.h"
 
@@ -18,7 +19,7 @@ using torch::autograd::variable_list;
 /// Non-reentrant: its next edges are the edges by which the region's graph left the region
 /// (inputs, captured tensors, parameters). Backward recomputes the region with grad on, runs the
 /// engine on the fresh graph up to those edges, and hands their gradients on.
-class NonReentrantBackward final : public Node {
+class NonReentrantBackward final : public compat::OwningNode {
  public:
   NonReentrantBackward(std::shared_ptr<RegionState> state, edge_list boundary);
   variable_list apply(variable_list&& grads) override;
@@ -26,6 +27,11 @@ class NonReentrantBackward final : public Node {
   std::string name() const override { return "ckpt::CheckpointBackward"; }
 
  private:
+  void release_owned() override {
+    state_.reset();
+    boundary_.clear();
+  }
+
   std::shared_ptr<RegionState> state_;
   // A copy of the next edges as created: an enclosing region's recompute may redirect them.
   edge_list boundary_;
@@ -34,7 +40,7 @@ class NonReentrantBackward final : public Node {
 /// Reentrant: its next edges are the gradient edges of the tensor arguments. Backward recomputes
 /// on detached copies of the arguments and runs a nested backward, which accumulates the
 /// gradients of captured parameters directly (as Python's reentrant checkpoint does).
-class ReentrantBackward final : public Node {
+class ReentrantBackward final : public compat::OwningNode {
  public:
   ReentrantBackward(std::shared_ptr<RegionState> state, edge_list input_edges);
   variable_list apply(variable_list&& grads) override;
@@ -42,6 +48,8 @@ class ReentrantBackward final : public Node {
   std::string name() const override { return "ckpt::CheckpointBackward(reentrant)"; }
 
  private:
+  void release_owned() override { state_.reset(); }
+
   std::shared_ptr<RegionState> state_;
 };
 

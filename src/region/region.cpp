@@ -1,6 +1,7 @@
 #include <ckpt/detail/region.h>
 
 #include "checkpoint_node.h"
+#include "compat/torch_compat.h"
 #include "graph.h"
 #include "recompute_mark.h"
 #include "region_state.h"
@@ -115,8 +116,9 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs)
   for (const auto& input : inputs) {
     state.input_versions.push_back(input.defined() ? input._version() : 0);
   }
-  if (options.preserve_rng_state()) state.rng.emplace(inputs);
-  state.autocast = AutocastState::current();
+  const c10::DeviceType device_type = infer_device_type(inputs);
+  if (options.preserve_rng_state()) state.rng.emplace(inputs, device_type);
+  state.autocast = AutocastState::current(device_type);
   state.inputs = std::move(inputs);
   marker_ = std::make_unique<RegionMarker>();
 }
@@ -130,7 +132,7 @@ bool Region::forward_grad_mode() const {
 std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, RecomputeFn recompute) {
   RegionState& state = *state_;
   if (state.rng.has_value() && !state.rng->had_device_at_forward()) {
-    TORCH_CHECK(!device_initialized(state.rng->device_type()), "ckpt::checkpoint: the ",
+    TORCH_CHECK(!compat::device_initialized(state.rng->device_type()), "ckpt::checkpoint: the ",
                 c10::DeviceTypeName(state.rng->device_type()),
                 " device state was initialized in the forward pass of a checkpointed region, so "
                 "its RNG state could not be preserved. Initialize the device before the region "
@@ -156,7 +158,7 @@ std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> out
   }
   if (state.connected.empty()) return outputs;  // nothing to differentiate, nothing kept
 
-  auto node = std::make_shared<NonReentrantBackward>(state_, find_boundary_edges(roots, *marker_));
+  auto node = compat::make_node<NonReentrantBackward>(state_, find_boundary_edges(roots, *marker_));
   for (size_t slot = 0; slot < state.connected.size(); ++slot) {
     at::Tensor& output = outputs[state.connected[slot]];
     output = fresh_alias(output);
@@ -183,7 +185,7 @@ std::vector<at::Tensor> Region::finish_reentrant(std::vector<at::Tensor> outputs
         "use_reentrant(false) to get gradients for captured parameters).");
     return outputs;
   }
-  auto node = std::make_shared<ReentrantBackward>(state_, std::move(input_edges));
+  auto node = compat::make_node<ReentrantBackward>(state_, std::move(input_edges));
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].defined() || !is_differentiable_type(outputs[i])) continue;
     at::Tensor& output = outputs[i];

@@ -1,8 +1,8 @@
 #include "rng_state.h"
 
+#include "compat/torch_compat.h"
+
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <cstring>
 
 #include <algorithm>
@@ -28,18 +28,9 @@ at::Generator cpu_generator() {
 
 }  // namespace
 
-bool device_initialized(c10::DeviceType type) {
-  if (type != c10::DeviceType::CUDA || !at::hasCUDA()) return false;
-  const auto& hooks = at::detail::getCUDAHooks();
-  for (int64_t index = 0; index < hooks.getNumGPUs(); ++index) {
-    if (hooks.hasPrimaryContext(index)) return true;
-  }
-  return false;
-}
-
-RngStash::RngStash(const std::vector<at::Tensor>& inputs)
-    : cpu_state_(read_state(cpu_generator())), device_type_(infer_device_type(inputs)) {
-  had_device_ = device_initialized(device_type_);
+RngStash::RngStash(const std::vector<at::Tensor>& inputs, c10::DeviceType device_type)
+    : cpu_state_(read_state(cpu_generator())), device_type_(device_type) {
+  had_device_ = compat::device_initialized(device_type_);
   if (!had_device_) return;
   std::vector<c10::DeviceIndex> indices;
   for (const auto& tensor : inputs) {
@@ -50,7 +41,7 @@ RngStash::RngStash(const std::vector<at::Tensor>& inputs)
   std::sort(indices.begin(), indices.end());
   indices.erase(std::unique(indices.begin(), indices.end()), indices.end());
   for (auto index : indices) {
-    at::Generator generator = at::detail::getCUDAHooks().getDefaultCUDAGenerator(index);
+    at::Generator generator = compat::default_generator(c10::Device(device_type_, index));
     device_states_.push_back(read_state(generator));
     device_generators_.push_back(std::move(generator));
   }

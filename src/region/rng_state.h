@@ -17,14 +17,13 @@ bool same_state(const at::Tensor& a, const at::Tensor& b);
 /// The device type whose RNG is preserved for these tensor arguments (DefaultDeviceType rules).
 c10::DeviceType infer_device_type(const std::vector<at::Tensor>& tensors);
 
-/// Whether the runtime of `type` has been started in this process (only CUDA can be lazy).
-bool device_initialized(c10::DeviceType type);
-
-/// The RNG states of the CPU and of the devices of the inferred type among a region's arguments.
+/// The RNG states of the CPU and of the devices of one accelerator type among a region's arguments
+/// (any type this LibTorch has hooks for: CUDA, XPU, MPS, PrivateUse1, ...).
 class RngStash {
  public:
-  /// Reads the current states.
-  explicit RngStash(const std::vector<at::Tensor>& inputs);
+  /// Reads the current states: the CPU's, and those of `device_type`'s devices that `inputs` use,
+  /// if that type's runtime has started.
+  RngStash(const std::vector<at::Tensor>& inputs, c10::DeviceType device_type);
 
   /// Forgets the CPU state when the generator has not moved since the stash: the forward drew no
   /// random numbers on the CPU, so the recompute has nothing to replay (and 5 KB less is kept).

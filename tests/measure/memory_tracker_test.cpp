@@ -1,6 +1,7 @@
 // ckpt::MemoryTracker: exact byte counts, peaks per tracker, thread safety.
 
 #include <ckpt/memory_tracker.h>
+#include <ckpt/profiler.h>
 
 #include "support/support.h"
 
@@ -55,6 +56,25 @@ TEST(MemoryTrackerTest, ThreadSafe) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(tracker.current_bytes(), before);
   EXPECT_GE(tracker.peak_bytes() - before, 4 * 64);
+}
+
+TEST(MemoryTrackerTest, ADeviceWhoseMemoryCannotBeMeasuredIsAnError) {
+  // The meta device allocates nothing real: a tracker must refuse it rather than report zero.
+  const c10::Device meta(c10::DeviceType::Meta);
+  EXPECT_FALSE(ckpt::MemoryTracker::can_measure(meta));
+  CKPT_EXPECT_THROWS_WITH(ckpt::MemoryTracker tracker(meta), "can't be measured");
+  EXPECT_TRUE(ckpt::MemoryTracker::can_measure(c10::Device(c10::DeviceType::CPU)));
+}
+
+TEST(MemoryTrackerTest, CudaWithoutADeviceIsAnError) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is present";
+  CKPT_EXPECT_THROWS_WITH(ckpt::MemoryTracker tracker(torch::kCUDA), "ckpt:");
+}
+
+TEST(ProfilerDeviceTest, ProfilingOnADeviceThatCannotBeMeasuredIsAnError) {
+  std::vector<torch::nn::AnyModule> stages{torch::nn::AnyModule(torch::nn::Linear(4, 4))};
+  auto x = torch::empty({2, 4}, torch::TensorOptions().device(torch::kMeta));
+  CKPT_EXPECT_THROWS_WITH(ckpt::profile_chain(stages, x), "can't be measured");
 }
 
 }  // namespace

@@ -63,7 +63,7 @@ TEST_P(CheckpointErrorsTest, InputModifiedInPlaceAfterForwardIsAnError) {
 }
 
 TEST_P(CheckpointErrorsTest, ExceptionInForwardLeavesStateAsItWas) {
-  at::autocast::set_cpu_enabled(false);
+  ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
   auto rng_before = at::detail::getDefaultCPUGenerator().get_state();
   auto x = torch::randn({3}, torch::requires_grad());
   rng_before = at::detail::getDefaultCPUGenerator().get_state();
@@ -71,15 +71,15 @@ TEST_P(CheckpointErrorsTest, ExceptionInForwardLeavesStateAsItWas) {
                    options(),
                    [](const torch::Tensor& t) -> torch::Tensor {
                      torch::NoGradGuard inner;
-                     at::autocast::set_cpu_enabled(true);
-                     at::autocast::set_cpu_enabled(false);
+                     ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
+                     ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
                      throw std::runtime_error("boom");
                      return t;
                    },
                    x),
                std::runtime_error);
   EXPECT_TRUE(torch::GradMode::is_enabled());
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(ckpt::compat::autocast_enabled(c10::DeviceType::CPU));
   EXPECT_TRUE(bit_equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
 }
 
@@ -98,8 +98,8 @@ TEST_P(CheckpointErrorsTest, ExceptionInRecomputeReachesTheCallerAndRestoresStat
   auto out = ckpt::checkpoint(options(), fn, x);
   auto rng_before = at::detail::getDefaultCPUGenerator().get_state();
   {
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_cpu_enabled(false);
+    ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
+    ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
   }
   bool thrown = false;
   try {
@@ -109,7 +109,7 @@ TEST_P(CheckpointErrorsTest, ExceptionInRecomputeReachesTheCallerAndRestoresStat
   }
   EXPECT_TRUE(thrown);
   EXPECT_TRUE(torch::GradMode::is_enabled());
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(ckpt::compat::autocast_enabled(c10::DeviceType::CPU));
   EXPECT_TRUE(bit_equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
 }
 

@@ -41,16 +41,16 @@ std::vector<std::pair<Fn, std::vector<Fn>>> get_tests(Fn fn) {
 }
 
 // Every node reachable from `root`, as weak pointers.
-std::vector<std::weak_ptr<torch::autograd::Node>> reachable(const torch::Tensor& root) {
-  std::vector<std::weak_ptr<torch::autograd::Node>> out;
-  std::vector<std::shared_ptr<torch::autograd::Node>> stack;
+std::vector<ckpt::compat::WeakNodePtr> reachable(const torch::Tensor& root) {
+  std::vector<ckpt::compat::WeakNodePtr> out;
+  std::vector<ckpt::compat::NodePtr> stack;
   std::set<torch::autograd::Node*> seen;
   if (root.grad_fn()) stack.push_back(root.grad_fn());
   while (!stack.empty()) {
     auto node = stack.back();
     stack.pop_back();
     if (!seen.insert(node.get()).second) continue;
-    out.push_back(node);
+    out.emplace_back(node);
     for (const auto& edge : node->next_edges()) {
       if (edge.function) stack.push_back(edge.function);
     }
@@ -60,12 +60,14 @@ std::vector<std::weak_ptr<torch::autograd::Node>> reachable(const torch::Tensor&
 
 // After the result is dropped, no node of its graph survives (no reference cycles).
 void expect_graph_dies(const Fn& fn) {
-  std::vector<std::weak_ptr<torch::autograd::Node>> nodes;
+  std::vector<ckpt::compat::WeakNodePtr> nodes;
   {
     auto a = torch::randn({}, torch::requires_grad());
     nodes = reachable(fn(a));
   }
-  for (const auto& node : nodes) EXPECT_TRUE(node.expired());
+  for (const auto& node : nodes) {
+    EXPECT_TRUE(node.expired()) << "a " << node.lock()->name() << " node survived";
+  }
 }
 
 TEST_F(NestedCheckpointTest, NestedCheckpoint) {

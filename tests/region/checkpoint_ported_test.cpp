@@ -51,16 +51,16 @@ TEST_P(PortedCheckpointTest, AutocastStateIsReplayedDuringRecompute) {
     auto z = torch::randn({3, 3}, torch::requires_grad());
     torch::Tensor loss;
     {
-      at::autocast::set_cpu_enabled(enabled);
-      at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+      ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, enabled);
+      ckpt::compat::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
       loss = ckpt::checkpoint(options(), foo, x, y, z);
-      at::autocast::set_cpu_enabled(false);
+      ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
       at::autocast::clear_cache();
     }
     loss.backward();  // outside autocast: the recompute must re-enter it
     EXPECT_EQ(dtype_mismatches, 0) << "enabled=" << enabled;
     EXPECT_TRUE(x.grad().defined());
-    EXPECT_FALSE(at::autocast::is_cpu_enabled());
+    EXPECT_FALSE(ckpt::compat::autocast_enabled(c10::DeviceType::CPU));
   }
 }
 

@@ -100,19 +100,4 @@ TEST(DefaultDeviceTypeTest, InfersTheDeviceTypeOfNonCpuArguments) {
   EXPECT_EQ(ckpt::detail::infer_device_type({torch::randn({1}), meta}), c10::DeviceType::Meta);
 }
 
-TEST(CheckpointCudaTest, DropoutGradientsMatch_CUDA) {
-  // Port of test_checkpoint_rng_gpu.
-  auto inp = torch::randn({20000}, torch::TensorOptions().device(torch::kCUDA)).requires_grad_();
-  torch::nn::Dropout phase1, phase2;
-  at::Generator generator = at::detail::getCUDAHooks().getDefaultCUDAGenerator(0);
-  auto cuda_state = generator.get_state();
-  auto out = ckpt::checkpoint(phase2, phase1(inp));
-  out.sum().backward();
-  auto g1 = inp.grad().clone();
-  generator.set_state(cuda_state);
-  inp.mutable_grad() = torch::Tensor();
-  phase2(phase1(inp)).sum().backward();
-  EXPECT_TRUE(bit_equal(g1, inp.grad()));
-}
-
 }  // namespace

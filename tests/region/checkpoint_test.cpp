@@ -168,6 +168,29 @@ TEST_F(CheckpointTest, AccumulatorOfAParameterInSeveralRegionsRunsOncePerBackwar
   }
 }
 
+TEST_F(CheckpointTest, PostAccumulateGradHookOfAParameterInTwoRegionsFiresOncePerBackward) {
+  torch::nn::Linear shared(8, 8);
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  auto block = [&](const torch::Tensor& t) { return shared(t).tanh(); };
+  auto expected = torch::autograd::grad({block(block(x)).sum()}, {shared->weight})[0];
+  int calls = 0;
+  at::Tensor seen;
+  const bool supported = ckpt::compat::set_post_accumulate_grad_hook(
+      shared->weight, [&](const at::Tensor& leaf) {
+        ++calls;
+        seen = leaf.grad().clone();
+      });
+  if (!supported) GTEST_SKIP() << "this LibTorch has no post-accumulate-grad hooks (2.1+)";
+  // The first step creates the gradient buffer; later ones would be added in place.
+  for (int step = 1; step <= 3; ++step) {
+    calls = 0;
+    ckpt::checkpoint(block, ckpt::checkpoint(block, x)).sum().backward();
+    EXPECT_EQ(calls, 1) << "step " << step;
+    // The hook sees the whole step's gradient, both regions' contributions already summed in.
+    EXPECT_TRUE(ckpt::test::close(seen, expected * step)) << "step " << step;
+  }
+}
+
 TEST_F(CheckpointTest, RecomputesOncePerBackwardAndRetainGraphAllowsASecond) {
   int calls = 0;
   auto fn = [&](const torch::Tensor& t) {

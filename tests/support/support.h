@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "compat/torch_compat.h"
+
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
@@ -66,21 +68,13 @@ struct VariantName {
 };
 
 /// Collects the warnings raised while it lives.
-class WarningCapture : public c10::WarningHandler {
+class WarningCapture : public ckpt::compat::MessageWarningHandler {
  public:
-  WarningCapture() : previous_(c10::Warning::get_warning_handler()) {
-    c10::Warning::set_warning_handler(this);
+  WarningCapture() : previous_(ckpt::compat::warning_handler()) {
+    ckpt::compat::set_warning_handler(this);
   }
-  ~WarningCapture() override { c10::Warning::set_warning_handler(previous_); }
-#if TORCH_VERSION_MAJOR >= 2
-  void process(const c10::Warning& warning) override {
-    messages.push_back(warning.msg());
-  }
-#else
-  void process(const c10::SourceLocation&, const std::string& msg, const bool) override {
-    messages.push_back(msg);
-  }
-#endif
+  ~WarningCapture() override { ckpt::compat::set_warning_handler(previous_); }
+  void on_warning(const std::string& message) override { messages.push_back(message); }
   bool contains(const std::string& text) const {
     for (const auto& m : messages) {
       if (m.find(text) != std::string::npos) return true;
@@ -95,6 +89,13 @@ class WarningCapture : public c10::WarningHandler {
 
 }  // namespace test
 }  // namespace ckpt
+
+/// Skips the calling test where no CUDA device is present (CI has none; scripts/gpu-check.sh
+/// runs these tests on a machine with one).
+#define CKPT_SKIP_WITHOUT_CUDA()                                                   \
+  do {                                                                             \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device is present"; \
+  } while (0)
 
 /// Asserts that `statement` throws a c10::Error whose message contains `substring`.
 #define CKPT_EXPECT_THROWS_WITH(statement, substring)                                       \

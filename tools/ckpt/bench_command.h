@@ -19,6 +19,7 @@ struct BenchArgs {
   bool no_python = false;
   bool no_planned = false;
   std::string python;
+  std::string device = "cpu";
   std::string markdown_path;
   std::string json_path;
 };

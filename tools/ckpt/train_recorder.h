@@ -84,6 +84,7 @@ class StepRecorder : public StageProbe {
   };
   double now_us() const;
   std::string stage_label(int stage) const;
+  std::string span_name(const std::string& kind, int stage) const;
   void on_op(const plan::Op& op, bool begin);
 
   std::vector<std::string> stage_names_;

@@ -1,0 +1,37 @@
+# Sourced by the scripts: which LibTorch to build against, chosen by CKPT_LIBTORCH.
+#   wheel (default)  LibTorch 2.x from the pinned `torch` wheel, in the project's own .venv
+#   debian           Debian's libtorch-dev 1.13.1 (CPU), with python3-torch for comparisons
+#   <directory>      an unpacked LibTorch archive (pytorch.org), passed as CMAKE_PREFIX_PATH
+# Sets CKPT_FAMILY, CKPT_BUILD_DIR and, once set up, CKPT_CMAKE_ARGS and CKPT_PYTHON.
+CKPT_TORCH_VERSION=2.15.0  # the newest torch on PyPI when last checked; bump with care
+CKPT_LIBTORCH=${CKPT_LIBTORCH:-wheel}
+case "$CKPT_LIBTORCH" in
+  wheel) CKPT_FAMILY=wheel; CKPT_BUILD_DIR=build ;;
+  debian) CKPT_FAMILY=debian; CKPT_BUILD_DIR=build-debian ;;
+  *)
+    if [ ! -d "$CKPT_LIBTORCH" ]; then
+      echo "ckpt: CKPT_LIBTORCH must be 'wheel', 'debian' or the directory of an unpacked" \
+        "LibTorch, but got '$CKPT_LIBTORCH'" >&2
+      exit 2
+    fi
+    CKPT_FAMILY=archive; CKPT_BUILD_DIR=build-archive ;;
+esac
+
+# The CMake arguments and Python interpreter of the chosen family (after setup.sh has run).
+ckpt_family_settings() {
+  case "$CKPT_FAMILY" in
+    wheel)
+      CKPT_PYTHON="$PWD/.venv/bin/python"
+      local torch_dir
+      torch_dir=$("$CKPT_PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+      # The torch directory itself first, so that its lib/ wins over a system libtorch.
+      CKPT_CMAKE_ARGS=("-DCMAKE_PREFIX_PATH=$torch_dir;$torch_dir/share/cmake") ;;
+    debian)
+      CKPT_PYTHON=/usr/bin/python3
+      CKPT_CMAKE_ARGS=() ;;
+    archive)
+      CKPT_PYTHON=""
+      CKPT_CMAKE_ARGS=("-DCMAKE_PREFIX_PATH=$(cd "$CKPT_LIBTORCH" && pwd)") ;;
+  esac
+  CKPT_CMAKE_ARGS+=("-DCKPT_PYTHON=$CKPT_PYTHON")
+}

@@ -1,0 +1,232 @@
+#include "torch_compat.h"
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/variable.h>
+
+#if CKPT_TORCH_AT_LEAST(2, 3)
+#include <ATen/DeviceAccelerator.h>
+#else
+#include <ATen/detail/CUDAHooksInterface.h>
+#endif
+#if CKPT_TORCH_AT_LEAST(2, 9)
+#include <c10/core/CachingDeviceAllocator.h>
+#endif
+
+#include <cstring>
+
+namespace ckpt {
+namespace compat {
+namespace {
+
+// LibTorch 2.x keeps tensor hooks apart from other pre-hooks; 1.13 has only pre_hooks().
+template <class N>
+auto any_tensor_pre_hooks(N& node, int) -> decltype(node.tensor_pre_hooks(), bool()) {
+  return !node.tensor_pre_hooks().empty() || !node.pre_hooks().empty();
+}
+template <class N>
+bool any_tensor_pre_hooks(N& node, long) {
+  return !node.pre_hooks().empty();
+}
+
+}  // namespace
+
+bool has_tensor_pre_hooks(torch::autograd::AccumulateGrad& accumulator) {
+  return any_tensor_pre_hooks(accumulator, 0);
+}
+
+bool has_post_accumulate_grad_hooks(const at::Tensor& leaf) {
+#if CKPT_TORCH_AT_LEAST(2, 1)
+  return torch::autograd::impl::post_acc_grad_hooks(leaf) != nullptr;
+#else
+  (void)leaf;
+  return false;
+#endif
+}
+
+#if CKPT_TORCH_AT_LEAST(2, 1)
+namespace {
+struct FunctionPostAccumulateGradHook final : torch::autograd::PostAccumulateGradHook {
+  explicit FunctionPostAccumulateGradHook(std::function<void(const at::Tensor&)> fn)
+      : fn_(std::move(fn)) {}
+  void operator()(const torch::autograd::Variable& tensor) override { fn_(tensor); }
+  std::function<void(const at::Tensor&)> fn_;
+};
+}  // namespace
+#endif
+
+bool set_post_accumulate_grad_hook(const at::Tensor& leaf,
+                                   std::function<void(const at::Tensor&)> hook) {
+#if CKPT_TORCH_AT_LEAST(2, 1)
+  TORCH_CHECK(leaf.is_leaf() && leaf.requires_grad(),
+              "ckpt: post-accumulate-grad hooks can only be set on leaves that require grad.");
+  torch::autograd::impl::set_post_acc_grad_hooks(
+      leaf, std::make_unique<FunctionPostAccumulateGradHook>(std::move(hook)));
+  return true;
+#else
+  (void)leaf;
+  (void)hook;
+  return false;
+#endif
+}
+
+#if CKPT_TORCH_AT_LEAST(2, 3)
+void AllocatorBase::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+#endif
+
+c10::WarningHandler* warning_handler() {
+#if CKPT_TORCH_AT_LEAST(2, 0)
+  return c10::WarningUtils::get_warning_handler();
+#else
+  return c10::Warning::get_warning_handler();
+#endif
+}
+
+void set_warning_handler(c10::WarningHandler* handler) {
+#if CKPT_TORCH_AT_LEAST(2, 0)
+  c10::WarningUtils::set_warning_handler(handler);
+#else
+  c10::Warning::set_warning_handler(handler);
+#endif
+}
+
+bool device_initialized(c10::DeviceType type) {
+  if (type == c10::DeviceType::CPU) return false;
+#if CKPT_TORCH_AT_LEAST(2, 3)
+  // A type without hooks in this build (XPU in a CUDA build, say) has no runtime to start.
+  if (!at::accelerator::isAccelerator(type)) return false;
+  const auto& hooks = at::globalContext().getAcceleratorHooksInterface(type);
+  if (!hooks.isAvailable()) return false;
+  for (c10::DeviceIndex index = 0; index < hooks.deviceCount(); ++index) {
+    if (hooks.hasPrimaryContext(index)) return true;
+  }
+  return false;
+#else
+  if (type != c10::DeviceType::CUDA || !at::hasCUDA()) return false;
+  const auto& hooks = at::detail::getCUDAHooks();
+  for (int64_t index = 0; index < hooks.getNumGPUs(); ++index) {
+    if (hooks.hasPrimaryContext(index)) return true;
+  }
+  return false;
+#endif
+}
+
+at::Generator default_generator(c10::Device device) {
+  return at::globalContext().defaultGenerator(device);
+}
+
+void synchronize(c10::Device device) {
+  if (device.is_cpu()) return;
+  const auto* guard = c10::impl::getDeviceGuardImpl(device.type());
+  guard->synchronizeStream(guard->getStream(device));
+}
+
+bool autocast_available(c10::DeviceType type) {
+#if CKPT_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_available(type);
+#else
+  return type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA;
+#endif
+}
+
+// LibTorch 2.4 replaced the per-device autocast functions with device-generic ones.
+#if CKPT_TORCH_AT_LEAST(2, 4)
+bool autocast_enabled(c10::DeviceType type) {
+  return at::autocast::is_autocast_enabled(type);
+}
+void set_autocast_enabled(c10::DeviceType type, bool enabled) {
+  at::autocast::set_autocast_enabled(type, enabled);
+}
+c10::ScalarType autocast_dtype(c10::DeviceType type) {
+  return at::autocast::get_autocast_dtype(type);
+}
+void set_autocast_dtype(c10::DeviceType type, c10::ScalarType dtype) {
+  at::autocast::set_autocast_dtype(type, dtype);
+}
+#else
+bool autocast_enabled(c10::DeviceType type) {
+  return type == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+void set_autocast_enabled(c10::DeviceType type, bool enabled) {
+  if (type == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(enabled);
+  } else {
+    at::autocast::set_enabled(enabled);
+  }
+}
+c10::ScalarType autocast_dtype(c10::DeviceType type) {
+  return type == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                      : at::autocast::get_autocast_gpu_dtype();
+}
+void set_autocast_dtype(c10::DeviceType type, c10::ScalarType dtype) {
+  if (type == c10::DeviceType::CPU) {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+}
+#endif
+
+namespace {
+
+#if CKPT_TORCH_AT_LEAST(2, 9)
+// The accelerator's allocator when it keeps statistics; null otherwise (no allocator registered
+// for the type in this build, or one that is not a caching device allocator).
+c10::DeviceAllocator* statistics_allocator(c10::DeviceType type) {
+  if (type == c10::DeviceType::CPU || !at::accelerator::isAccelerator(type)) return nullptr;
+  try {
+    return dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(type));
+  } catch (const c10::Error&) {
+    return nullptr;
+  }
+}
+#endif
+
+}  // namespace
+
+bool device_memory_measurable(c10::DeviceType type) {
+#if CKPT_TORCH_AT_LEAST(2, 9)
+  return statistics_allocator(type) != nullptr;
+#else
+  (void)type;
+  return false;
+#endif
+}
+
+namespace {
+void check_measurable(c10::Device device) {
+  TORCH_CHECK(device_memory_measurable(device.type()), "ckpt: the memory of ", device,
+              " can't be measured with LibTorch ", TORCH_VERSION,
+              ": device memory is read from the caching allocator's statistics through the "
+              "device-generic allocator API of LibTorch 2.9 and later. Measure on the CPU, or "
+              "build ckpt against a newer LibTorch.");
+  const auto count = c10::impl::getDeviceGuardImpl(device.type())->deviceCount();
+  TORCH_CHECK(device.index() >= 0 && device.index() < count, "ckpt: ", device,
+              " is not present: this machine has ", static_cast<int>(count), " ",
+              c10::DeviceTypeName(device.type()), " device(s).");
+}
+}  // namespace
+
+DeviceMemoryStats device_memory_stats(c10::Device device) {
+  check_measurable(device);
+#if CKPT_TORCH_AT_LEAST(2, 9)
+  const auto stats = statistics_allocator(device.type())->getDeviceStats(device.index());
+  const auto& all = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  return {all.current, all.peak};
+#else
+  return {};
+#endif
+}
+
+void reset_device_peak(c10::Device device) {
+  check_measurable(device);
+#if CKPT_TORCH_AT_LEAST(2, 9)
+  statistics_allocator(device.type())->resetPeakStats(device.index());
+#endif
+}
+
+}  // namespace compat
+}  // namespace ckpt
