@@ -31,7 +31,7 @@ bool any_defined(const variable_list& grads) {
 }  // namespace
 
 NonReentrantBackward::NonReentrantBackward(std::shared_ptr<RegionState> state, edge_list boundary)
-    : Node(edge_list(boundary)), state_(std::move(state)), boundary_(std::move(boundary)) {}
+    : OwningNode(edge_list(boundary)), state_(std::move(state)), boundary_(std::move(boundary)) {}
 
 void NonReentrantBackward::release_variables() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -89,14 +89,9 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   edge_list targets(boundary_count);
   edge_list sinks;
   for (size_t k : needed) {
-    at::Tensor parameter = plain_backward ? accumulable_parameter(boundary_[k]) : at::Tensor();
     std::function<void(const at::Tensor&)> receive;
-    if (parameter.defined()) {
-      receive = [parameter](const at::Tensor& grad) mutable {
-        const at::NoGradGuard no_grad;
-        parameter.mutable_grad().add_(grad);
-      };
-    } else {
+    if (plain_backward) receive = early_accumulation(boundary_[k]);
+    if (!receive) {
       receive = [&result, k](const at::Tensor& grad) { add_gradient(result[k], grad); };
     }
     targets[k] = Edge(make_sink(boundary_[k], std::move(receive)), 0);
@@ -112,7 +107,7 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
 }
 
 ReentrantBackward::ReentrantBackward(std::shared_ptr<RegionState> state, edge_list input_edges)
-    : Node(std::move(input_edges)), state_(std::move(state)) {}
+    : OwningNode(std::move(input_edges)), state_(std::move(state)) {}
 
 void ReentrantBackward::release_variables() {
   std::lock_guard<std::mutex> lock(mutex_);

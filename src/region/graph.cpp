@@ -1,5 +1,7 @@
 #include "graph.h"
 
+#include "compat/torch_compat.h"
+
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
@@ -111,13 +113,14 @@ EdgeRedirect::~EdgeRedirect() {
 
 namespace {
 
-struct Sink final : Node {
+struct Sink final : compat::OwningNode {
   Sink(const torch::autograd::InputMetadata& metadata,
        std::function<void(const at::Tensor&)> receive)
       // The largest sequence number, as gradient accumulators have: the engine runs the
       // highest-numbered ready node first, so a sink takes its gradient (and frees it) as soon as
       // it is complete instead of after the rest of the graph.
-      : Node(/*sequence_nr=*/std::numeric_limits<uint64_t>::max()), receive_(std::move(receive)) {
+      : OwningNode(/*sequence_nr=*/std::numeric_limits<uint64_t>::max()),
+        receive_(std::move(receive)) {
     // A copy of the boundary input's metadata, so the engine validates gradients against it.
     input_metadata_.push_back(metadata);
   }
@@ -128,36 +131,34 @@ struct Sink final : Node {
   std::string name() const override { return "ckpt::BoundarySink"; }
 
  private:
+  void release_owned() override { receive_ = nullptr; }
+
   std::function<void(const at::Tensor&)> receive_;
 };
 
-// LibTorch 2.x keeps tensor hooks apart from other pre-hooks; 1.13 has only pre_hooks().
-template <class N>
-auto has_tensor_pre_hooks(N& node, int) -> decltype(node.tensor_pre_hooks(), bool()) {
-  return !node.tensor_pre_hooks().empty() || !node.pre_hooks().empty();
-}
-template <class N>
-bool has_tensor_pre_hooks(N& node, long) {
-  return !node.pre_hooks().empty();
-}
-
 }  // namespace
 
-std::shared_ptr<Node> make_sink(const Edge& stands_for,
-                                std::function<void(const at::Tensor&)> receive) {
-  return std::make_shared<Sink>(stands_for.function->input_metadata(stands_for.input_nr),
-                                std::move(receive));
+compat::NodePtr make_sink(const Edge& stands_for, std::function<void(const at::Tensor&)> receive) {
+  return compat::make_node<Sink>(stands_for.function->input_metadata(stands_for.input_nr),
+                                 std::move(receive));
 }
 
-at::Tensor accumulable_parameter(const Edge& edge) {
+std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge) {
   auto* accumulator = dynamic_cast<torch::autograd::AccumulateGrad*>(edge.function.get());
-  if (accumulator == nullptr || has_tensor_pre_hooks(*accumulator, 0)) return {};
+  // Hooks that must see the gradient, before or after it is added, need the accumulator to run.
+  if (accumulator == nullptr || compat::has_tensor_pre_hooks(*accumulator) ||
+      compat::has_post_accumulate_grad_hooks(accumulator->variable)) {
+    return {};
+  }
   const at::Tensor& grad = accumulator->variable.grad();
   if (!grad.defined() || grad.is_sparse() || grad.requires_grad() ||
       !grad.sizes().equals(accumulator->variable.sizes())) {
     return {};
   }
-  return accumulator->variable;
+  // `apply` takes the accumulator's lock; the call operator would also run its post-hooks.
+  return [owner = edge.function](const at::Tensor& gradient) {
+    static_cast<torch::autograd::AccumulateGrad&>(*owner).apply({gradient});
+  };
 }
 
 }  // namespace detail

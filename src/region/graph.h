@@ -2,6 +2,8 @@
 
 // Walking and temporarily rewiring the autograd graph that a region records.
 
+#include "compat/torch_compat.h"
+
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/function.h>
 
@@ -67,13 +69,15 @@ class EdgeRedirect {
 
 /// A node that stands for boundary edge `stands_for` (it has its input metadata) and hands every
 /// gradient the engine delivers to it to `receive`. It has no next edges.
-std::shared_ptr<Node> make_sink(const Edge& stands_for,
-                                std::function<void(const at::Tensor&)> receive);
+compat::NodePtr make_sink(const Edge& stands_for, std::function<void(const at::Tensor&)> receive);
 
-/// The parameter whose gradient `edge` delivers, when the gradient may be added straight into the
-/// parameter's existing `.grad` (a dense buffer of the same shape, no tensor hooks on the
-/// accumulator that would want to see or change it); an undefined tensor otherwise.
-at::Tensor accumulable_parameter(const Edge& edge);
+/// A receiver that adds gradients for `edge` into its parameter's `.grad` ahead of the outer
+/// backward, where that is allowed: the edge ends at a gradient accumulator, the parameter's
+/// `.grad` exists as a dense buffer of the same shape, and no tensor hooks or post-accumulate-grad
+/// hooks wait for one summed gradient. Empty otherwise. It adds through the accumulator, under the
+/// accumulator's lock (other threads' backward passes add into the same `.grad`), and skips the
+/// accumulator's post-hooks, which run once, in the outer backward.
+std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge);
 
 }  // namespace detail
 }  // namespace ckpt
