@@ -185,8 +185,8 @@ std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig&
     const int s = r["segments"].get<int>();
     // Named as the C++ twins are: the default (non-reentrant) variant has no suffix.
     const bool reentrant = r.value("reentrant", true);
-    row.method = s == 0 ? "python_none"
-                        : (reentrant ? "python_sequential_reentrant" : "python_sequential");
+    row.method =
+        s == 0 ? "python_none" : (reentrant ? "python_sequential_reentrant" : "python_sequential");
     row.setting = s == 0 ? "-" : "segments=" + std::to_string(s);
     row.segments = s;
     row.rss_peak_bytes = r["rss_peak_bytes"].get<int64_t>();

@@ -214,7 +214,8 @@ DeviceMemoryStats device_memory_stats(c10::Device device) {
   check_measurable(device);
 #if CKPT_TORCH_AT_LEAST(2, 9)
   const auto stats = statistics_allocator(device.type())->getDeviceStats(device.index());
-  const auto& all = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  const auto& all =
+      stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
   return {all.current, all.peak};
 #else
   return {};

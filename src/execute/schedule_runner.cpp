@@ -118,8 +118,8 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
     mark.emplace();
     if (rng_[i].has_value()) replay.emplace(*rng_[i]);
   } else {
-    if (preserve_rng_state_ && recomputed_[i]) rng_[i].emplace(std::vector<at::Tensor>{input},
-                                                               infer_device_type({input}));
+    if (preserve_rng_state_ && recomputed_[i])
+      rng_[i].emplace(std::vector<at::Tensor>{input}, infer_device_type({input}));
     ran_[i] = true;
   }
   const BufferGuard buffers({stages_[i].ptr()}, recompute);

@@ -28,16 +28,15 @@ void apply(const AutocastState& state) {
 AutocastState AutocastState::current(c10::DeviceType device_type) {
   AutocastState state;
   state.cpu = read(c10::DeviceType::CPU);
-  state.has_device =
-      device_type != c10::DeviceType::CPU && compat::autocast_available(device_type);
+  state.has_device = device_type != c10::DeviceType::CPU && compat::autocast_available(device_type);
   if (state.has_device) state.device = read(device_type);
   state.cache_enabled = at::autocast::is_autocast_cache_enabled();
   return state;
 }
 
 AutocastScope::AutocastScope(const AutocastState& state)
-    : previous_(AutocastState::current(state.has_device ? state.device.type
-                                                        : c10::DeviceType::CPU)),
+    : previous_(
+          AutocastState::current(state.has_device ? state.device.type : c10::DeviceType::CPU)),
       active_(!(previous_ == state)) {
   if (!active_) return;
   apply(state);

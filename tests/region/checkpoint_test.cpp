@@ -175,8 +175,8 @@ TEST_F(CheckpointTest, PostAccumulateGradHookOfAParameterInTwoRegionsFiresOncePe
   auto expected = torch::autograd::grad({block(block(x)).sum()}, {shared->weight})[0];
   int calls = 0;
   at::Tensor seen;
-  const bool supported = ckpt::compat::set_post_accumulate_grad_hook(
-      shared->weight, [&](const at::Tensor& leaf) {
+  const bool supported =
+      ckpt::compat::set_post_accumulate_grad_hook(shared->weight, [&](const at::Tensor& leaf) {
         ++calls;
         seen = leaf.grad().clone();
       });

@@ -31,12 +31,16 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       ->capture_default_str();
   command->add_option("--threads", args.threads, "Intra-op threads")->capture_default_str();
   command->add_flag("--quick", args.quick, "Small sizes and few steps (a smoke test)");
-  command->add_option("--device", args.device,
-                      "Device of the C++ methods: cpu, cuda, cuda:1, ... (Python runs on the CPU)")
+  command
+      ->add_option("--device", args.device,
+                   "Device of the C++ methods: cpu, cuda, cuda:1, ... (Python runs on the CPU)")
       ->capture_default_str();
   command->add_flag("--no-python", args.no_python, "Skip torch.utils.checkpoint");
   command->add_flag("--no-planned", args.no_planned, "Skip ckpt's planned schedules");
-  command->add_option("--python", args.python, "Python interpreter with torch (default: the one ckpt was built with, else /usr/bin/python3)")
+  command
+      ->add_option("--python", args.python,
+                   "Python interpreter with torch (default: the one ckpt was built with, else "
+                   "/usr/bin/python3)")
       ->type_name("PATH");
   command->add_option("--markdown", args.markdown_path, "Also write the markdown tables to FILE")
       ->type_name("FILE");
