@@ -14,12 +14,16 @@ void MemorySampler::start(Clock::time_point origin, int64_t base_bytes) {
   stop();
   samples_.clear();
   samples_.reserve(1 << 16);
+  // The first and last samples are taken here and in stop(): on a loaded machine the thread may
+  // not run at all during a short step.
+  origin_ = origin;
+  base_bytes_ = base_bytes;
+  sample();
   running_ = true;
-  thread_ = std::thread([this, origin, base_bytes] {
+  thread_ = std::thread([this] {
     while (running_.load(std::memory_order_relaxed)) {
-      const double seconds = std::chrono::duration<double>(Clock::now() - origin).count();
-      samples_.emplace_back(seconds, tracker_.current_bytes() - base_bytes);
       std::this_thread::sleep_for(period_);
+      sample();
     }
   });
 }
@@ -28,8 +32,14 @@ std::vector<std::pair<double, int64_t>> MemorySampler::stop() {
   if (thread_.joinable()) {
     running_ = false;
     thread_.join();
+    sample();
   }
   return samples_;
+}
+
+void MemorySampler::sample() {
+  const double seconds = std::chrono::duration<double>(Clock::now() - origin_).count();
+  samples_.emplace_back(seconds, tracker_.current_bytes() - base_bytes_);
 }
 
 class RecorderObserver : public ExecutionObserver {

@@ -37,7 +37,11 @@ class MemorySampler {
   std::vector<std::pair<double, int64_t>> stop();
 
  private:
+  void sample();
+
   std::chrono::microseconds period_;
+  Clock::time_point origin_;
+  int64_t base_bytes_ = 0;
   MemoryTracker tracker_;
   std::atomic<bool> running_{false};
   std::thread thread_;
