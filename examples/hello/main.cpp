@@ -1,5 +1,5 @@
 // The smallest ckpt program: checkpoint a block of layers and train it for a few steps.
-// The README's example is this file.
+// The first lines of the README's example, as a program that trains.
 
 #include <ckpt/ckpt.h>
 #include <torch/torch.h>

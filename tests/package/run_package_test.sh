@@ -1,13 +1,15 @@
 #!/bin/sh
-# usage: run_package_test.sh BUILD_DIR WORK_DIR GENERATOR
+# usage: run_package_test.sh BUILD_DIR WORK_DIR GENERATOR README
 # Installs the build into WORK_DIR/prefix, then configures, builds and runs the consumer project
-# against it with find_package(ckpt CONFIG REQUIRED).
+# against it with the README's ```cmake lines (find_package(ckpt CONFIG REQUIRED) and the link).
 set -e
-build="$1"; work="$2"; generator="$3"
+build="$1"; work="$2"; generator="$3"; readme="$4"
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work"
+sed -n '/^```cmake$/,/^```$/{/^```/d;p;}' "$readme" > "$work/readme.cmake"
+grep -q find_package "$work/readme.cmake" || { echo "no \`\`\`cmake block with find_package in $readme"; exit 1; }
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
 cmake -S "$here/consumer" -B "$work/build" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/configure.log"
+      -DCMAKE_PREFIX_PATH="$work/prefix" -DREADME_CMAKE="$work/readme.cmake" > "$work/configure.log"
 cmake --build "$work/build" > "$work/build.log"
-"$work/build/consumer"
+"$work/build/app"
