@@ -102,7 +102,32 @@ at::Tensor ScheduleRunner::forward(const at::Tensor& input) {
   x_[0] = input;
   kept_[0] = true;
   for (size_t k = 0; k < loss_index_; ++k) run_forward(schedule_.ops[k]);
+  snapshot_read_again(input);
   return available(static_cast<int>(stages_.size()));
+}
+
+void ScheduleRunner::snapshot_read_again(const at::Tensor& input) {
+  read_again_.clear();
+  read_again_origin_.clear();
+  if (recomputed_[0]) {
+    read_again_.add(input);
+    read_again_origin_.emplace_back(-1, 0);
+  }
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (!recomputed_[i]) continue;
+    const std::vector<at::Tensor> parameters = stages_[i].ptr()->parameters();
+    for (size_t j = 0; j < parameters.size(); ++j) {
+      read_again_.add(parameters[j]);
+      read_again_origin_.emplace_back(static_cast<int>(i), j);
+    }
+  }
+}
+
+std::string ScheduleRunner::describe_read_again(size_t i) const {
+  const auto [stage, j] = read_again_origin_[i];
+  if (stage < 0) return "the input of the chain";
+  const auto named = stages_[static_cast<size_t>(stage)].ptr()->named_parameters();
+  return "parameter '" + named[j].key() + "' of stage " + std::to_string(stage);
 }
 
 void ScheduleRunner::run_forward(const plan::Op& op) {
@@ -151,6 +176,7 @@ void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {
 }
 
 at::Tensor ScheduleRunner::backward(at::Tensor grad_output, bool accumulate_parameters) {
+  read_again_.check("ckpt::PlannedSequential", [this](size_t i) { return describe_read_again(i); });
   const CpuRngRestore restore;  // recomputes must not move the caller's random stream
   const int n = static_cast<int>(stages_.size());
   x_[n].reset();  // the loss consumed x_L

@@ -8,12 +8,15 @@
 
 #include "chains/stage_graph.h"
 #include "region/rng_state.h"
+#include "region/version_snapshot.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 #include <torch/nn/modules/container/any.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace ckpt {
@@ -35,6 +38,8 @@ class ScheduleRunner {
   void run_stage(const plan::Op& op, const at::Tensor& input);
   void run_backward(const plan::Op& op, bool accumulate_parameters);
   const at::Tensor& available(int i) const;
+  void snapshot_read_again(const at::Tensor& input);
+  std::string describe_read_again(size_t i) const;
 
   std::vector<torch::nn::AnyModule> stages_;
   plan::Schedule schedule_;
@@ -50,6 +55,10 @@ class ScheduleRunner {
   std::vector<bool> ran_;
   std::vector<bool> recomputed_;  // stage i runs more than once
   at::Tensor delta_;              // the gradient at the current position
+  // x_0 and the parameters of the stages that run again, after the forward; (stage, parameter
+  // number) of each, stage -1 for x_0.
+  VersionSnapshot read_again_;
+  std::vector<std::pair<int, size_t>> read_again_origin_;
 };
 
 }  // namespace detail

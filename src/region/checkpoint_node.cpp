@@ -50,7 +50,7 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   }
   if (needed.empty() || !any_defined(grads)) return result;
 
-  state_->check_inputs_unmodified();
+  state_->check_unmodified();
   const bool create_graph = at::GradMode::is_enabled();
   const RegionMarker marker;
   const variable_list outputs = state_->run_recompute(/*replacement=*/nullptr);
@@ -122,7 +122,7 @@ variable_list ReentrantBackward::apply(variable_list&& grads) {
               "without `inputs`, or use the default CheckpointOptions().use_reentrant(false), "
               "which supports both.");
   state_->check_not_released();
-  state_->check_inputs_unmodified();
+  state_->check_unmodified();
 
   std::vector<at::Tensor> detached;
   detached.reserve(state_->inputs.size());

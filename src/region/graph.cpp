@@ -161,5 +161,11 @@ std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge) {
   };
 }
 
+at::Tensor leaf_variable(const Edge& edge) {
+  const auto* accumulator =
+      dynamic_cast<const torch::autograd::AccumulateGrad*>(edge.function.get());
+  return accumulator != nullptr ? accumulator->variable : at::Tensor();
+}
+
 }  // namespace detail
 }  // namespace ckpt

@@ -79,5 +79,9 @@ compat::NodePtr make_sink(const Edge& stands_for, std::function<void(const at::T
 /// accumulator's post-hooks, which run once, in the outer backward.
 std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge);
 
+/// The leaf tensor (a parameter, say) whose gradient accumulator `edge` ends at, or an undefined
+/// tensor when the edge ends elsewhere.
+at::Tensor leaf_variable(const Edge& edge);
+
 }  // namespace detail
 }  // namespace ckpt

@@ -54,17 +54,11 @@ bool TensorMeta::operator==(const TensorMeta& other) const {
          device == other.device;
 }
 
-void RegionState::check_inputs_unmodified() const {
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) continue;
-    const int64_t now = inputs[i]._version();
-    TORCH_CHECK(now == input_versions[i], "ckpt::checkpoint: tensor argument #", i,
-                " of the checkpointed region was modified in place after the forward pass (its "
-                "version went from ",
-                input_versions[i], " to ", now,
-                "), so recomputing the region would give wrong gradients. Modify it only after "
-                "the backward pass, or pass a clone to the region.");
-  }
+void RegionState::check_unmodified() const {
+  versions.check("ckpt::checkpoint", [&](size_t i) {
+    if (i < inputs.size()) return "tensor argument #" + std::to_string(i) + " of the region";
+    return "a parameter of the region (" + describe_shape(versions.tensor(i)) + ")";
+  });
 }
 
 void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) const {
@@ -105,6 +99,7 @@ void RegionState::release() {
   released = true;
   recompute = nullptr;
   inputs.clear();
+  versions.clear();
   rng.reset();
 }
 
@@ -112,10 +107,7 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs)
     : state_(std::make_shared<RegionState>()) {
   RegionState& state = *state_;
   state.options = options;
-  state.input_versions.reserve(inputs.size());
-  for (const auto& input : inputs) {
-    state.input_versions.push_back(input.defined() ? input._version() : 0);
-  }
+  for (const auto& input : inputs) state.versions.add(input);
   const c10::DeviceType device_type = infer_device_type(inputs);
   if (options.preserve_rng_state()) state.rng.emplace(inputs, device_type);
   state.autocast = AutocastState::current(device_type);
@@ -158,7 +150,12 @@ std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> out
   }
   if (state.connected.empty()) return outputs;  // nothing to differentiate, nothing kept
 
-  auto node = compat::make_node<NonReentrantBackward>(state_, find_boundary_edges(roots, *marker_));
+  edge_list boundary = find_boundary_edges(roots, *marker_);
+  for (const Edge& edge : boundary) {
+    const at::Tensor leaf = leaf_variable(edge);
+    if (leaf.defined()) state.versions.add(leaf);
+  }
+  auto node = compat::make_node<NonReentrantBackward>(state_, std::move(boundary));
   for (size_t slot = 0; slot < state.connected.size(); ++slot) {
     at::Tensor& output = outputs[state.connected[slot]];
     output = fresh_alias(output);

@@ -6,6 +6,7 @@
 
 #include "autocast_state.h"
 #include "rng_state.h"
+#include "version_snapshot.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -32,7 +33,9 @@ struct TensorMeta {
 struct RegionState {
   CheckpointOptions options;
   std::vector<at::Tensor> inputs;  // the tensor arguments, in traversal order
-  std::vector<int64_t> input_versions;
+  // The inputs (at the start of the forward), then the leaves at the region's border that the
+  // recomputation reads again: parameters, captured or owned by modules (at its end).
+  VersionSnapshot versions;
   c10::optional<RngStash> rng;  // empty without preserve_rng_state
   AutocastState autocast;
   std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
@@ -40,8 +43,9 @@ struct RegionState {
   RecomputeFn recompute;
   bool released = false;
 
-  /// Raises an error when an input was modified in place since the forward pass.
-  void check_inputs_unmodified() const;
+  /// Raises an error when an input or a parameter the region reads was modified in place since
+  /// the forward pass.
+  void check_unmodified() const;
   /// Raises an error when the recomputed outputs differ from the forward's (see
   /// `CheckpointOptions::determinism_check`).
   void check_recomputed(const std::vector<at::Tensor>& recomputed) const;

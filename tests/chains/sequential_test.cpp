@@ -129,6 +129,17 @@ TEST(SequentialVariantsTest, AutogradGradOnlyWithNonReentrant) {
   EXPECT_TRUE(bit_equal(actual[0], expected[0]));
 }
 
+TEST(SequentialInPlaceTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
+  auto model = six_layers();
+  auto x = torch::randn({1, 100}, torch::requires_grad());
+  auto out = ckpt::checkpoint_sequential(model, 3, x).sum();
+  {
+    torch::NoGradGuard no_grad;
+    model->parameters().front().add_(1);
+  }
+  CKPT_EXPECT_THROWS_WITH(out.backward(), "a parameter of the region");
+}
+
 TEST(SequentialArgumentsTest, RejectsBadSegmentCountsAndEmptyChains) {
   auto model = six_layers();
   auto x = torch::randn({1, 100});

@@ -154,6 +154,30 @@ TEST_F(PlannedSequentialTest, SecondBackwardAndDoubleBackwardAreClearErrors) {
                           "double backward");
 }
 
+// A recomputed stage would silently use weights updated between forward and backward.
+TEST_F(PlannedSequentialTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
+  auto chain = make_chain(8, 16);
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(0.6));
+  auto x = torch::randn({4, 16}, torch::requires_grad());
+  planned->plan(x);
+  auto out = planned(x).sum();
+  ASSERT_GT(planned->prediction().forward_count, static_cast<int>(chain->size()));  // recomputes
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : chain->parameters()) p.add_(1);
+  }
+  CKPT_EXPECT_THROWS_WITH(out.backward(), "ckpt::PlannedSequential: parameter '");
+  // The input of the chain, when stage 0 runs again.
+  auto y = torch::randn({4, 16}, torch::requires_grad());
+  auto z = y * 1;
+  out = planned(z).sum();
+  {
+    torch::NoGradGuard no_grad;
+    z.add_(1);
+  }
+  EXPECT_THROW(out.backward(), c10::Error);
+}
+
 TEST_F(PlannedSequentialTest, MeasuredPeakFollowsThePrediction) {
   const int64_t batch = 64, width = 256;
   torch::nn::Sequential chain;

@@ -62,6 +62,38 @@ TEST_P(CheckpointErrorsTest, InputModifiedInPlaceAfterForwardIsAnError) {
   CKPT_EXPECT_THROWS_WITH(out.sum().backward(), "modified in place after the forward pass");
 }
 
+// A weight updated in place between forward and backward: plain autograd raises "modified by an
+// inplace operation" for the weights it saved; the non-reentrant variant, which differentiates
+// captured parameters, raises for the parameters it would read again, module-owned or captured.
+TEST(CheckpointInPlaceTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
+  torch::nn::Linear layer(3, 4);
+  auto x = torch::randn({2, 3}, torch::requires_grad());
+  auto plain = layer(x).sum();
+  auto out = ckpt::checkpoint(layer, x).sum();
+  {
+    torch::NoGradGuard no_grad;
+    layer->weight.sub_(0.1);
+  }
+  EXPECT_THROW(plain.backward(), c10::Error);
+  CKPT_EXPECT_THROWS_WITH(out.backward(), "a parameter of the region (a tensor of shape [4, 3])");
+}
+
+TEST(CheckpointInPlaceTest, CapturedParameterUpdatedBeforeTheBackwardIsAnError) {
+  auto w = torch::randn({3, 3}, torch::requires_grad());
+  auto x = torch::randn({2, 3}, torch::requires_grad());
+  auto out = ckpt::checkpoint([&](const torch::Tensor& t) { return t.mm(w).tanh(); }, x).sum();
+  {
+    torch::NoGradGuard no_grad;
+    w.mul_(2);
+  }
+  CKPT_EXPECT_THROWS_WITH(out.backward(), "modified in place after the forward pass");
+  // Updated after the backward, as a training loop does: no error, and the gradient is exact.
+  auto again = ckpt::checkpoint([&](const torch::Tensor& t) { return t.mm(w).tanh(); }, x).sum();
+  again.backward();
+  auto expected = torch::autograd::grad({x.mm(w).tanh().sum()}, {w})[0];
+  EXPECT_TRUE(bit_equal(w.grad(), expected));
+}
+
 TEST_P(CheckpointErrorsTest, ExceptionInForwardLeavesStateAsItWas) {
   ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
   auto rng_before = at::detail::getDefaultCPUGenerator().get_state();

@@ -1,0 +1,42 @@
+#pragma once
+
+// The version counters of the tensors a recomputation reads again, taken after the forward pass.
+// Plain autograd raises when a tensor it saved is modified in place before the backward; a
+// recomputation would silently read the new values instead (an optimizer step between forward
+// and backward, say), so ckpt checks these counters before it recomputes.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+
+class VersionSnapshot {
+ public:
+  /// Records `tensor` at its current version (an undefined tensor takes a place but is never
+  /// checked).
+  void add(const at::Tensor& tensor);
+
+  /// Raises a c10::Error naming the first tensor whose version changed since it was added:
+  /// "`api`: <describe(i)> ... was modified in place after the forward pass ...". `describe`
+  /// names tensor i (in the order added), e.g. "tensor argument #0".
+  void check(const char* api, const std::function<std::string(size_t)>& describe) const;
+
+  size_t size() const { return tensors_.size(); }
+  const at::Tensor& tensor(size_t i) const { return tensors_[i]; }
+  void clear();
+
+ private:
+  std::vector<at::Tensor> tensors_;
+  std::vector<int64_t> versions_;
+};
+
+/// "a tensor of shape [2, 3]", for messages.
+std::string describe_shape(const at::Tensor& tensor);
+
+}  // namespace detail
+}  // namespace ckpt
