@@ -75,6 +75,38 @@ bool option_ok(const StorageOption& option, int64_t output_bytes) {
          option.backward_tmp_bytes >= 0;
 }
 
+// Every byte count of the chain, summed without overflow (saturating at kMaxTotalBytes + 1), and
+// every time. The planner adds sizes of tensors alive together and times of recomputed forwards;
+// with the totals bounded, none of those sums can overflow int64 or reach infinity.
+struct Totals {
+  int64_t bytes = 0;
+  double time = 0.0;
+
+  void add_bytes(int64_t value) {
+    if (value <= 0) return;
+    bytes = value > Chain::kMaxTotalBytes - bytes ? Chain::kMaxTotalBytes + 1 : bytes + value;
+  }
+  bool ok() const { return bytes <= Chain::kMaxTotalBytes && time <= Chain::kMaxTotalTime; }
+};
+
+Totals totals(const Chain& chain) {
+  Totals totals;
+  totals.add_bytes(chain.input_bytes);
+  for (const Stage& stage : chain.stages) {
+    totals.add_bytes(stage.output_bytes);
+    totals.add_bytes(stage.forward_tmp_bytes);
+    totals.time += stage.forward_time;
+    for (int k = 0; k < stage.option_count(); ++k) {
+      const StorageOption option = stage.option(k);
+      totals.add_bytes(option.saved_bytes);
+      totals.add_bytes(option.forward_tmp_bytes);
+      totals.add_bytes(option.backward_tmp_bytes);
+      totals.time += option.forward_time + option.backward_time;
+    }
+  }
+  return totals;
+}
+
 }  // namespace
 
 void Chain::validate() const {
@@ -88,7 +120,7 @@ void Chain::validate() const {
       ok = ok && option_ok(option, stage.output_bytes);
     }
   }
-  if (ok) return;
+  if (ok && totals(*this).ok()) return;
   if (stages.empty()) {
     throw std::invalid_argument(std::string(kValidate) +
                                 "the chain must have at least one stage, but got 0. Add the "
@@ -111,6 +143,18 @@ void Chain::validate() const {
           k == 0 ? name : name + "alternatives[" + std::to_string(k - 1) + "].";
       check_option(stage.option(k), stage.output_bytes, prefix);
     }
+  }
+  const Totals sums = totals(*this);
+  if (sums.bytes > kMaxTotalBytes) {
+    throw std::invalid_argument(std::string(kValidate) +
+                                "the sizes of the chain add up to more than 2^60 bytes (1 EiB), "
+                                "the planner's limit. Give the sizes in bytes, not bits or "
+                                "elements, or plan a shorter chain.");
+  }
+  if (!(sums.time <= kMaxTotalTime)) {
+    throw std::invalid_argument(std::string(kValidate) + "the times of the chain add up to " +
+                                std::to_string(sums.time) +
+                                ", above the planner's limit of 1e200. Give times in seconds.");
   }
 }
 

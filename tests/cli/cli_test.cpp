@@ -6,6 +6,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -59,6 +60,18 @@ json plan_json(const std::string& args) {
   const Result result = run("plan --json " + args);
   EXPECT_EQ(result.code, 0) << result.err;
   return json::parse(result.out);
+}
+
+// A refused command line: exit code `code` and one line on stderr that contains `text`, and nothing
+// on stdout (no work started). `timeout 20` turns a slow refusal into a failure.
+void expect_refused(const std::string& args, int code, const std::string& text) {
+  const Result result = run(args, "timeout 20");
+  EXPECT_EQ(result.code, code) << args << "\n" << result.err;
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << args << "\n"
+                                                                       << result.err;
+  EXPECT_NE(result.err.find("ckpt: error: "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find(text), std::string::npos) << args << "\n" << result.err;
+  EXPECT_EQ(result.out, "") << args;
 }
 
 const std::string kTiny =
@@ -237,7 +250,62 @@ TEST(Cli, PlanRequiresChainAndBudget) {
   EXPECT_NE(result.err.find("--chain"), std::string::npos) << result.err;
 }
 
+TEST(Cli, PlanRefusesTablesBeyondTheLimitUpFront) {
+  // Once 35 s and 7.2 GB before an answer.
+  expect_refused("plan --chain " + chain("homogeneous.json") + " --budget 1MB --slots 20000000", 2,
+                 "--slots 20000000: the optimal solver needs");
+}
+
+TEST(Cli, PlanReadsOnlyRegularChainFiles) {
+  // Once read until memory ran out.
+  expect_refused("plan --chain /dev/zero --budget 1MB", 1, "must be a regular file");
+}
+
+TEST(Cli, PlanRefusesChainsWhoseSizesOverflow) {
+  const std::string path = work_path("overflowing_chain.json");
+  std::ofstream(path)
+      << R"({"input_bytes": 4611686018427387904, "stages": [)"
+      << R"({"forward_time": 1, "backward_time": 1, "output_bytes": 4611686018427387904, "saved_bytes": 4611686018427387904}]})";
+  expect_refused("plan --chain " + path + " --budget 1MB", 1, "2^60 bytes");
+}
+
 // ~~~ train: bad options ~~~
+
+// Each once crashed (signed overflow, then a store through a null pointer) or ran on.
+TEST(Cli, TrainRefusesSizesBeyondTheMachineWithTheEstimate) {
+  expect_refused(kTiny + "--batch 1152921504606846976", 2, "--batch must be at most 16777216");
+  expect_refused(kTiny + "--width 65536 --layers 1000", 2, "more than this machine's");
+  expect_refused(kTiny + "--layers 9223372036854775807", 2, "--layers must be at most");
+  expect_refused(kTiny + "--steps 4294967296", 2, "--steps must be at most");
+}
+
+TEST(Cli, TrainRefusesMoreThreadsThanTheMachineHas) {
+  expect_refused(kTiny + "--threads 100000", 2, "hardware threads");
+}
+
+TEST(Cli, TrainRefusesNegativeSeedAndNonFiniteRate) {
+  expect_refused(kTiny + "--seed -1", 2, "--seed: must not be negative, but got -1");
+  expect_refused(kTiny + "--lr inf", 2, "--lr must be a positive number");
+}
+
+TEST(Cli, TrainZeroSegmentsIsUsageError) {
+  expect_refused(kTiny + "--strategy sequential:0", 2, "must be a positive integer");
+}
+
+// Once checked only after both training runs.
+TEST(Cli, TrainChecksOutputPathsBeforeAnyWork) {
+  expect_refused(kTiny + "--plot /nonexistent/memory.svg", 2, "--plot: the folder '/nonexistent'");
+  expect_refused(kTiny + "--json " + work_path(""), 2, "--json: '");
+  expect_refused(kTiny + "--trace /proc/1/trace.json", 2, "is not writable");
+}
+
+TEST(Cli, TrainCorpusErrorsSayWhatIsWrong) {
+  expect_refused(kTiny + "--corpus /dev/null", 1, "is not a regular file or a folder");
+  expect_refused(kTiny + "--corpus /nonexistent/text", 1, "does not exist");
+  const std::string path = work_path("short_corpus.txt");
+  std::ofstream(path) << "tiny";
+  expect_refused(kTiny + "--corpus " + path, 1, "holds 4 characters, fewer than the 18");
+}
 
 TEST(Cli, TrainRejectsUnknownStrategy) {
   const Result result = run(kTiny + "--strategy magic");

@@ -1,6 +1,8 @@
 // Tests of ckpt/plan/chain.h: validation messages, storage options, helpers.
 
 #include "ckpt/plan/chain.h"
+#include "ckpt/plan/simulator.h"
+#include "ckpt/plan/solvers.h"
 
 #include <gtest/gtest.h>
 
@@ -86,6 +88,48 @@ TEST(ChainTest, RejectsInvalidAlternative) {
                  {"stages[0].alternatives[0].saved_bytes", "but got 19"});
   chain.stages[0].alternatives[0] = StorageOption{-1.0, 1.0, 25, 0, 0};
   expect_invalid([&] { chain.validate(); }, {"stages[0].alternatives[0].forward_time"});
+}
+
+// Four stages of 2^62 bytes once made the planner print a minimum budget of -2^63.
+TEST(ChainTest, RejectsSizesWhoseSumOverflows) {
+  Chain chain = homogeneous_chain(4, 1.0, 1.0, 8, 8);
+  chain.input_bytes = int64_t{1} << 62;
+  for (Stage& stage : chain.stages) stage.output_bytes = stage.saved_bytes = int64_t{1} << 62;
+  expect_invalid([&] { chain.validate(); }, {"2^60 bytes", "bits or elements"});
+  expect_invalid([&] { min_feasible_budget_bytes(chain); }, {"2^60 bytes"});
+  expect_invalid([&] { simulate(chain, solve_no_checkpoint(chain)); }, {"2^60 bytes"});
+}
+
+TEST(ChainTest, RejectsTimesWhoseSumIsInfinite) {
+  Chain chain = homogeneous_chain(4, 1.0, 1.0, 8, 8);
+  for (Stage& stage : chain.stages) stage.forward_time = stage.backward_time = 1e308;
+  expect_invalid([&] { chain.validate(); }, {"times of the chain", "1e200"});
+}
+
+// At the limit every sum the planner forms is exact: the minimum budget is positive, and the
+// planner's schedules fit the budgets they are solved for.
+TEST(ChainTest, ChainAtTheSizeLimitPlansExactly) {
+  // The input and 5 sizes a stage (output, saved, backward temporaries, and the forward
+  // temporaries of both the no-grad forward and option 0, which share a field).
+  const int64_t size = Chain::kMaxTotalBytes / 21;
+  Chain chain = homogeneous_chain(4, 1.0, 2.0, size, size);
+  for (Stage& stage : chain.stages) stage.forward_tmp_bytes = stage.backward_tmp_bytes = size;
+  ASSERT_NO_THROW(chain.validate());
+  const int64_t min_budget = min_feasible_budget_bytes(chain);
+  EXPECT_GT(min_budget, 0);
+  const SimulationResult smallest = simulate(chain, solve_min_memory(chain));
+  EXPECT_TRUE(smallest.valid);
+  EXPECT_EQ(smallest.peak_bytes, min_budget);
+  const SimulationResult all = simulate(chain, solve_no_checkpoint(chain));
+  EXPECT_GT(all.peak_bytes, min_budget);
+  for (const int64_t budget : {min_budget, (min_budget + all.peak_bytes) / 2, all.peak_bytes}) {
+    const auto schedule = solve_optimal(chain, budget);
+    ASSERT_TRUE(schedule.has_value()) << budget;
+    const SimulationResult result = simulate(chain, *schedule);
+    EXPECT_TRUE(result.valid);
+    EXPECT_LE(result.peak_bytes, budget);
+    EXPECT_TRUE(std::isfinite(result.time));
+  }
 }
 
 TEST(ChainTest, OptionZeroIsTheStageItself) {

@@ -1,6 +1,7 @@
 #include "chain_json.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -125,6 +126,18 @@ plan::Chain chain_from_json(const json& document, const std::string& source) {
 }
 
 plan::Chain load_chain_file(const std::string& path) {
+  // A bounded read of a regular file: never /dev/zero or a pipe until memory runs out.
+  constexpr std::uintmax_t kMaxChainFileBytes = std::uintmax_t{64} << 20;
+  std::error_code status;
+  if (std::filesystem::exists(path, status) && !std::filesystem::is_regular_file(path, status)) {
+    throw std::invalid_argument(path + ": the chain file must be a regular file");
+  }
+  const std::uintmax_t size = std::filesystem::file_size(path, status);
+  if (!status && size > kMaxChainFileBytes) {
+    throw std::invalid_argument(path + ": the chain file holds " + std::to_string(size) +
+                                " bytes, above the limit of " + std::to_string(kMaxChainFileBytes) +
+                                " bytes");
+  }
   std::ifstream file(path);
   if (!file) throw std::invalid_argument(path + ": cannot open the chain file");
   std::stringstream text;

@@ -19,7 +19,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// ckpt train holds the whole text as token ids (8 bytes a character): a larger text is refused
+// before it is read.
+constexpr std::uintmax_t kMaxCorpusBytes = std::uintmax_t{256} << 20;
+
+void check_size(const fs::path& path, std::uintmax_t bytes) {
+  if (bytes > kMaxCorpusBytes) {
+    throw std::runtime_error("--corpus: '" + path.string() + "' holds " + std::to_string(bytes) +
+                             " bytes; ckpt train reads at most " + std::to_string(kMaxCorpusBytes) +
+                             " bytes of text");
+  }
+}
+
 std::string read_file(const fs::path& path) {
+  std::error_code error;
+  const std::uintmax_t size = fs::file_size(path, error);
+  if (!error) check_size(path, size);
   std::ifstream file(path, std::ios::binary);
   if (!file) throw std::runtime_error("--corpus: cannot read '" + path.string() + "'");
   std::ostringstream text;
@@ -48,6 +63,7 @@ Corpus load_corpus(const std::string& path, int64_t min_tokens) {
     }
     candidates.push_back(executable_dir().parent_path() / "share" / "ckpt" / "corpus");
   }
+  std::string skipped;  // why each default candidate was passed over
   for (const fs::path& candidate : candidates) {
     std::error_code error;
     Corpus corpus;
@@ -63,19 +79,30 @@ Corpus load_corpus(const std::string& path, int64_t min_tokens) {
         files.push_back(entry.path());
       }
       std::sort(files.begin(), files.end());
+      std::uintmax_t total = 0;
+      for (const fs::path& file : files) {
+        const std::uintmax_t size = fs::file_size(file, error);
+        if (!error) total += size;
+      }
+      check_size(candidate, total);
       for (const fs::path& file : files) text += read_file(file) + "\n";
       corpus.file_count = static_cast<int>(files.size());
     } else {
-      if (!path.empty()) throw std::runtime_error("--corpus: '" + path + "' does not exist");
+      const std::string why =
+          fs::exists(candidate, error) ? "is not a regular file or a folder" : "does not exist";
+      if (!path.empty()) throw std::runtime_error("--corpus: '" + path + "' " + why);
+      skipped += "; " + candidate.string() + " " + why;
       continue;
     }
     if (static_cast<int64_t>(text.size()) < min_tokens) {
+      const std::string why = "holds " + std::to_string(text.size()) +
+                              " characters, fewer than the " + std::to_string(min_tokens) +
+                              " that one batch window needs";
       if (!path.empty()) {
-        throw std::runtime_error("--corpus: '" + path + "' holds " + std::to_string(text.size()) +
-                                 " characters, fewer than the " + std::to_string(min_tokens) +
-                                 " that one batch window needs; use a longer text or a smaller "
-                                 "--context");
+        throw std::runtime_error("--corpus: '" + path + "' " + why +
+                                 "; use a longer text or a smaller --context");
       }
+      skipped += "; " + candidate.string() + " " + why;
       continue;
     }
     std::array<bool, 256> seen{};
@@ -91,9 +118,8 @@ Corpus load_corpus(const std::string& path, int64_t min_tokens) {
     for (unsigned char c : text) corpus.tokens.push_back(id[c]);
     return corpus;
   }
-  throw std::runtime_error(
-      "no training text found: /usr/share/common-licenses is missing and so is the text shipped "
-      "with ckpt (data/corpus); pass --corpus FILE");
+  throw std::runtime_error("no usable training text" + skipped +
+                           "; pass --corpus FILE or a smaller --context");
 }
 
 void sample_batch(const Corpus& corpus, int64_t batch, int64_t context, std::mt19937_64& rng,

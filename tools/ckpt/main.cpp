@@ -51,11 +51,10 @@ int run(int argc, char** argv) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
       return app.exit(e);  // --help, --version
     }
-    const std::string hint =
-        app.get_subcommands().empty()
-            ? "Run 'ckpt --help' for usage."
-            : "Run 'ckpt " + app.get_subcommands().front()->get_name() + " --help' for usage.";
-    return error(std::string(e.what()) + "\n" + hint, kExitUsage);
+    const std::string command =
+        app.get_subcommands().empty() ? "" : app.get_subcommands().front()->get_name() + " ";
+    return error(std::string(e.what()) + " (run 'ckpt " + command + "--help' for usage)",
+                 kExitUsage);
   }
 
   try {

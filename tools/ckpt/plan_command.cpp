@@ -172,6 +172,14 @@ int run_plan(const PlanArgs& args, std::ostream& out) {
     throw UsageError("--slots must be a positive integer, but got " + std::to_string(args.slots));
   }
   const plan::Chain chain = load_chain_file(args.chain_path);
+  const int64_t table_bytes = plan::optimal_table_bytes(chain.size(), args.slots);
+  if (split_solver(args.solver).first == "optimal" &&
+      table_bytes > plan::OptimalOptions{}.max_table_bytes) {
+    throw UsageError("--slots " + std::to_string(args.slots) + ": the optimal solver needs " +
+                     format_bytes(table_bytes) + " of tables for " + std::to_string(chain.size()) +
+                     " stages, above its limit of " +
+                     format_bytes(plan::OptimalOptions{}.max_table_bytes) + "; use fewer --slots");
+  }
   const plan::SimulationResult baseline = plan::simulate(chain, plan::solve_no_checkpoint(chain));
   const int64_t budget_bytes = parse_budget(args.budget, baseline.peak_bytes);
   const PlanOutcome outcome = solve_with(chain, budget_bytes, args.solver, args.slots);

@@ -329,30 +329,6 @@ nlohmann::json run_json(const RunResult& run, int instrumented_step) {
   return object;
 }
 
-void validate(const TrainArgs& args) {
-  const auto positive = [](int64_t value, const char* name) {
-    if (value < 1) {
-      throw UsageError(std::string(name) + " must be a positive integer, but got " +
-                       std::to_string(value));
-    }
-  };
-  positive(args.layers, "--layers");
-  positive(args.width, "--width");
-  positive(args.heads, "--heads");
-  positive(args.context, "--context");
-  positive(args.batch, "--batch");
-  positive(args.steps, "--steps");
-  positive(args.threads, "--threads");
-  if (args.width % args.heads != 0) {
-    throw UsageError("--heads (" + std::to_string(args.heads) + ") must divide --width (" +
-                     std::to_string(args.width) + ")");
-  }
-  if (!(args.lr > 0)) throw UsageError("--lr must be positive, but got " + std::to_string(args.lr));
-  if (!(args.dropout >= 0 && args.dropout < 1)) {
-    throw UsageError("--dropout must be in [0, 1), but got " + std::to_string(args.dropout));
-  }
-}
-
 void print_summary(const TrainArgs& args, const Strategy& strategy, const RunResult& baseline,
                    const RunResult* checkpointed, int instrumented_step) {
   char line[256];
@@ -414,6 +390,12 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
       ->type_name("NAME")
       ->capture_default_str();
   command->add_option("--seed", args.seed, "Seed of the weights, batches and dropout")
+      ->check(CLI::Validator(  // "-1" would wrap to 2^64 - 1
+          [](const std::string& text) {
+            return text.find('-') == std::string::npos ? std::string()
+                                                       : "must not be negative, but got " + text;
+          },
+          "", "non-negative"))
       ->capture_default_str();
   command->add_option("--lr", args.lr, "AdamW learning rate")->capture_default_str();
   command->add_option("--dropout", args.dropout, "Dropout probability")->capture_default_str();
@@ -436,7 +418,7 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
 }
 
 int run_train(const TrainArgs& args) {
-  validate(args);
+  validate_train_args(args, MachineLimits::of_this_machine());
   const Strategy strategy = parse_strategy(args.strategy, args.layers + 2);
   try {
     torch::set_num_threads(static_cast<int>(args.threads));

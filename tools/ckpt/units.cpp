@@ -1,5 +1,7 @@
 #include "units.h"
 
+#include "errors.h"
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -53,7 +55,7 @@ int64_t parse_positive_int(const std::string& text, const std::string& what) {
   for (char c : trimmed) digits = digits && std::isdigit(static_cast<unsigned char>(c));
   const int64_t value = digits ? std::stoll(trimmed) : 0;
   if (value < 1) {
-    throw std::invalid_argument(what + " must be a positive integer, but got '" + text + "'");
+    throw UsageError(what + " must be a positive integer, but got '" + text + "'");
   }
   return value;
 }

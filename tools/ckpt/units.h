@@ -18,7 +18,7 @@ std::string format_bytes(int64_t bytes);
 /// A human-readable duration: "850 us", "12.3 ms", "1.23 s".
 std::string format_seconds(double seconds);
 
-/// Parses a positive integer ("4"); throws std::invalid_argument naming `what` otherwise.
+/// Parses a positive integer ("4"); throws UsageError naming `what` otherwise.
 int64_t parse_positive_int(const std::string& text, const std::string& what);
 
 }  // namespace cli

@@ -71,9 +71,15 @@ struct Chain {
   int size() const { return static_cast<int>(stages.size()); }
   /// |x_i| for i in [0, L]: input_bytes for i = 0, stages[i-1].output_bytes otherwise.
   int64_t activation_bytes(int i) const;
+  /// Limits of validate(): the sum of every size in the chain and the sum of every time. They
+  /// keep the planner's arithmetic exact: sums of sizes alive together never overflow int64 and
+  /// a schedule's time is never infinite.
+  static constexpr int64_t kMaxTotalBytes = int64_t{1} << 60;  // 1 EiB
+  static constexpr double kMaxTotalTime = 1e200;
+
   /// Throws std::invalid_argument (message prefixed "ckpt::plan::Chain::validate") when the
-  /// chain is empty, a time is negative or not finite, a size is negative, or a saved_bytes is
-  /// smaller than the stage's output_bytes.
+  /// chain is empty, a time is negative or not finite, a size is negative, a saved_bytes is
+  /// smaller than the stage's output_bytes, or the totals exceed kMaxTotalBytes or kMaxTotalTime.
   void validate() const;
 };
 

@@ -64,7 +64,16 @@ struct OptimalOptions {
   /// loss in between for the last stage (the Revolve / automatic-differentiation model); for
   /// comparisons and tests. Default: false
   bool forward_all_only_before_backward = false;
+  /// The most memory the program may allocate for its tables, checked before any work
+  /// (optimal_table_bytes); a larger problem throws std::length_error with the estimate.
+  /// Default: 1 GiB
+  int64_t max_table_bytes = int64_t{1} << 30;
 };
+
+/// The bytes of the tables OptimalTable allocates for a chain of `stages` stages and `slots`
+/// slots: (L+1)(L+2)/2 * (slots+1) doubles and (L+1)^2 entries of the minimum-budget program.
+/// Saturates at INT64_MAX. Building takes O(L^3 * slots) time on top.
+int64_t optimal_table_bytes(int stages, int slots);
 
 /// rotor's dynamic program (docs/memory-model.md, "The optimal solver"), built once for a
 /// chain and a maximum budget; it then answers any budget up to that maximum without
@@ -81,7 +90,8 @@ class OptimalTable {
  public:
   /// Builds the table: O(slots * L^3 * options) time, O(slots * L^2) memory. Throws
   /// std::invalid_argument if the chain is invalid, options.slots < 1, or max_budget_bytes
-  /// is smaller than the chain's input_bytes.
+  /// is smaller than the chain's input_bytes, and std::length_error, before allocating, when
+  /// optimal_table_bytes exceeds options.max_table_bytes.
   OptimalTable(const Chain& chain, int64_t max_budget_bytes, const OptimalOptions& options = {});
 
   /// The fastest persistent schedule whose simulated peak is at most `budget_bytes`, or
@@ -136,7 +146,7 @@ std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
                                       const OptimalOptions& options = {});
 
 /// The smallest budget for which a persistent schedule exists (exact, in bytes; only
-/// `options.forward_all_only_before_backward` matters here).
+/// `options.forward_all_only_before_backward` and `max_table_bytes` matter here).
 int64_t min_feasible_budget_bytes(const Chain& chain, const OptimalOptions& options = {});
 
 /// A persistent schedule whose simulated peak is `min_feasible_budget_bytes(chain, options)`

@@ -87,6 +87,27 @@ bool forward_all_allowed(bool restricted, int length, int i, int l) {
   return !restricted || l == i || (i == length - 1 && l == length);
 }
 
+// Bytes of the min-max program's table and of the budgeted table (0 slots: the first alone).
+double table_bytes(int stages, int slots) {
+  const double n = static_cast<double>(stages) + 1;
+  const double min_memory = n * n * 32;  // sizeof(MinMemory)
+  return min_memory + (slots > 0 ? n * (n + 1) / 2 * (slots + 1.0) * sizeof(double) : 0.0);
+}
+
+// Throws std::length_error before tables of more than options.max_table_bytes are allocated.
+void check_table_size(const char* function, const Chain& chain, int slots,
+                      const OptimalOptions& options) {
+  const double bytes = table_bytes(chain.size(), slots);
+  if (bytes <= static_cast<double>(options.max_table_bytes)) return;
+  throw std::length_error(
+      std::string(function) + ": planning " + std::to_string(chain.size()) + " stages" +
+      (slots > 0 ? " with " + std::to_string(slots) + " slots" : std::string()) + " needs " +
+      std::to_string(static_cast<int64_t>(bytes / 1e6)) +
+      " MB of tables, above options.max_table_bytes (" +
+      std::to_string(options.max_table_bytes / 1000000) +
+      " MB). Use fewer slots, group stages into fewer, larger ones, or raise max_table_bytes.");
+}
+
 // --- The min-max program: the smallest memory of any persistent schedule, exact. ---
 
 struct MinMemory {
@@ -214,6 +235,7 @@ OptimalTable::OptimalTable(const Chain& chain, int64_t max_budget_bytes,
         std::to_string(max_budget_bytes_) +
         ". The input is held for the whole step; pass a budget in bytes that includes it.");
   }
+  check_table_size("ckpt::plan::OptimalTable", chain_, options_.slots, options_);
   const MinMemorySolver min_memory(chain_, options_.forward_all_only_before_backward);
   min_feasible_budget_bytes_ = min_memory.memory();
   min_memory_schedule_ = min_memory.schedule();
@@ -448,13 +470,20 @@ std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
   return OptimalTable(chain, budget_bytes, options).solve(budget_bytes);
 }
 
+int64_t optimal_table_bytes(int stages, int slots) {
+  const double bytes = table_bytes(stages, slots);
+  return bytes < 9.2e18 ? static_cast<int64_t>(bytes) : std::numeric_limits<int64_t>::max();
+}
+
 int64_t min_feasible_budget_bytes(const Chain& chain, const OptimalOptions& options) {
   chain.validate();
+  check_table_size("ckpt::plan::min_feasible_budget_bytes", chain, 0, options);
   return MinMemorySolver(chain, options.forward_all_only_before_backward).memory();
 }
 
 Schedule solve_min_memory(const Chain& chain, const OptimalOptions& options) {
   chain.validate();
+  check_table_size("ckpt::plan::solve_min_memory", chain, 0, options);
   return MinMemorySolver(chain, options.forward_all_only_before_backward).schedule();
 }
 

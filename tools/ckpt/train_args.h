@@ -1,0 +1,53 @@
+#pragma once
+
+// The options of `ckpt train` and their checks, which run before any work starts: sizes in range
+// (with an estimate of the memory they need), writable output paths.
+
+#include <cstdint>
+#include <string>
+
+namespace ckpt {
+namespace cli {
+
+struct TrainArgs {
+  int64_t layers = 8;
+  int64_t width = 128;
+  int64_t heads = 4;
+  int64_t context = 128;
+  int64_t batch = 8;
+  int64_t steps = 60;
+  int64_t threads = 1;
+  std::string strategy = "budget:35%";
+  uint64_t seed = 1234;
+  double lr = 3e-3;
+  double dropout = 0.1;
+  bool untied = false;
+  std::string corpus;
+  std::string plot_path;
+  std::string trace_path;
+  std::string json_path;
+  std::string chain_path;  // where to write the measured chain (the planner's input)
+};
+
+/// What the machine offers; the checks compare the options against it.
+struct MachineLimits {
+  double memory_bytes = 0;  // physical memory
+  int64_t cores = 1;        // hardware threads
+  static MachineLimits of_this_machine();
+};
+
+/// A lower bound of the bytes one step without checkpointing needs (weights, gradients, AdamW
+/// state and the attention and MLP activations autograd keeps), in floating point so that no size
+/// overflows.
+double min_training_bytes(const TrainArgs& args);
+
+/// Throws UsageError naming the option when a size is out of range, the sizes would need more
+/// memory than the machine has (with the estimate), or an output path cannot be written.
+void validate_train_args(const TrainArgs& args, const MachineLimits& machine);
+
+/// Throws UsageError when `path` (the value of `option`) cannot be created or overwritten: its
+/// folder is missing or read-only, or it names a folder. Creates nothing.
+void check_output_path(const std::string& path, const std::string& option);
+
+}  // namespace cli
+}  // namespace ckpt
