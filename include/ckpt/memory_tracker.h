@@ -6,6 +6,21 @@
 
 namespace ckpt {
 
+namespace detail {
+struct ThreadCounter;
+}  // namespace detail
+
+/// Whose allocations a MemoryTracker counts.
+enum class MemoryScope {
+  /// Every thread's (the default).
+  Process,
+  /// Only those the constructing thread makes (CPU only): other threads' work, concurrent
+  /// profiling say, does not move its counts. Blocks it allocated still count down when another
+  /// thread frees them. LibTorch runs a CPU backward pass on the calling thread; scratch buffers
+  /// of intra-op worker threads are not counted.
+  CallingThread,
+};
+
 /// Counts the bytes that live tensors hold on a device.
 ///
 /// On the CPU (the default), the first tracker constructed in a process installs a counting
@@ -28,8 +43,10 @@ namespace ckpt {
 /// ```
 class MemoryTracker {
  public:
-  /// Tracks `device` (CPU by default; an accelerator without an index means index 0).
-  explicit MemoryTracker(c10::Device device = c10::Device(c10::DeviceType::CPU));
+  /// Tracks `device` (CPU by default; an accelerator without an index means index 0), counting
+  /// the allocations of `scope`.
+  explicit MemoryTracker(c10::Device device = c10::Device(c10::DeviceType::CPU),
+                         MemoryScope scope = MemoryScope::Process);
   ~MemoryTracker();
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
@@ -40,7 +57,8 @@ class MemoryTracker {
   /// The device whose memory this tracker counts.
   c10::Device device() const { return device_; }
 
-  /// Bytes allocated on the device and still live (process-wide).
+  /// Bytes allocated on the device and still live: process-wide, or allocated by the tracker's
+  /// thread since it began counting (MemoryScope::CallingThread).
   int64_t current_bytes() const;
   /// High-water mark of `current_bytes()` since construction or the last `reset_peak()`.
   int64_t peak_bytes() const;
@@ -49,7 +67,8 @@ class MemoryTracker {
 
  private:
   c10::Device device_;
-  int slot_ = -1;  // the CPU allocator's peak slot; -1 on an accelerator
+  int slot_ = -1;                            // the CPU allocator's peak slot; -1 on an accelerator
+  detail::ThreadCounter* thread_ = nullptr;  // MemoryScope::CallingThread
 };
 
 }  // namespace ckpt

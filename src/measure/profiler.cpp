@@ -137,9 +137,12 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
               " can't be measured with this LibTorch build (device memory needs LibTorch 2.9 or "
               "later and an accelerator whose allocator keeps statistics). Profile on the CPU, or "
               "plan from a chain measured elsewhere.");
-  // Memory of the sample's device: the counting allocator on the CPU, the caching allocator's
+  // Memory of the sample's device: the counting allocator on the CPU, this thread's allocations
+  // only (threads profiling side by side must not see each other's), the caching allocator's
   // statistics on an accelerator.
-  MemoryTracker tracker(sample_input.device());
+  const c10::Device device = sample_input.device();
+  MemoryTracker tracker(device,
+                        device.is_cpu() ? MemoryScope::CallingThread : MemoryScope::Process);
   // Profiling runs the stages many times: leave the RNG and the buffers as they were.
   const GeneratorStates generators(sample_input.device());
   std::vector<std::shared_ptr<torch::nn::Module>> modules;

@@ -7,6 +7,11 @@
 
 #include "support/support.h"
 
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
 namespace {
 
 using ckpt::test::bit_equal;
@@ -126,6 +131,44 @@ TEST_F(PlannedSequentialTest, CheckpointedStageOptionRunsExactly) {
   for (const auto& op : tight->schedule().ops) uses_option = uses_option || op.option == 1;
   EXPECT_TRUE(uses_option) << ckpt::plan::to_string(tight->schedule());
   expect_step_equals_plain(plain, chain, tight, x);
+}
+
+// Threads planning side by side once measured each other's memory (a process-wide tracker) and
+// failed with "no schedule fits": each profile now counts its own thread's allocations.
+TEST_F(PlannedSequentialTest, ConcurrentPlanningGivesThePlanOfPlanningAlone) {
+  // The budget and every size of the profile (its times vary from run to run).
+  const auto plan_once = [](ckpt::PlannedSequential& planned) {
+    planned->plan(torch::ones({32, 64}));
+    std::vector<int64_t> sizes{planned->budget_bytes(), planned->profile().input_bytes};
+    for (const auto& stage : planned->profile().stages) {
+      sizes.insert(sizes.end(), {stage.output_bytes, stage.saved_bytes, stage.forward_tmp_bytes,
+                                 stage.backward_tmp_bytes});
+    }
+    return sizes;
+  };
+  torch::manual_seed(0);
+  auto alone_model = make_chain(8, 64);
+  ckpt::PlannedSequential alone(alone_model, ckpt::Budget::fraction(0.9));
+  const auto expected = plan_once(alone);
+  std::vector<std::vector<int64_t>> results(8);
+  std::vector<std::string> errors(8);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < results.size(); ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        auto model = make_chain(8, 64);
+        ckpt::PlannedSequential planned(model, ckpt::Budget::fraction(0.9));
+        results[t] = plan_once(planned);
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (size_t t = 0; t < results.size(); ++t) {
+    EXPECT_EQ(errors[t], "") << "thread " << t;
+    EXPECT_EQ(results[t], expected) << "thread " << t;
+  }
 }
 
 TEST_F(PlannedSequentialTest, InfeasibleBudgetNamesTheSmallestFeasibleOne) {

@@ -58,6 +58,56 @@ TEST(MemoryTrackerTest, ThreadSafe) {
   EXPECT_GE(tracker.peak_bytes() - before, 4 * 64);
 }
 
+// Runs `fn` on another thread and waits for it.
+template <class F>
+void on_another_thread(F fn) {
+  std::thread thread(fn);
+  thread.join();
+}
+
+TEST(MemoryTrackerTest, CallingThreadScopeIgnoresOtherThreads) {
+  ckpt::MemoryTracker process;
+  ckpt::MemoryTracker mine(c10::Device(c10::DeviceType::CPU), ckpt::MemoryScope::CallingThread);
+  const int64_t before = mine.current_bytes();
+  const int64_t process_before = process.current_bytes();
+  at::Tensor kept;
+  on_another_thread([&] {
+    kept = torch::empty({1 << 16});  // 256 KiB, still live after the thread ends
+    auto freed = torch::empty({1 << 18});
+  });
+  EXPECT_EQ(mine.current_bytes(), before);
+  EXPECT_EQ(mine.peak_bytes(), before);
+  EXPECT_EQ(process.current_bytes() - process_before, 1 << 18);
+  EXPECT_GE(process.peak_bytes() - process_before, (1 << 18) + (1 << 20));
+
+  auto own = torch::empty({1000});
+  EXPECT_EQ(mine.current_bytes() - before, 4000);
+  EXPECT_EQ(mine.peak_bytes() - before, 4000);
+}
+
+// A block allocated by a counted thread counts down when any thread frees it, even after the
+// tracker is gone.
+TEST(MemoryTrackerTest, CallingThreadScopeCountsFreesOnOtherThreads) {
+  at::Tensor outlives;
+  {
+    ckpt::MemoryTracker mine(c10::Device(c10::DeviceType::CPU), ckpt::MemoryScope::CallingThread);
+    const int64_t before = mine.current_bytes();
+    auto block = torch::empty({1024});
+    outlives = torch::empty({2048});
+    EXPECT_EQ(mine.current_bytes() - before, 4096 + 8192);
+    on_another_thread([moved = std::move(block)]() mutable { moved.reset(); });
+    EXPECT_EQ(mine.current_bytes() - before, 8192);
+    EXPECT_EQ(mine.peak_bytes() - before, 4096 + 8192);
+  }
+  on_another_thread([moved = std::move(outlives)]() mutable { moved.reset(); });
+}
+
+TEST(MemoryTrackerTest, CallingThreadScopeIsForTheCpuOnly) {
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::MemoryTracker(c10::Device(c10::DeviceType::CUDA), ckpt::MemoryScope::CallingThread),
+      "counts CPU allocations only");
+}
+
 TEST(MemoryTrackerTest, ADeviceWhoseMemoryCannotBeMeasuredIsAnError) {
   // The meta device allocates nothing real: a tracker must refuse it rather than report zero.
   const c10::Device meta(c10::DeviceType::Meta);
