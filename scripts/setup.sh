@@ -16,6 +16,9 @@ packages=(
 case "$CKPT_FAMILY" in
   debian) packages+=(libtorch-dev libopenblas0-pthread python3-torch) ;;  # OpenBLAS: 20x faster
 esac
+# What one script needs beyond the build (scripts/fuzz.sh: clang and its libFuzzer runtime).
+read -r -a extra <<< "${CKPT_SETUP_EXTRA:-}"
+packages+=("${extra[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
