@@ -80,8 +80,7 @@ plan::Schedule solve(const plan::Chain& chain, const std::string& solver, int64_
   TORCH_CHECK(budget_bytes >= minimum, "ckpt::PlannedSequential: no schedule fits in a budget of ",
               budget_bytes, " bytes; the smallest feasible budget for this chain is ", minimum,
               " bytes. Raise the budget.");
-  const plan::OptimalTable table(chain, budget_bytes, options);
-  auto schedule = table.solve(budget_bytes);
+  auto schedule = plan::solve_optimal(chain, budget_bytes, options);
   TORCH_INTERNAL_ASSERT(schedule.has_value(), "no schedule at a budget above the minimum");
   return *schedule;
 }

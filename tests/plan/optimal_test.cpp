@@ -167,7 +167,10 @@ INSTANTIATE_TEST_SUITE_P(Sweep, OptimalBruteForceTest,
 // `--slots 20000000` on 8 stages once took 35 s and 7.2 GB: now refused before allocating.
 TEST(OptimalSolverTest, RefusesTablesAboveTheLimitBeforeAllocating) {
   const Chain chain = homogeneous_chain(8, 1.0, 2.0, 100, 100);
-  EXPECT_EQ(optimal_table_bytes(8, 500), 9 * 9 * 32 + 9 * 10 / 2 * 501 * 8);
+  EXPECT_EQ(optimal_table_bytes(8), 9 * 9 * 48 + 9 * 10 / 2 * 501 * 8);
+  OptimalOptions grouped;
+  grouped.slots = 100;
+  EXPECT_EQ(optimal_table_bytes(1000, grouped), 1001 * 1001 * 48 + 129 * 130 / 2 * 101 * 8);
   OptimalOptions options;
   options.slots = 20000000;
   try {
@@ -182,7 +185,7 @@ TEST(OptimalSolverTest, RefusesTablesAboveTheLimitBeforeAllocating) {
   options.max_table_bytes = 1000;
   EXPECT_THROW(min_feasible_budget_bytes(chain, options), std::length_error);
   EXPECT_THROW(solve_min_memory(chain, options), std::length_error);
-  options.max_table_bytes = optimal_table_bytes(8, 500);
+  options.max_table_bytes = optimal_table_bytes(8, options);
   EXPECT_TRUE(solve_optimal(chain, 10000, options).has_value());
 }
 

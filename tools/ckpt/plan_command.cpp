@@ -172,7 +172,9 @@ int run_plan(const PlanArgs& args, std::ostream& out) {
     throw UsageError("--slots must be a positive integer, but got " + std::to_string(args.slots));
   }
   const plan::Chain chain = load_chain_file(args.chain_path);
-  const int64_t table_bytes = plan::optimal_table_bytes(chain.size(), args.slots);
+  plan::OptimalOptions optimal_options;
+  optimal_options.slots = args.slots;
+  const int64_t table_bytes = plan::optimal_table_bytes(chain.size(), optimal_options);
   if (split_solver(args.solver).first == "optimal" &&
       table_bytes > plan::OptimalOptions{}.max_table_bytes) {
     throw UsageError("--slots " + std::to_string(args.slots) + ": the optimal solver needs " +
@@ -224,8 +226,16 @@ int run_plan(const PlanArgs& args, std::ostream& out) {
   char line[256];
   out << "chain:      " << args.chain_path << " (" << chain.size() << " stages, input "
       << format_bytes(chain.input_bytes) << ")\n";
-  out << "solver:     " << outcome.solver
-      << (outcome.solver == "optimal" ? " (" + std::to_string(args.slots) + " slots)" : "") << "\n";
+  std::string detail;
+  if (outcome.solver == "optimal") {
+    detail = " (" + std::to_string(args.slots) + " slots";
+    if (chain.size() > optimal_options.max_exact_stages) {
+      detail += ", stages in " + std::to_string(optimal_options.groups) +
+                " groups: see docs/memory-model.md, \"Long chains\"";
+    }
+    detail += ")";
+  }
+  out << "solver:     " << outcome.solver << detail << "\n";
   out << "budget:     " << format_bytes(budget_bytes) << " (" << budget_bytes << " bytes)\n";
   out << "feasible:   " << (outcome.feasible ? "yes" : "no") << "\n";
   if (has_schedule) {

@@ -68,12 +68,18 @@ struct OptimalOptions {
   /// (optimal_table_bytes); a larger problem throws std::length_error with the estimate.
   /// Default: 1 GiB
   int64_t max_table_bytes = int64_t{1} << 30;
+  /// solve_optimal solves chains of more stages with solve_grouped in `groups` groups: the exact
+  /// table takes O(L^3 * slots) time (about 1.5 s for 200 stages). Default: 200
+  int max_exact_stages = 200;
+  /// Groups of solve_optimal's long chains. Default: 128
+  int groups = 128;
 };
 
-/// The bytes of the tables OptimalTable allocates for a chain of `stages` stages and `slots`
-/// slots: (L+1)(L+2)/2 * (slots+1) doubles and (L+1)^2 entries of the minimum-budget program.
-/// Saturates at INT64_MAX. Building takes O(L^3 * slots) time on top.
-int64_t optimal_table_bytes(int stages, int slots);
+/// The bytes of the tables the optimal solver allocates for a chain of `stages` stages with
+/// `options`: (n+1)(n+2)/2 * (slots+1) doubles for n = stages, or n = options.groups past
+/// options.max_exact_stages, and (stages+1)^2 entries of 48 bytes for the minimum-budget program.
+/// Saturates at INT64_MAX.
+int64_t optimal_table_bytes(int stages, const OptimalOptions& options = {});
 
 /// rotor's dynamic program (docs/memory-model.md, "The optimal solver"), built once for a
 /// chain and a maximum budget; it then answers any budget up to that maximum without
@@ -139,10 +145,24 @@ class OptimalTable {
 
 /// The fastest persistent schedule (rotor's optimum, up to the slot discretisation) whose
 /// simulated peak is at most `budget_bytes`, or std::nullopt when none exists. Equivalent to
-/// `OptimalTable(chain, budget_bytes, options).solve(budget_bytes)`. Throws
-/// std::invalid_argument if the chain is invalid, options.slots < 1, or budget_bytes is
-/// smaller than the chain's input_bytes.
+/// `OptimalTable(chain, budget_bytes, options).solve(budget_bytes)` for chains of up to
+/// options.max_exact_stages stages, and to `solve_grouped(chain, budget_bytes, options.groups,
+/// options)` past that. Throws std::invalid_argument if the chain is invalid, options.slots < 1,
+/// or budget_bytes is smaller than the chain's input_bytes.
 std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
+                                      const OptimalOptions& options = {});
+
+/// For chains too long for the exact table: stages are grouped into `groups` runs of consecutive
+/// stages (lengths differing by at most one), the table is solved on the chain of groups, and
+/// its schedules are expanded back to the stages (a group's Fck is Fck of its first stage and Fn
+/// of the others, its Fall and B those of every member) and simulated on the real chain. Returns
+/// the fastest expansion whose simulated peak is at most `budget_bytes`, or the minimum-memory
+/// schedule when that is faster or nothing else fits; std::nullopt below
+/// min_feasible_budget_bytes. Optimal among schedules that keep activations only at group borders
+/// and use option 0, up to the estimated group sizes; the result always fits the budget.
+/// O(L^3 + groups^3 * slots) time. Throws std::invalid_argument as solve_optimal does, or when
+/// groups < 1.
+std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, int groups,
                                       const OptimalOptions& options = {});
 
 /// The smallest budget for which a persistent schedule exists (exact, in bytes; only

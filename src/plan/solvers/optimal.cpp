@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ckpt/plan/solvers.h"
+#include "min_memory.h"
 
 namespace ckpt {
 namespace plan {
@@ -90,7 +91,7 @@ bool forward_all_allowed(bool restricted, int length, int i, int l) {
 // Bytes of the min-max program's table and of the budgeted table (0 slots: the first alone).
 double table_bytes(int stages, int slots) {
   const double n = static_cast<double>(stages) + 1;
-  const double min_memory = n * n * 32;  // sizeof(MinMemory)
+  const double min_memory = n * n * 48;  // a MinMemory and a Cost per entry
   return min_memory + (slots > 0 ? n * (n + 1) / 2 * (slots + 1.0) * sizeof(double) : 0.0);
 }
 
@@ -124,7 +125,8 @@ class MinMemorySolver {
       : c_(make_costs(chain, [](int64_t bytes) { return bytes; })),
         restricted_(restricted),
         n_(static_cast<size_t>(c_.length + 1)),
-        table_(n_ * n_) {
+        table_(n_ * n_),
+        by_end_(n_ * n_) {
     const int length = c_.length;
     for (int d = 0; d <= length; ++d) {
       for (int i = 0; i + d <= length; ++i) solve(i, i + d);
@@ -176,7 +178,7 @@ class MinMemorySolver {
         const auto sj = static_cast<size_t>(j);
         prefix += c_.time[sj - 1];
         if (j - 1 > i) forward = std::max(forward, c_.x[sj - 1] + c_.x[sj] + c_.tmp[sj - 1]);
-        const MinMemory& right = at(j, l);
+        const Cost& right = by_end_[static_cast<size_t>(l) * n_ + sj];  // at(j, l), contiguous
         const MinMemory& left = at(i, j - 1);
         MinMemory candidate{std::max({c_.x[static_cast<size_t>(l + 1)] + forward,
                                       c_.x[sj] + right.memory, left.memory}),
@@ -185,6 +187,7 @@ class MinMemorySolver {
       }
     }
     table_[static_cast<size_t>(i) * n_ + static_cast<size_t>(l)] = best;
+    by_end_[static_cast<size_t>(l) * n_ + static_cast<size_t>(i)] = {best.memory, best.time};
   }
 
   void emit(int i, int l, std::vector<Op>& ops) const {
@@ -203,10 +206,17 @@ class MinMemorySolver {
     }
   }
 
+  // The entries (j, l) of one l side by side: the split loop walks them by j.
+  struct Cost {
+    int64_t memory = 0;
+    double time = 0.0;
+  };
+
   Costs c_;
   bool restricted_;
   size_t n_;
   std::vector<MinMemory> table_;
+  std::vector<Cost> by_end_;
 };
 
 }  // namespace
@@ -467,25 +477,38 @@ std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
         std::to_string(budget_bytes) +
         ". The input is held for the whole step; pass a budget in bytes that includes it.");
   }
+  if (chain.size() > options.max_exact_stages) {
+    return solve_grouped(chain, budget_bytes, options.groups, options);
+  }
   return OptimalTable(chain, budget_bytes, options).solve(budget_bytes);
 }
 
-int64_t optimal_table_bytes(int stages, int slots) {
-  const double bytes = table_bytes(stages, slots);
+int64_t optimal_table_bytes(int stages, const OptimalOptions& options) {
+  const int table_stages = stages > options.max_exact_stages ? options.groups : stages;
+  const double bytes = table_bytes(stages, 0) + table_bytes(table_stages, options.slots) -
+                       table_bytes(table_stages, 0);
   return bytes < 9.2e18 ? static_cast<int64_t>(bytes) : std::numeric_limits<int64_t>::max();
 }
 
 int64_t min_feasible_budget_bytes(const Chain& chain, const OptimalOptions& options) {
-  chain.validate();
-  check_table_size("ckpt::plan::min_feasible_budget_bytes", chain, 0, options);
-  return MinMemorySolver(chain, options.forward_all_only_before_backward).memory();
+  return detail::min_memory_plan("ckpt::plan::min_feasible_budget_bytes", chain, options).memory;
 }
 
 Schedule solve_min_memory(const Chain& chain, const OptimalOptions& options) {
-  chain.validate();
-  check_table_size("ckpt::plan::solve_min_memory", chain, 0, options);
-  return MinMemorySolver(chain, options.forward_all_only_before_backward).schedule();
+  return detail::min_memory_plan("ckpt::plan::solve_min_memory", chain, options).schedule;
 }
+
+namespace detail {
+
+MinMemoryPlan min_memory_plan(const char* function, const Chain& chain,
+                              const OptimalOptions& options) {
+  chain.validate();
+  check_table_size(function, chain, 0, options);
+  const MinMemorySolver solver(chain, options.forward_all_only_before_backward);
+  return {solver.memory(), solver.schedule()};
+}
+
+}  // namespace detail
 
 }  // namespace plan
 }  // namespace ckpt

@@ -1,0 +1,132 @@
+// Long chains: rotor's table on a chain of groups of consecutive stages, expanded back to the
+// stages and checked on the real chain by the simulator. docs/memory-model.md, "Long chains".
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/plan/simulator.h"
+#include "ckpt/plan/solvers.h"
+#include "min_memory.h"
+
+namespace ckpt {
+namespace plan {
+namespace {
+
+// Group g holds stages [first[g], first[g + 1]).
+std::vector<int> group_borders(int length, int groups) {
+  std::vector<int> first;
+  for (int g = 0; g <= groups; ++g) {
+    first.push_back(static_cast<int>(static_cast<int64_t>(length) * g / groups));
+  }
+  return first;
+}
+
+// A group as one stage with full storage option 0 of each member. Its sizes estimate the
+// members' peaks (the simulator checks the expanded schedule exactly, so they need not be exact);
+// a group of one stage is that stage.
+Stage group_stage(const Chain& chain, int first, int end) {
+  Stage group;
+  int64_t saved = 0, forward_tmp = 0, forward_all_tmp = 0, backward_tmp = 0;
+  const int64_t outer = chain.activation_bytes(first) + chain.activation_bytes(end);
+  for (int i = first; i < end; ++i) {
+    const Stage& stage = chain.stages[static_cast<size_t>(i)];
+    const StorageOption full = stage.option(0);
+    group.forward_time += stage.forward_time;
+    group.backward_time += full.backward_time;
+    saved += full.saved_bytes;
+    // A no-grad forward holds x_i, x_{i+1} and the stage's temporaries.
+    forward_tmp = std::max(forward_tmp, chain.activation_bytes(i) + stage.output_bytes +
+                                            stage.forward_tmp_bytes - outer);
+    forward_all_tmp = std::max(forward_all_tmp, full.forward_tmp_bytes);
+    // Inside the group, the backward also holds the gradient of the member's input.
+    const int64_t inner_gradient = i > first ? chain.activation_bytes(i) : 0;
+    backward_tmp = std::max(backward_tmp, full.backward_tmp_bytes + inner_gradient);
+  }
+  group.output_bytes = chain.activation_bytes(end);
+  group.saved_bytes = std::max(saved, group.output_bytes);
+  group.forward_tmp_bytes = std::max<int64_t>(forward_tmp, 0);
+  group.forward_all_tmp_bytes = forward_all_tmp;
+  group.backward_tmp_bytes = backward_tmp;
+  return group;
+}
+
+Schedule expand(const Schedule& grouped, const std::vector<int>& first, int length) {
+  Schedule schedule;
+  for (const Op& op : grouped.ops) {
+    if (op.kind == OpKind::Loss) {
+      schedule.ops.push_back({OpKind::Loss, length, 0});
+      continue;
+    }
+    const int begin = first[static_cast<size_t>(op.stage)];
+    const int end = first[static_cast<size_t>(op.stage) + 1];
+    switch (op.kind) {
+      case OpKind::ForwardNone:
+      case OpKind::ForwardInput:
+        schedule.ops.push_back({op.kind, begin, 0});
+        for (int i = begin + 1; i < end; ++i) schedule.ops.push_back({OpKind::ForwardNone, i, 0});
+        break;
+      case OpKind::ForwardAll:
+        for (int i = begin; i < end; ++i) schedule.ops.push_back({OpKind::ForwardAll, i, 0});
+        break;
+      default:
+        for (int i = end - 1; i >= begin; --i) schedule.ops.push_back({OpKind::Backward, i, 0});
+    }
+  }
+  return schedule;
+}
+
+}  // namespace
+
+std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, int groups,
+                                      const OptimalOptions& options) {
+  chain.validate();
+  if (groups < 1) {
+    throw std::invalid_argument("ckpt::plan::solve_grouped: groups must be at least 1, but got " +
+                                std::to_string(groups) + ".");
+  }
+  groups = std::min(groups, chain.size());
+  detail::MinMemoryPlan smallest =
+      detail::min_memory_plan("ckpt::plan::solve_grouped", chain, options);
+  if (budget_bytes < smallest.memory) return std::nullopt;
+  // The two ends first: storing everything, when it fits, is the fastest option-0 schedule.
+  std::optional<Schedule> best = solve_no_checkpoint(chain);
+  const SimulationResult all = simulate(chain, *best);
+  if (all.valid && all.peak_bytes <= budget_bytes) return best;
+  best = std::move(smallest.schedule);
+  double best_time = simulate(chain, *best).time;
+
+  const std::vector<int> first = group_borders(chain.size(), groups);
+  Chain grouped;
+  grouped.input_bytes = chain.input_bytes;
+  for (int g = 0; g < groups; ++g) {
+    grouped.stages.push_back(
+        group_stage(chain, first[static_cast<size_t>(g)], first[static_cast<size_t>(g) + 1]));
+  }
+  // The group sizes are estimates: ask the grouped table for smaller budgets until the expanded
+  // schedule fits on the real chain (the fastest that fits, with the largest budget that does).
+  const OptimalTable table(grouped, std::max(budget_bytes, grouped.input_bytes), options);
+  int64_t low = table.min_feasible_budget_bytes(), high = budget_bytes;
+  while (low <= high) {
+    const int64_t asked = low + (high - low) / 2;
+    const std::optional<Schedule> schedule = table.solve(asked);
+    const SimulationResult result =
+        schedule ? simulate(chain, expand(*schedule, first, chain.size())) : SimulationResult{};
+    if (result.valid && result.peak_bytes <= budget_bytes) {
+      if (result.time < best_time) {
+        best = expand(*schedule, first, chain.size());
+        best_time = result.time;
+      }
+      low = asked + 1;
+    } else {
+      high = asked - 1;
+    }
+  }
+  return best;
+}
+
+}  // namespace plan
+}  // namespace ckpt
