@@ -43,8 +43,21 @@ decltype(auto) apply_forward(Fn& fn, Tuple& args) {
       args);
 }
 
+// The parameters of a module called as the function (a ModuleHolder or a shared_ptr to one);
+// none for other callables.
+template <class Fn>
+auto module_parameters(int /*prefer*/, const Fn& fn) -> decltype(fn->parameters()) {
+  return fn->parameters();
+}
+template <class Fn>
+std::vector<at::Tensor> module_parameters(long /*fallback*/, const Fn& /*fn*/) {
+  return {};
+}
+
+// `parameters`: what the region checks for in-place changes besides the tensor arguments.
 template <class F, class... Args>
-auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
+auto checkpoint_impl(const CheckpointOptions& options, const std::vector<at::Tensor>& parameters,
+                     F&& fn, Args&&... args) {
   using Fn = std::decay_t<F>;
   using Result = std::decay_t<decltype(invoke_forward(0, std::declval<Fn&>(),
                                                       std::declval<std::decay_t<Args>&>()...))>;
@@ -62,7 +75,7 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
   std::vector<at::Tensor> inputs;
   collect_tensors(call->args, inputs);
 
-  Region region(options, std::move(inputs));
+  Region region(options, std::move(inputs), parameters);
   Result result = [&]() -> Result {
     at::AutoGradMode mode(region.forward_grad_mode());
     return apply_forward(call->fn, call->args);
@@ -109,8 +122,8 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
 template <class F, class... Args,
           std::enable_if_t<!std::is_same_v<std::decay_t<F>, CheckpointOptions>, int> = 0>
 auto checkpoint(F&& fn, Args&&... args) {
-  return detail::checkpoint_impl(CheckpointOptions{}, std::forward<F>(fn),
-                                 std::forward<Args>(args)...);
+  return detail::checkpoint_impl(CheckpointOptions{}, detail::module_parameters(0, fn),
+                                 std::forward<F>(fn), std::forward<Args>(args)...);
 }
 
 /// Runs `fn(args...)` as a checkpointed region with the given options.
@@ -121,7 +134,8 @@ auto checkpoint(F&& fn, Args&&... args) {
 /// ```
 template <class F, class... Args>
 auto checkpoint(const CheckpointOptions& options, F&& fn, Args&&... args) {
-  return detail::checkpoint_impl(options, std::forward<F>(fn), std::forward<Args>(args)...);
+  return detail::checkpoint_impl(options, detail::module_parameters(0, fn), std::forward<F>(fn),
+                                 std::forward<Args>(args)...);
 }
 
 }  // namespace ckpt

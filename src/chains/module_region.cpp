@@ -4,6 +4,9 @@
 
 #include "buffer_guard.h"
 
+#include <utility>
+#include <vector>
+
 namespace ckpt {
 namespace detail {
 
@@ -12,9 +15,14 @@ at::Tensor checkpoint_modules(const CheckpointOptions& options,
                               std::function<at::Tensor(const at::Tensor&)> fn,
                               const at::Tensor& input) {
   // The region finds its border from the graph, so modules may read tensors they do not own
-  // (a head tied to an embedding's weight, say).
-  return checkpoint(
-      options,
+  // (a head tied to an embedding's weight, say). Their own parameters it checks for in-place
+  // changes in both variants.
+  std::vector<at::Tensor> parameters;
+  for (const auto& module : modules) {
+    for (const auto& parameter : module->parameters()) parameters.push_back(parameter);
+  }
+  return checkpoint_impl(
+      options, parameters,
       [fn = std::move(fn), modules](const at::Tensor& x) {
         const BufferGuard buffers(modules);  // active only during the recompute
         return fn(x);

@@ -103,11 +103,13 @@ void RegionState::release() {
   rng.reset();
 }
 
-Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs)
+Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
+               const std::vector<at::Tensor>& parameters)
     : state_(std::make_shared<RegionState>()) {
   RegionState& state = *state_;
   state.options = options;
   for (const auto& input : inputs) state.versions.add(input);
+  for (const auto& parameter : parameters) state.versions.add(parameter);
   const c10::DeviceType device_type = infer_device_type(inputs);
   if (options.preserve_rng_state()) state.rng.emplace(inputs, device_type);
   state.autocast = AutocastState::current(device_type);

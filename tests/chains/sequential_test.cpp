@@ -130,14 +130,18 @@ TEST(SequentialVariantsTest, AutogradGradOnlyWithNonReentrant) {
 }
 
 TEST(SequentialInPlaceTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
-  auto model = six_layers();
-  auto x = torch::randn({1, 100}, torch::requires_grad());
-  auto out = ckpt::checkpoint_sequential(model, 3, x).sum();
-  {
-    torch::NoGradGuard no_grad;
-    model->parameters().front().add_(1);
+  for (const bool reentrant : {false, true}) {
+    auto model = six_layers();
+    auto x = torch::randn({1, 100}, torch::requires_grad());
+    auto out =
+        ckpt::checkpoint_sequential(model, 3, x, ckpt::CheckpointOptions().use_reentrant(reentrant))
+            .sum();
+    {
+      torch::NoGradGuard no_grad;
+      model->parameters().front().add_(1);
+    }
+    CKPT_EXPECT_THROWS_WITH(out.backward(), "a parameter of the region");
   }
-  CKPT_EXPECT_THROWS_WITH(out.backward(), "a parameter of the region");
 }
 
 TEST(SequentialArgumentsTest, RejectsBadSegmentCountsAndEmptyChains) {

@@ -27,7 +27,11 @@ class RegionMarker;
 /// mode set to `forward_grad_mode()`, then pass the result's tensors to `finish`.
 class Region {
  public:
-  Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs);
+  /// `parameters`: tensors the function reads besides its inputs (a module's parameters), checked
+  /// for in-place changes before a recompute. The non-reentrant variant also finds the
+  /// parameters at its border by itself; the reentrant one records no graph to find them in.
+  Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
+         const std::vector<at::Tensor>& parameters = {});
   ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
