@@ -405,7 +405,9 @@ TEST(Cli, TrainCtrlCStopsWithSummary) {
   const Result result =
       run("train --layers 2 --width 32 --heads 2 --context 16 --batch 4 --steps 1000000 "
           "--threads 1 --strategy sequential:2",
-          "timeout --preserve-status -s INT 4");
+          // --foreground: one SIGINT to ckpt alone, as a terminal's Ctrl-C sends; without it
+          // timeout signals its process group too, and a second SIGINT ends ckpt at once.
+          "timeout --foreground --preserve-status -s INT 4");
   EXPECT_EQ(result.code, 130) << result.err;
   EXPECT_NE(result.err.find("interrupted"), std::string::npos) << result.err;
   EXPECT_NE(result.out.find("no checkpoint"), std::string::npos) << result.out;
