@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace ckpt {
@@ -63,7 +64,8 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
                                 "TiB (powers of 1024)");
   }
   if (unit.empty() && number.find('.') != std::string::npos) throw bad();
-  const double value = std::stod(number) * scale;
+  // strtod, not stod: a number beyond double's range is +inf here (refused below), not a throw.
+  const double value = std::strtod(number.c_str(), nullptr) * scale;
   if (!(value >= 1) || value > 9.0e18) throw bad();
   return static_cast<int64_t>(std::llround(value));
 }

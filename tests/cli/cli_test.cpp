@@ -230,7 +230,10 @@ TEST(Cli, PlanMissingChainFileFails) {
 }
 
 TEST(Cli, PlanRejectsBadBudget) {
-  for (const char* budget : {"12XB", "-5", "lots", "0"}) {
+  // 400 digits: beyond a double's range, once an uncaught std::out_of_range (found by fuzzing).
+  const std::string huge(400, '4');
+  for (const std::string& budget :
+       {std::string("12XB"), std::string("-5"), std::string("lots"), std::string("0"), huge}) {
     const Result result = run("plan --chain " + chain("homogeneous.json") + " --budget=" + budget);
     EXPECT_EQ(result.code, 2) << budget;
     EXPECT_NE(result.err.find("--budget"), std::string::npos) << result.err;
