@@ -109,6 +109,15 @@ void check_planner(const Chain& chain, FuzzedDataProvider& data) {
     require(result.valid && result.peak_bytes <= budget, "a schedule fits its budget");
     require(std::isfinite(result.time), "a schedule's time is finite");
   }
+  // The long-chain solver on a few groups: a schedule for every feasible budget, and it fits.
+  const int64_t grouped_budget = data.ConsumeIntegralInRange<int64_t>(min_budget, top);
+  const auto grouped =
+      solve_grouped(chain, grouped_budget, data.ConsumeIntegralInRange(1, chain.size()), options);
+  require(grouped.has_value(), "the grouped solver answers every feasible budget");
+  const SimulationResult grouped_result = simulate(chain, *grouped);
+  require(grouped_result.valid && grouped_result.peak_bytes <= grouped_budget,
+          "a grouped schedule fits its budget");
+
   const int64_t low = data.ConsumeIntegralInRange<int64_t>(min_budget, top);
   const int64_t high = data.ConsumeIntegralInRange<int64_t>(low, top);
   require(table.time(high) <= table.time(low), "more memory is never slower");

@@ -106,6 +106,13 @@ std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, 
     grouped.stages.push_back(
         group_stage(chain, first[static_cast<size_t>(g)], first[static_cast<size_t>(g) + 1]));
   }
+  // Group sizes count some activations twice, so near Chain::kMaxTotalBytes the grouped chain
+  // can pass the limit: the two exact ends are the answer then.
+  try {
+    grouped.validate();
+  } catch (const std::invalid_argument&) {
+    return best;
+  }
   // The group sizes are estimates: ask the grouped table for smaller budgets until the expanded
   // schedule fits on the real chain (the fastest that fits, with the largest budget that does).
   const OptimalTable table(grouped, std::max(budget_bytes, grouped.input_bytes), options);
