@@ -93,11 +93,11 @@ std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, 
       detail::min_memory_plan("ckpt::plan::solve_grouped", chain, options);
   if (budget_bytes < smallest.memory) return std::nullopt;
   // The two ends first: storing everything, when it fits, is the fastest option-0 schedule.
-  std::optional<Schedule> best = solve_no_checkpoint(chain);
-  const SimulationResult all = simulate(chain, *best);
-  if (all.valid && all.peak_bytes <= budget_bytes) return best;
-  best = std::move(smallest.schedule);
-  double best_time = simulate(chain, *best).time;
+  Schedule all = solve_no_checkpoint(chain);
+  const SimulationResult all_result = simulate(chain, all);
+  if (all_result.valid && all_result.peak_bytes <= budget_bytes) return all;
+  Schedule best = std::move(smallest.schedule);
+  double best_time = simulate(chain, best).time;
 
   const std::vector<int> first = group_borders(chain.size(), groups);
   Chain grouped;
