@@ -43,26 +43,52 @@ decltype(auto) apply_forward(Fn& fn, Tuple& args) {
       args);
 }
 
-// The parameters of a module called as the function (a ModuleHolder or a shared_ptr to one);
-// none for other callables.
-template <class Fn>
-auto module_parameters(int /*prefer*/, const Fn& fn) -> decltype(fn->parameters()) {
-  return fn->parameters();
+// Modules among the function and its arguments: a module holder (`torch::nn::Linear`,
+// `torch::nn::AnyModule`, ...) or a `std::shared_ptr` to a module. Modules a lambda captures are
+// out of sight; pass them as arguments to have their buffers restored.
+template <class T>
+auto add_module(int /*prefer*/, const T& value, ModuleList& out)
+    -> decltype(value.is_empty(), std::shared_ptr<torch::nn::Module>(value.ptr()), void()) {
+  if (!value.is_empty()) out.push_back(value.ptr());
 }
-template <class Fn>
-std::vector<at::Tensor> module_parameters(long /*fallback*/, const Fn& /*fn*/) {
-  return {};
+template <
+    class T,
+    std::enable_if_t<std::is_convertible_v<std::shared_ptr<T>, std::shared_ptr<torch::nn::Module>>,
+                     int> = 0>
+void add_module(int /*prefer*/, const std::shared_ptr<T>& value, ModuleList& out) {
+  if (value) out.push_back(value);
+}
+template <class T>
+void add_module(long /*fallback*/, const T& /*value*/, ModuleList& /*out*/) {}
+template <class T, class A>
+void add_module(int /*prefer*/, const std::vector<T, A>& values, ModuleList& out) {
+  for (const auto& value : values) add_module(0, value, out);
 }
 
-// `parameters`: what the region checks for in-place changes besides the tensor arguments.
 template <class F, class... Args>
-auto checkpoint_impl(const CheckpointOptions& options, const std::vector<at::Tensor>& parameters,
-                     F&& fn, Args&&... args) {
+ModuleList modules_of(const F& fn, const Args&... args) {
+  ModuleList modules;
+  add_module(0, fn, modules);
+  (add_module(0, args, modules), ...);
+  return modules;
+}
+
+template <class T>
+constexpr bool kIsOptions = std::is_same_v<std::decay_t<T>, CheckpointOptions>;
+template <class T>
+constexpr bool kAlwaysFalse = false;
+
+template <class F, class... Args>
+auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
   using Fn = std::decay_t<F>;
   using Result = std::decay_t<decltype(invoke_forward(0, std::declval<Fn&>(),
                                                       std::declval<std::decay_t<Args>&>()...))>;
   static_assert(!std::is_void_v<Result>,
                 "ckpt::checkpoint: the checkpointed function must return its outputs");
+  static_assert(TensorTraversal<Result>::kHasTensors || IsPlainValue<Result>::value,
+                "ckpt::checkpoint: the function's result holds no tensor ckpt can see. For a "
+                "struct of your own, define `auto ckpt_tensors(YourType& v) { return "
+                "std::tie(v.a, v.b); }` next to it (see docs/user-types.md).");
 
   if (!at::GradMode::is_enabled()) {
     // Nothing will be differentiated, so there is nothing to save memory on.
@@ -75,7 +101,12 @@ auto checkpoint_impl(const CheckpointOptions& options, const std::vector<at::Ten
   std::vector<at::Tensor> inputs;
   collect_tensors(call->args, inputs);
 
-  Region region(options, std::move(inputs), parameters);
+  static CallSite site;
+  Region region(
+      options, std::move(inputs),
+      std::apply([&](const auto&... unpacked) { return modules_of(call->fn, unpacked...); },
+                 call->args),
+      site);
   Result result = [&]() -> Result {
     at::AutoGradMode mode(region.forward_grad_mode());
     return apply_forward(call->fn, call->args);
@@ -101,6 +132,18 @@ auto checkpoint_impl(const CheckpointOptions& options, const std::vector<at::Ten
   return result;
 }
 
+// Options among the arguments stop the call here, before anything else is instantiated, so that
+// the compiler shows one short message instead of a template backtrace.
+template <class F, class... Args>
+auto checkpoint_checked(const CheckpointOptions& options, F&& fn, Args&&... args) {
+  if constexpr ((kIsOptions<Args> || ...)) {
+    static_assert(kAlwaysFalse<F>,
+                  "ckpt::checkpoint: CheckpointOptions go first: checkpoint(options, fn, args...)");
+  } else {
+    return checkpoint_impl(options, std::forward<F>(fn), std::forward<Args>(args)...);
+  }
+}
+
 }  // namespace detail
 #endif  // DOXYGEN_SHOULD_SKIP_THIS
 
@@ -112,6 +155,12 @@ auto checkpoint_impl(const CheckpointOptions& options, const std::vector<at::Ten
 /// any other value, which passes through. `fn` and the arguments are copied and kept until the
 /// backward pass: a lambda that captures by reference must outlive it.
 ///
+/// When `fn` is a module (a holder such as `torch::nn::Sequential`, or a `std::shared_ptr` to
+/// one), or modules are among the arguments, the recompute leaves their buffers as the forward
+/// left them: BatchNorm's running statistics move once per step. A result of a struct type of
+/// your own needs a `ckpt_tensors` function (see docs/user-types.md); without one the call does
+/// not compile.
+///
 /// Under `torch::NoGradGuard` it simply runs `fn`. See `CheckpointOptions` for the variants and
 /// https://pytorch.org/docs/stable/checkpoint.html for the Python original.
 ///
@@ -122,8 +171,8 @@ auto checkpoint_impl(const CheckpointOptions& options, const std::vector<at::Ten
 template <class F, class... Args,
           std::enable_if_t<!std::is_same_v<std::decay_t<F>, CheckpointOptions>, int> = 0>
 auto checkpoint(F&& fn, Args&&... args) {
-  return detail::checkpoint_impl(CheckpointOptions{}, detail::module_parameters(0, fn),
-                                 std::forward<F>(fn), std::forward<Args>(args)...);
+  return detail::checkpoint_checked(CheckpointOptions{}, std::forward<F>(fn),
+                                    std::forward<Args>(args)...);
 }
 
 /// Runs `fn(args...)` as a checkpointed region with the given options.
@@ -134,8 +183,7 @@ auto checkpoint(F&& fn, Args&&... args) {
 /// ```
 template <class F, class... Args>
 auto checkpoint(const CheckpointOptions& options, F&& fn, Args&&... args) {
-  return detail::checkpoint_impl(options, detail::module_parameters(0, fn), std::forward<F>(fn),
-                                 std::forward<Args>(args)...);
+  return detail::checkpoint_checked(options, std::forward<F>(fn), std::forward<Args>(args)...);
 }
 
 }  // namespace ckpt

@@ -1,63 +1,213 @@
 #pragma once
 
+#include <ckpt/checkpoint.h>
 #include <ckpt/options.h>
 
+#include <c10/core/Device.h>
+#include <c10/util/Optional.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace ckpt {
 
+/// What every `Checkpointed` has, whatever module it wraps: look for it with
+/// `module->as<ckpt::CheckpointedBase>()`.
+class CheckpointedBase : public torch::nn::Module {
+ public:
+  /// The options the region runs with.
+  CheckpointOptions options;
+
+  /// The wrapped module.
+  std::shared_ptr<torch::nn::Module> wrapped() const { return wrapped_; }
+
+  /// Sets the training mode of the wrapper and of the wrapped module (Dropout, BatchNorm).
+  void train(bool on = true) override;
+
+  void pretty_print(std::ostream& stream) const override;
+
+ protected:
+  /// Registers the wrapped module's own parameters, buffers and children under their own names.
+  CheckpointedBase(std::shared_ptr<torch::nn::Module> wrapped, const CheckpointOptions& options);
+
+ private:
+  std::shared_ptr<torch::nn::Module> wrapped_;
+};
+
+#ifndef DOXYGEN_SHOULD_SKIP_THIS
+namespace detail {
+
+// The type of `&M::forward`, or void when M's forward is a template (Sequential's, AnyModule's)
+// or overloaded.
+template <class M, class = void>
+struct ForwardSignature {
+  using type = void;
+};
+template <class M>
+struct ForwardSignature<M, std::void_t<decltype(&M::forward)>> {
+  using type = decltype(&M::forward);
+};
+
+template <class M, class = void>
+struct ForwardsOneTensor : std::false_type {};
+template <class M>
+struct ForwardsOneTensor<
+    M, std::void_t<decltype(std::declval<M&>().forward(std::declval<const at::Tensor&>()))>>
+    : std::true_type {};
+template <>
+struct ForwardsOneTensor<torch::nn::AnyModule> : std::true_type {};
+
+// Gives `Checkpointed` a non-template forward with the wrapped module's own signature, which
+// `AnyModule` (and so `Sequential`) requires. A templated forward becomes one tensor in, one out.
+template <class Derived, class Signature>
+class CheckpointedForward {
+ public:
+  torch::Tensor forward(const torch::Tensor& input) {
+    return static_cast<Derived&>(*this).run(input);
+  }
+};
+template <class Derived, class R, class C, class... A>
+class CheckpointedForward<Derived, R (C::*)(A...)> {
+ public:
+  R forward(A... args) { return static_cast<Derived&>(*this).run(std::forward<A>(args)...); }
+};
+template <class Derived, class R, class C, class... A>
+class CheckpointedForward<Derived, R (C::*)(A...) const>
+    : public CheckpointedForward<Derived, R (C::*)(A...)> {};
+
+template <class M>
+struct WrappedHolder {
+  using type = torch::nn::ModuleHolder<M>;
+};
+template <>
+struct WrappedHolder<torch::nn::AnyModule> {
+  using type = torch::nn::AnyModule;
+};
+
+}  // namespace detail
+#endif  // DOXYGEN_SHOULD_SKIP_THIS
+
 /// Wraps a module so that its forward runs as a checkpointed region.
 ///
-/// The wrapper registers the wrapped module's own parameters, buffers and children under their
-/// own names, so `named_parameters()`, `named_buffers()` and a saved state are the same with and
-/// without the wrapper: a model saved wrapped loads unwrapped and back. Buffers are updated once
-/// per step (the recompute restores them). The wrapped module's forward must take and return one
-/// tensor.
+/// `Checkpointed` takes any module: its forward has the wrapped module's arguments and result
+/// (an LSTM's tuple of tensor and state, say); a module with a templated forward, such as a
+/// `Sequential`, takes one tensor and returns one. It registers the wrapped module's parameters,
+/// buffers and children under their own names, so `named_parameters()` and a saved state are the
+/// same with and without the wrapper. The recompute restores the module's buffers: BatchNorm
+/// statistics move once per step. `train()`/`eval()`, `to()` and `clone()` reach the wrapped
+/// module. Default arguments of the wrapped forward are not carried over: pass every argument.
 ///
 /// Example:
 /// ```
 /// ckpt::Checkpointed block(torch::nn::Linear(64, 64));
 /// auto y = block(x);
 /// ```
-class CheckpointedImpl : public torch::nn::Module {
+template <class M = torch::nn::AnyModule>
+class CheckpointedImpl
+    : public CheckpointedBase,
+      public detail::CheckpointedForward<CheckpointedImpl<M>,
+                                         typename detail::ForwardSignature<M>::type> {
  public:
-  explicit CheckpointedImpl(torch::nn::AnyModule module, const CheckpointOptions& options = {});
-  template <class ModuleType>
-  explicit CheckpointedImpl(torch::nn::ModuleHolder<ModuleType> module,
-                            const CheckpointOptions& options = {})
-      : CheckpointedImpl(torch::nn::AnyModule(std::move(module)), options) {}
+  using Holder = typename detail::WrappedHolder<M>::type;
 
-  /// Runs the wrapped module's forward as a checkpointed region.
-  torch::Tensor forward(const torch::Tensor& input);
+  explicit CheckpointedImpl(Holder module, const CheckpointOptions& options = {})
+      : CheckpointedBase(pointer_of(module), options), module_(std::move(module)) {
+    static_assert(!std::is_void_v<typename detail::ForwardSignature<M>::type> ||
+                      detail::ForwardsOneTensor<M>::value,
+                  "ckpt::Checkpointed: this module's forward is overloaded or a template and "
+                  "takes no single tensor; call ckpt::checkpoint(module, args...) instead");
+  }
 
-  /// The wrapped module.
-  std::shared_ptr<torch::nn::Module> wrapped() const { return module_.ptr(); }
-
-  void pretty_print(std::ostream& stream) const override;
-
-  /// The options the region runs with.
-  CheckpointOptions options;
+  std::shared_ptr<torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override {
+    if constexpr (std::is_same_v<M, torch::nn::AnyModule>) {
+      return std::make_shared<CheckpointedImpl>(module_.clone(device), options);
+    } else {
+      // Module::clone raises its own error when the wrapped module is not Cloneable.
+      auto copy = std::dynamic_pointer_cast<M>(module_.ptr()->clone(device));
+      return std::make_shared<CheckpointedImpl>(Holder(std::move(copy)), options);
+    }
+  }
 
  private:
-  torch::nn::AnyModule module_;
+  friend class detail::CheckpointedForward<CheckpointedImpl<M>,
+                                           typename detail::ForwardSignature<M>::type>;
+
+  static std::shared_ptr<torch::nn::Module> pointer_of(const Holder& module) {
+    TORCH_CHECK(!module.is_empty(),
+                "ckpt::Checkpointed: the module to wrap is empty. Pass a constructed module.");
+    return module.ptr();
+  }
+
+  template <class... A>
+  decltype(auto) run(A&&... args) {
+    if constexpr (std::is_same_v<M, torch::nn::AnyModule>) {
+      // The module rides along as an argument, so that the region restores its buffers.
+      return checkpoint(
+          options,
+          [](const at::Tensor& input, torch::nn::AnyModule& module) {
+            return module.forward<torch::Tensor>(input);
+          },
+          std::forward<A>(args)..., module_);
+    } else {
+      return checkpoint(options, module_, std::forward<A>(args)...);
+    }
+  }
+
+  Holder module_;
 };
 
-/// A `ModuleHolder` subclass for `CheckpointedImpl`.
-TORCH_MODULE(Checkpointed);
+/// A `ModuleHolder` for `CheckpointedImpl`. The wrapped module's type is deduced:
+/// `ckpt::Checkpointed block(torch::nn::Linear(8, 8))` is a `Checkpointed<torch::nn::LinearImpl>`;
+/// `Checkpointed<>` wraps an `AnyModule`.
+template <class M = torch::nn::AnyModule>
+class Checkpointed : public torch::nn::ModuleHolder<CheckpointedImpl<M>> {
+ public:
+  using torch::nn::ModuleHolder<CheckpointedImpl<M>>::ModuleHolder;
+  using Impl = CheckpointedImpl<M>;
+};
 
-/// Returns a copy of `sequential` in which every child for which `predicate(name, module)` is true
-/// is wrapped in `Checkpointed`, like Python's `apply_activation_checkpointing`. The copy shares
-/// the modules (and so the parameters) of `sequential`; parameter and buffer names are unchanged.
-torch::nn::Sequential apply_checkpointing(
-    const torch::nn::Sequential& sequential,
+#ifndef DOXYGEN_SHOULD_SKIP_THIS
+template <class M>
+Checkpointed(torch::nn::ModuleHolder<M>) -> Checkpointed<M>;
+template <class M>
+Checkpointed(torch::nn::ModuleHolder<M>, const CheckpointOptions&) -> Checkpointed<M>;
+template <class M>
+Checkpointed(std::shared_ptr<M>) -> Checkpointed<M>;
+template <class M>
+Checkpointed(std::shared_ptr<M>, const CheckpointOptions&) -> Checkpointed<M>;
+Checkpointed(torch::nn::AnyModule)->Checkpointed<torch::nn::AnyModule>;
+Checkpointed(torch::nn::AnyModule, const CheckpointOptions&)->Checkpointed<torch::nn::AnyModule>;
+Checkpointed(std::nullptr_t)->Checkpointed<torch::nn::AnyModule>;
+#endif  // DOXYGEN_SHOULD_SKIP_THIS
+
+/// Wraps, in place, every submodule of `root` for which `predicate(name, module)` is true in
+/// `Checkpointed`, like Python's `apply_activation_checkpointing(check_fn=...)`.
+///
+/// The walk visits the whole tree depth first; `name` is the qualified name (`body.0`). A match
+/// is not looked into further. Parameter and buffer names are unchanged. Only the elements of a
+/// `Sequential` can be swapped behind the back of the code that calls them: a matching module
+/// elsewhere (a member your forward calls directly, or an element of a `ModuleList`) raises an
+/// error that names it; wrap such a member where it is declared, as in
+/// `block = register_module("block", ckpt::Checkpointed(Block()))`.
+///
+/// Example:
+/// ```
+/// ckpt::apply_checkpointing(*model, [](const std::string& name, const torch::nn::Module&) {
+///   return name.rfind("body.", 0) == 0;
+/// });
+/// ```
+void apply_checkpointing(
+    torch::nn::Module& root,
     const std::function<bool(const std::string& name, const torch::nn::Module& module)>& predicate,
     const CheckpointOptions& options = {});
 

@@ -2,8 +2,6 @@
 
 #include <ckpt/checkpoint.h>
 
-#include "buffer_guard.h"
-
 #include <utility>
 #include <vector>
 
@@ -14,20 +12,12 @@ at::Tensor checkpoint_modules(const CheckpointOptions& options,
                               const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                               std::function<at::Tensor(const at::Tensor&)> fn,
                               const at::Tensor& input) {
-  // The region finds its border from the graph, so modules may read tensors they do not own
-  // (a head tied to an embedding's weight, say). Their own parameters it checks for in-place
-  // changes in both variants.
-  std::vector<at::Tensor> parameters;
-  for (const auto& module : modules) {
-    for (const auto& parameter : module->parameters()) parameters.push_back(parameter);
-  }
+  // The modules ride along as an argument: the region restores their buffers after the
+  // recompute and, in the reentrant variant, checks their parameters for in-place changes.
   return checkpoint_impl(
-      options, parameters,
-      [fn = std::move(fn), modules](const at::Tensor& x) {
-        const BufferGuard buffers(modules);  // active only during the recompute
-        return fn(x);
-      },
-      input);
+      options,
+      [fn = std::move(fn)](const at::Tensor& x, const ModuleList& /*modules*/) { return fn(x); },
+      input, modules);
 }
 
 }  // namespace detail

@@ -1,6 +1,6 @@
 #include "schedule_runner.h"
 
-#include "chains/buffer_guard.h"
+#include "region/buffer_guard.h"
 #include "region/recompute_mark.h"
 
 #include <ATen/CPUGeneratorImpl.h>

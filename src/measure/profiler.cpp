@@ -1,7 +1,7 @@
 #include <ckpt/memory_tracker.h>
 #include <ckpt/profiler.h>
 
-#include "chains/buffer_guard.h"
+#include "region/buffer_guard.h"
 #include "chains/stage_graph.h"
 #include "compat/torch_compat.h"
 

@@ -9,6 +9,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
 
 #include <sstream>
 #include <utility>
@@ -85,6 +86,7 @@ std::vector<at::Tensor> RegionState::run_recompute(
   const AutocastScope autocast_scope(autocast);
   const at::AutoGradMode grad_mode(true);
   const RecomputeMark mark;
+  const BufferGuard buffers(modules, /*active=*/true);
   return recompute(replacement);
 }
 
@@ -99,17 +101,25 @@ void RegionState::release() {
   released = true;
   recompute = nullptr;
   inputs.clear();
+  modules.clear();
   versions.clear();
   rng.reset();
 }
 
-Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
-               const std::vector<at::Tensor>& parameters)
-    : state_(std::make_shared<RegionState>()) {
+Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
+               CallSite& site)
+    : state_(std::make_shared<RegionState>()), site_(&site) {
   RegionState& state = *state_;
   state.options = options;
   for (const auto& input : inputs) state.versions.add(input);
-  for (const auto& parameter : parameters) state.versions.add(parameter);
+  // The non-reentrant variant finds the parameters at its border in the graph (finish); the
+  // reentrant one records no graph to find them in.
+  if (options.use_reentrant()) {
+    for (const auto& module : modules) {
+      for (const auto& parameter : module->parameters()) state.versions.add(parameter);
+    }
+  }
+  state.modules = std::move(modules);
   const c10::DeviceType device_type = infer_device_type(inputs);
   if (options.preserve_rng_state()) state.rng.emplace(inputs, device_type);
   state.autocast = AutocastState::current(device_type);
@@ -178,6 +188,7 @@ std::vector<at::Tensor> Region::finish_reentrant(std::vector<at::Tensor> outputs
                                         : torch::autograd::Edge());
   }
   if (!any_input_requires_grad) {
+    if (site_->warned.exchange(true)) return outputs;
     TORCH_WARN(
         "ckpt::checkpoint: None of the inputs have requires_grad=True. Gradients will be None "
         "(with use_reentrant(true), gradients flow only through tensor arguments; use "

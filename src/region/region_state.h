@@ -5,6 +5,7 @@
 #include <ckpt/detail/region.h>
 
 #include "autocast_state.h"
+#include "buffer_guard.h"
 #include "rng_state.h"
 #include "version_snapshot.h"
 
@@ -33,6 +34,7 @@ struct TensorMeta {
 struct RegionState {
   CheckpointOptions options;
   std::vector<at::Tensor> inputs;  // the tensor arguments, in traversal order
+  ModuleList modules;              // whose buffers the recompute must leave as they were
   // The inputs (at the start of the forward), then the leaves at the region's border that the
   // recomputation reads again: parameters, captured or owned by modules (at its end).
   VersionSnapshot versions;
@@ -49,7 +51,8 @@ struct RegionState {
   /// Raises an error when the recomputed outputs differ from the forward's (see
   /// `CheckpointOptions::determinism_check`).
   void check_recomputed(const std::vector<at::Tensor>& recomputed) const;
-  /// Runs the recompute with the forward's RNG and autocast state and grad mode on.
+  /// Runs the recompute with the forward's RNG and autocast state and grad mode on, and puts the
+  /// modules' buffers back as they were.
   std::vector<at::Tensor> run_recompute(const std::vector<at::Tensor>* replacement) const;
   /// Raises the error for a backward through a region whose state was already freed.
   void check_not_released() const;

@@ -52,18 +52,19 @@ TEST_F(ModulesTest, ApplyCheckpointingWrapsChosenChildrenAndKeepsNames) {
   auto reference = make_model();
   torch::manual_seed(3);
   auto model = make_model();
-  auto wrapped =
-      ckpt::apply_checkpointing(model, [](const std::string&, const torch::nn::Module& m) {
-        return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr ||
-               dynamic_cast<const NestedImpl*>(&m) != nullptr;
-      });
+  const auto parameter_names = keys(model->named_parameters());
+  const auto buffer_names = keys(model->named_buffers());
+  ckpt::apply_checkpointing(*model, [](const std::string&, const torch::nn::Module& m) {
+    return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr ||
+           dynamic_cast<const NestedImpl*>(&m) != nullptr;
+  });
   int wrappers = 0;
-  for (const auto& child : wrapped->children()) {
-    wrappers += std::dynamic_pointer_cast<ckpt::CheckpointedImpl>(child) != nullptr;
-  }
+  for (const auto& child : model->children())
+    wrappers += child->as<ckpt::CheckpointedBase>() != nullptr;
   EXPECT_EQ(wrappers, 3);
-  EXPECT_EQ(keys(wrapped->named_parameters()), keys(model->named_parameters()));
-  EXPECT_EQ(keys(wrapped->named_buffers()), keys(model->named_buffers()));
+  EXPECT_EQ(keys(model->named_parameters()), parameter_names);
+  EXPECT_EQ(keys(model->named_buffers()), buffer_names);
+  auto wrapped = model;
 
   auto x = torch::randn({8, 10}, torch::requires_grad());
   auto expected = torch::autograd::grad({reference->forward(x).sum()}, {x})[0];
@@ -80,10 +81,10 @@ TEST_F(ModulesTest, ApplyCheckpointingWrapsChosenChildrenAndKeepsNames) {
 // Port of test_load_activation_checkpointed_module: a state saved wrapped loads unwrapped and back.
 TEST_F(ModulesTest, StateRoundTripsBetweenWrappedAndUnwrapped) {
   auto source = make_model();
-  auto wrapped = ckpt::apply_checkpointing(
-      source, [](const std::string& name, const torch::nn::Module&) { return name != "2"; });
+  ckpt::apply_checkpointing(
+      *source, [](const std::string& name, const torch::nn::Module&) { return name != "2"; });
   std::stringstream stream;
-  torch::save(wrapped, stream);
+  torch::save(source, stream);
 
   auto plain = make_model();  // different random weights
   torch::load(plain, stream);
@@ -92,8 +93,9 @@ TEST_F(ModulesTest, StateRoundTripsBetweenWrappedAndUnwrapped) {
 
   std::stringstream back;
   torch::save(plain, back);
-  auto other = ckpt::apply_checkpointing(
-      make_model(), [](const std::string&, const torch::nn::Module&) { return true; });
+  auto other = make_model();
+  ckpt::apply_checkpointing(*other,
+                            [](const std::string&, const torch::nn::Module&) { return true; });
   torch::load(other, back);
   auto c = other->named_parameters();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bit_equal(a[i].value(), c[i].value()));
@@ -101,6 +103,174 @@ TEST_F(ModulesTest, StateRoundTripsBetweenWrappedAndUnwrapped) {
 
 TEST_F(ModulesTest, RejectsAnEmptyModule) {
   CKPT_EXPECT_THROWS_WITH(ckpt::Checkpointed(torch::nn::AnyModule()), "empty");
+}
+
+std::vector<torch::Tensor> buffers_of(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> out;
+  for (const auto& buffer : module.buffers()) out.push_back(buffer.clone());
+  return out;
+}
+
+void expect_same_buffers(const torch::nn::Module& a, const torch::nn::Module& b) {
+  const auto x = buffers_of(a), y = buffers_of(b);
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(bit_equal(x[i], y[i])) << "buffer " << i;
+}
+
+torch::nn::Sequential make_layer_group() {
+  torch::manual_seed(5);
+  return torch::nn::Sequential(torch::nn::Linear(6, 6), torch::nn::BatchNorm1d(6),
+                               torch::nn::ReLU(), torch::nn::Linear(6, 6));
+}
+
+// Issue 11, item 1: checkpoint(layer_group, x) used to move BatchNorm's statistics twice.
+TEST_F(ModulesTest, CheckpointOfAModuleMovesBatchNormStatisticsOnce) {
+  for (const bool reentrant : {false, true}) {
+    const auto options = ckpt::CheckpointOptions().use_reentrant(reentrant);
+    auto reference = make_layer_group();
+    auto as_function = make_layer_group();
+    auto as_argument = make_layer_group();
+    auto x = torch::randn({8, 6}, torch::requires_grad());
+    reference->forward(x).pow(2).sum().backward();
+    ckpt::checkpoint(options, as_function, x).pow(2).sum().backward();
+    ckpt::checkpoint(
+        options, [](const torch::Tensor& t, torch::nn::Sequential& m) { return m->forward(t); }, x,
+        as_argument)
+        .pow(2)
+        .sum()
+        .backward();
+    for (auto* model : {&as_function, &as_argument}) {
+      expect_same_buffers(**model, *reference);
+      EXPECT_EQ((*model)[1]->as<torch::nn::BatchNorm1d>()->num_batches_tracked.item<int64_t>(), 1);
+      const auto expected = reference->parameters(), actual = (*model)->parameters();
+      for (size_t i = 0; i < actual.size(); ++i) {
+        EXPECT_TRUE(bit_equal(actual[i].grad(), expected[i].grad())) << "parameter " << i;
+      }
+    }
+  }
+}
+
+// Issue 11, item 1: Checkpointed(Sequential) did not compile (AnyModule's static assertion).
+TEST_F(ModulesTest, CheckpointedWrapsASequentialAndMovesItsStatisticsOnce) {
+  auto reference = make_layer_group();
+  auto inner = make_layer_group();
+  ckpt::Checkpointed block(inner);
+  EXPECT_EQ(keys(block->named_parameters()), keys(reference->named_parameters()));
+  auto x = torch::randn({8, 6}, torch::requires_grad());
+  auto expected = torch::autograd::grad({reference->forward(x).pow(2).sum()}, {x})[0];
+  auto actual = torch::autograd::grad({block(x).pow(2).sum()}, {x})[0];
+  EXPECT_TRUE(bit_equal(actual, expected));
+  expect_same_buffers(*block, *reference);
+  // It is a module like any other: it goes into a Sequential.
+  torch::nn::Sequential outer(torch::nn::Linear(6, 6), block);
+  EXPECT_EQ(outer->forward(x).sizes(), x.sizes());
+}
+
+// Issue 11, item 6: Checkpointed(lstm) compiled, then failed at the first forward.
+TEST_F(ModulesTest, CheckpointedKeepsTheArgumentsAndResultsOfItsModule) {
+  torch::nn::LSTM lstm(torch::nn::LSTMOptions(4, 5).num_layers(2));
+  ckpt::Checkpointed wrapped(lstm);
+  auto x = torch::randn({7, 3, 4}, torch::requires_grad());
+  auto h = torch::randn({2, 3, 5}, torch::requires_grad());
+  auto c = torch::randn({2, 3, 5});
+  auto loss = [](const std::tuple<torch::Tensor, std::tuple<torch::Tensor, torch::Tensor>>& out) {
+    return std::get<0>(out).pow(2).sum() + std::get<0>(std::get<1>(out)).sum() +
+           std::get<1>(std::get<1>(out)).mean();
+  };
+  const std::vector<torch::Tensor> wrt = {x, h, lstm->parameters()[0]};
+  auto expected = torch::autograd::grad({loss(lstm(x, std::make_tuple(h, c)))}, wrt);
+  std::tuple<torch::Tensor, std::tuple<torch::Tensor, torch::Tensor>> out =
+      wrapped(x, std::make_tuple(h, c));
+  auto actual = torch::autograd::grad({loss(out)}, wrt);
+  for (size_t i = 0; i < wrt.size(); ++i) EXPECT_TRUE(bit_equal(actual[i], expected[i]));
+}
+
+// Issue 11, item 4: eval() did not reach the wrapped Dropout, and clone() threw.
+TEST_F(ModulesTest, CheckpointedFollowsTrainEvalToAndClone) {
+  ckpt::Checkpointed dropout(torch::nn::Dropout(0.5));
+  auto x = torch::ones({100});
+  dropout->eval();
+  EXPECT_FALSE(dropout->wrapped()->is_training());
+  EXPECT_TRUE(bit_equal(dropout(x), x));
+  dropout->train();
+  EXPECT_TRUE(dropout->wrapped()->is_training());
+  EXPECT_FALSE(torch::equal(dropout(x), x));
+
+  ckpt::Checkpointed block(make_layer_group());
+  auto copy =
+      std::dynamic_pointer_cast<ckpt::CheckpointedImpl<torch::nn::SequentialImpl>>(block->clone());
+  ASSERT_TRUE(copy);
+  const auto original = block->named_parameters(), cloned = copy->named_parameters();
+  EXPECT_EQ(keys(cloned), keys(original));
+  for (size_t i = 0; i < original.size(); ++i) {
+    EXPECT_TRUE(bit_equal(cloned[i].value(), original[i].value()));
+    EXPECT_NE(cloned[i].value().data_ptr(), original[i].value().data_ptr());
+  }
+  auto y = torch::randn({4, 6});
+  block->eval();
+  copy->eval();
+  EXPECT_TRUE(bit_equal(copy->forward(y), block(y)));
+
+  block->to(torch::kDouble);
+  for (const auto& p : block->wrapped()->parameters()) EXPECT_EQ(p.scalar_type(), torch::kDouble);
+  EXPECT_EQ(block(y.to(torch::kDouble)).scalar_type(), torch::kDouble);
+}
+
+// A model written the usual way: members the forward calls, and a Sequential body.
+struct TowerImpl : torch::nn::Module {
+  TowerImpl()
+      : stem(register_module("stem", torch::nn::Linear(6, 8))),
+        body(register_module(
+            "body", torch::nn::Sequential(torch::nn::Linear(8, 10), torch::nn::BatchNorm1d(10),
+                                          torch::nn::Tanh(), Nested()))),
+        head(register_module("head", torch::nn::Linear(10, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head(body->forward(stem(x))); }
+  torch::nn::Linear stem;
+  torch::nn::Sequential body;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Tower);
+
+// Issue 11, item 6: apply_checkpointing took only a Sequential.
+TEST_F(ModulesTest, ApplyCheckpointingWalksAModuleTreeInPlace) {
+  torch::manual_seed(9);
+  Tower reference;
+  torch::manual_seed(9);
+  Tower model;
+  const auto names = keys(model->named_parameters());
+  std::vector<std::string> seen;
+  ckpt::apply_checkpointing(*model, [&](const std::string& name, const torch::nn::Module&) {
+    seen.push_back(name);
+    return name == "body.0" || name == "body.3";
+  });
+  EXPECT_EQ(seen, (std::vector<std::string>{"stem", "body", "body.0", "body.1", "body.2", "body.3",
+                                            "head"}));
+  EXPECT_TRUE(model->body[0]->as<ckpt::CheckpointedBase>());
+  EXPECT_TRUE(model->body[3]->as<ckpt::CheckpointedBase>());
+  EXPECT_FALSE(model->body[1]->as<ckpt::CheckpointedBase>());
+  EXPECT_EQ(keys(model->named_parameters()), names);
+
+  auto x = torch::randn({5, 6}, torch::requires_grad());
+  auto expected = torch::autograd::grad({reference(x).pow(2).sum()}, {x})[0];
+  auto actual = torch::autograd::grad({model(x).pow(2).sum()}, {x})[0];
+  EXPECT_TRUE(bit_equal(actual, expected));
+  expect_same_buffers(*model, *reference);
+  // A second pass leaves what is checkpointed already alone.
+  ckpt::apply_checkpointing(
+      *model, [](const std::string& name, const torch::nn::Module&) { return name == "body.0"; });
+  EXPECT_FALSE(
+      model->body[0]->as<ckpt::CheckpointedBase>()->wrapped()->as<ckpt::CheckpointedBase>());
+}
+
+TEST_F(ModulesTest, ApplyCheckpointingNamesAMatchItCannotSwapAndChangesNothing) {
+  Tower model;
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::apply_checkpointing(*model,
+                                [](const std::string& name, const torch::nn::Module&) {
+                                  return name == "body.0" || name == "head";
+                                }),
+      "'head' (torch::nn::LinearImpl) matches, but it is a member of");
+  EXPECT_FALSE(model->body[0]->as<ckpt::CheckpointedBase>());
 }
 
 }  // namespace

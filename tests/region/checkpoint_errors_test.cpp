@@ -180,13 +180,29 @@ TEST(CheckpointReentrantErrorsTest, BackwardWithInputsIsRejected) {
                           "use_reentrant(false)");
 }
 
+// Each lambda below has a type of its own, so each call site is new to the process.
 TEST(CheckpointReentrantErrorsTest, WarnsWhenNoInputRequiresGrad) {
   ckpt::test::WarningCapture warnings;
   torch::nn::Linear linear(3, 3);
-  auto out =
-      ckpt::checkpoint(ckpt::CheckpointOptions().use_reentrant(true), linear, torch::randn({2, 3}));
+  auto out = ckpt::checkpoint(
+      ckpt::CheckpointOptions().use_reentrant(true),
+      [&](const torch::Tensor& x) { return linear(x); }, torch::randn({2, 3}));
   EXPECT_TRUE(warnings.contains("None of the inputs have requires_grad=True"));
   EXPECT_FALSE(out.requires_grad());
+}
+
+TEST(CheckpointReentrantErrorsTest, WarnsOncePerCallSiteNotOncePerCall) {
+  ckpt::test::WarningCapture warnings;
+  torch::nn::Linear linear(3, 3);
+  const auto options = ckpt::CheckpointOptions().use_reentrant(true);
+  for (int step = 0; step < 5; ++step) {
+    ckpt::checkpoint(
+        options, [&](const torch::Tensor& x) { return linear(x); }, torch::randn({2, 3}));
+  }
+  EXPECT_EQ(warnings.messages.size(), 1u);
+  ckpt::checkpoint(
+      options, [&](const torch::Tensor& x) { return linear(x) * 2; }, torch::randn({2, 3}));
+  EXPECT_EQ(warnings.messages.size(), 2u);
 }
 
 TEST(CheckpointNonReentrantErrorsTest, NoWarningWhenNoInputRequiresGrad) {

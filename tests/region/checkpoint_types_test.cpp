@@ -139,6 +139,56 @@ TEST_P(CheckpointTypesTest, MutableLambdaAndCallableArguments) {
   EXPECT_TRUE(close(x.grad(), 2 * x.detach()));
 }
 
+}  // namespace
+
+// A result of the user's own type, made visible through the documented customisation point.
+namespace user {
+struct Encoded {
+  torch::Tensor mean;
+  torch::Tensor log_variance;
+  std::vector<torch::Tensor> skips;
+  int64_t steps = 0;
+};
+auto ckpt_tensors(Encoded& encoded) {
+  return std::tie(encoded.mean, encoded.log_variance, encoded.skips);
+}
+}  // namespace user
+
+namespace {
+
+TEST_P(CheckpointTypesTest, StructResultWithCkptTensorsIsCheckpointed) {
+  torch::nn::Linear linear(6, 6);
+  auto encode = [&](const torch::Tensor& x) {
+    user::Encoded out;
+    auto h = torch::tanh(linear(x));
+    out.mean = h * 2;
+    out.log_variance = h.sin();
+    out.skips = {h.cos(), h.exp()};
+    out.steps = 3;
+    return out;
+  };
+  auto loss = [](const user::Encoded& e) {
+    return e.mean.sum() + e.log_variance.pow(2).sum() + e.skips[0].sum() * e.skips[1].mean();
+  };
+  auto x = torch::randn({4, 6}, torch::requires_grad());
+  loss(encode(x)).backward();
+  const std::vector<torch::Tensor> expected = {x.grad().clone(), linear->weight.grad().clone(),
+                                               linear->bias.grad().clone()};
+  for (auto* t : {&x, &linear->weight, &linear->bias}) t->mutable_grad() = torch::Tensor();
+
+  const user::Encoded encoded = ckpt::checkpoint(options(), encode, x);
+  EXPECT_EQ(encoded.steps, 3);
+  // The outputs hang off the region's node, not off the region's own graph.
+  for (const auto& out : {encoded.mean, encoded.skips[1]}) {
+    ASSERT_TRUE(out.grad_fn());
+    EXPECT_NE(out.grad_fn()->name().find("ckpt::CheckpointBackward"), std::string::npos);
+  }
+  loss(encoded).backward();
+  EXPECT_TRUE(bit_equal(x.grad(), expected[0]));
+  EXPECT_TRUE(bit_equal(linear->weight.grad(), expected[1]));
+  EXPECT_TRUE(bit_equal(linear->bias.grad(), expected[2]));
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, CheckpointTypesTest, ::testing::Values(false, true),
                          ckpt::test::VariantName());
 

@@ -7,12 +7,29 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
 
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+}  // namespace torch
+
 namespace ckpt {
 namespace detail {
+
+/// Modules a region calls: their buffers are restored after the recompute, and the reentrant
+/// variant checks their parameters for in-place changes.
+using ModuleList = std::vector<std::shared_ptr<torch::nn::Module>>;
+
+/// What one place in the code that calls `checkpoint` shares between its calls (a static of each
+/// instantiation), so that a warning about that place shows once, not once per call.
+struct CallSite {
+  std::atomic<bool> warned{false};
+};
 
 /// Runs the checkpointed function again and returns the tensors of its result, in traversal
 /// order. `inputs` is null to call it with the original arguments, or holds replacements for the
@@ -27,11 +44,11 @@ class RegionMarker;
 /// mode set to `forward_grad_mode()`, then pass the result's tensors to `finish`.
 class Region {
  public:
-  /// `parameters`: tensors the function reads besides its inputs (a module's parameters), checked
-  /// for in-place changes before a recompute. The non-reentrant variant also finds the
-  /// parameters at its border by itself; the reentrant one records no graph to find them in.
-  Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
-         const std::vector<at::Tensor>& parameters = {});
+  /// `modules`: the modules the function calls that ckpt can see (the function itself, or module
+  /// arguments). The recompute leaves their buffers as the forward left them, so BatchNorm's
+  /// running statistics move once per step.
+  Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
+         CallSite& site);
   ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -48,6 +65,7 @@ class Region {
   std::vector<at::Tensor> finish_reentrant(std::vector<at::Tensor> outputs);
 
   std::shared_ptr<RegionState> state_;
+  CallSite* site_;
   std::unique_ptr<RegionMarker> marker_;
 };
 

@@ -1,14 +1,15 @@
 #pragma once
 
 // Finds the tensors inside arguments and results of checkpointed functions, and puts replacements
-// back in the same places. Tensors, optionals, vectors, tuples and pairs are looked into; every
-// other type passes through untouched (std::map values are looked into too). Specialise
-// `ckpt::detail::TensorTraversal` for a type of your own to make ckpt look into it.
+// back in the same places. Tensors, optionals, vectors, tuples, pairs, std::map values and types
+// with a `ckpt_tensors` function (found by argument-dependent lookup; see docs/user-types.md) are
+// looked into; every other type passes through untouched.
 
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
 #include <map>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -129,6 +130,56 @@ struct TensorTraversal<std::pair<A, B>> {
     TensorTraversal<B>::replace(value.second, cursor);
   }
 };
+
+// The customisation point for users' types: `auto ckpt_tensors(T& value)` in T's namespace,
+// returning `std::tie(...)` of the members that hold tensors. This declaration only makes the
+// name known here; the users' overloads are found by argument-dependent lookup.
+void ckpt_tensors() = delete;
+
+template <class T, class = void>
+struct HasCkptTensors : std::false_type {};
+template <class T>
+struct HasCkptTensors<T, std::void_t<decltype(ckpt_tensors(std::declval<T&>()))>> : std::true_type {
+};
+
+template <class Tuple>
+struct FieldsTraversal;
+template <class... Field>
+struct FieldsTraversal<std::tuple<Field...>> {
+  static constexpr bool kHasTensors = (TensorTraversal<std::decay_t<Field>>::kHasTensors || ...);
+};
+
+template <class T>
+struct TensorTraversal<T, std::enable_if_t<HasCkptTensors<T>::value>> {
+  using Fields = decltype(ckpt_tensors(std::declval<T&>()));
+  static constexpr bool kHasTensors = FieldsTraversal<Fields>::kHasTensors;
+  static void collect(const T& value, std::vector<at::Tensor>& out) {
+    // ckpt_tensors takes a mutable reference (it serves replace too); collect only reads.
+    std::apply(
+        [&](auto&... field) {
+          (TensorTraversal<std::decay_t<decltype(field)>>::collect(field, out), ...);
+        },
+        ckpt_tensors(const_cast<T&>(value)));
+  }
+  static void replace(T& value, TensorCursor& cursor) {
+    std::apply(
+        [&](auto&... field) {
+          (TensorTraversal<std::decay_t<decltype(field)>>::replace(field, cursor), ...);
+        },
+        ckpt_tensors(value));
+  }
+};
+
+// Results made only of numbers, strings and tuples of them: ckpt can be sure that they hold no
+// tensor. Any other type without tensors ckpt can see may be a user's struct that hides some.
+template <class T>
+struct IsPlainValue : std::bool_constant<std::is_arithmetic_v<T> || std::is_enum_v<T> ||
+                                         std::is_same_v<T, std::string>> {};
+template <class... T>
+struct IsPlainValue<std::tuple<T...>> : std::bool_constant<(IsPlainValue<T>::value && ...)> {};
+template <class A, class B>
+struct IsPlainValue<std::pair<A, B>>
+    : std::bool_constant<IsPlainValue<A>::value && IsPlainValue<B>::value> {};
 
 /// Appends every tensor inside `value` (undefined ones included) to `out`, in traversal order.
 template <class T>

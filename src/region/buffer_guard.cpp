@@ -1,14 +1,9 @@
 #include "buffer_guard.h"
 
-#include <ckpt/recompute.h>
-
 #include <ATen/core/grad_mode.h>
 
 namespace ckpt {
 namespace detail {
-
-BufferGuard::BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules)
-    : BufferGuard(modules, is_recomputing()) {}
 
 BufferGuard::BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                          bool active) {

@@ -11,12 +11,10 @@
 namespace ckpt {
 namespace detail {
 
-/// When `active` (by default: during a recompute, `ckpt::is_recomputing()`), snapshots the buffers
-/// of `modules` and their submodules, and writes the snapshot back when destroyed; otherwise does
-/// nothing.
+/// When `active`, snapshots the buffers of `modules` and their submodules, and writes the
+/// snapshot back when destroyed (also when an exception leaves the scope); otherwise does nothing.
 class BufferGuard {
  public:
-  explicit BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
   BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, bool active);
   ~BufferGuard();
   BufferGuard(const BufferGuard&) = delete;
