@@ -6,6 +6,7 @@
 #include <ckpt/profiler.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
@@ -20,26 +21,43 @@
 
 namespace ckpt {
 
-/// A memory budget for a planned chain: in bytes, or as a fraction of the chain's no-checkpoint
-/// activation peak (predicted from its profile).
+/// A memory budget for a planned chain: in bytes, as a fraction of the chain's no-checkpoint
+/// peak, or the smallest budget any schedule of the chain fits in.
 class Budget {
  public:
   /// An absolute budget. `value` must be positive.
   static Budget bytes(int64_t value);
   /// A fraction of the no-checkpoint peak; 0.4 means 40%. `value` must be in (0, 1].
   static Budget fraction(double value);
-  /// Parses "123456", "512MB", "2GiB", "1.5GB" (bytes, decimal or binary units) or "40%".
+  /// The smallest feasible budget of the chain: the most memory saved, at the fastest schedule
+  /// that saves it.
+  static Budget minimum();
+  /// Parses "123456", "512MB", "2GiB", "1.5GB" (bytes, decimal or binary units), "40%" or "min".
   static Budget parse(const std::string& text);
 
-  bool is_fraction() const { return is_fraction_; }
+  bool is_fraction() const { return kind_ == Kind::Fraction; }
+  bool is_minimum() const { return kind_ == Kind::Minimum; }
   double value() const { return value_; }
-  /// The budget in bytes for a chain whose no-checkpoint peak is `no_checkpoint_peak_bytes`.
-  int64_t resolve(int64_t no_checkpoint_peak_bytes) const;
+  /// The budget in bytes for a chain whose no-checkpoint peak is `no_checkpoint_peak_bytes` and
+  /// whose smallest feasible budget is `smallest_feasible_bytes`.
+  int64_t resolve(int64_t no_checkpoint_peak_bytes, int64_t smallest_feasible_bytes) const;
 
  private:
-  Budget(bool is_fraction, double value) : is_fraction_(is_fraction), value_(value) {}
-  bool is_fraction_;
+  enum class Kind { Bytes, Fraction, Minimum };
+  Budget(Kind kind, double value) : kind_(kind), value_(value) {}
+  Kind kind_;
   double value_;
+};
+
+/// Raised when no schedule of the chain fits the budget; carries the smallest budget that fits.
+class InfeasibleBudget : public c10::Error {
+ public:
+  InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasible_bytes);
+  /// The smallest budget, in bytes, that a schedule of the chain fits in.
+  int64_t smallest_feasible_bytes() const { return smallest_feasible_bytes_; }
+
+ private:
+  int64_t smallest_feasible_bytes_;
 };
 
 /// Options for `PlannedSequential`.
@@ -53,6 +71,9 @@ struct PlannedOptions {
   TORCH_ARG(ProfileOptions, profile) = ProfileOptions();
   /// Replay each stage's RNG state when it is recomputed. Default: true
   TORCH_ARG(bool, preserve_rng_state) = true;
+  /// When the budget is below the smallest feasible one, plan for that one with a warning instead
+  /// of raising `InfeasibleBudget`. Default: false
+  TORCH_ARG(bool, fall_back_to_minimum) = false;
 };
 
 /// Receives every operation of a schedule as the executor runs it (for traces and plots).
@@ -65,10 +86,14 @@ struct ExecutionObserver {
 /// Runs a chain of modules under the fastest schedule that fits a memory budget.
 ///
 /// On the first forward (or an explicit `plan(sample)`), it profiles the chain on the input,
-/// solves for a schedule under the budget and keeps it; every forward/backward then follows that
-/// schedule. Gradients are identical to the unchecked chain; RNG is replayed and buffers are not
-/// updated twice. If no schedule fits, `plan` raises an error that names the smallest feasible
-/// budget. The chain's modules are registered as children "0", "1", ... as in the Sequential.
+/// measures the peak of one plain step, solves for a schedule under the budget and keeps it;
+/// every forward/backward then follows that schedule. Percentages are of that measured peak; at
+/// a budget that holds it, the chain runs plainly (no recomputation, nothing added). Gradients are
+/// identical to the unchecked chain; RNG is replayed and buffers are not updated twice. If no
+/// schedule fits, `plan` raises `InfeasibleBudget`, which carries the smallest feasible budget
+/// (or, with `fall_back_to_minimum`, plans for it with a warning); `Budget::minimum()` asks for
+/// it directly. The chain's modules are registered as children "0", "1", ... as in the
+/// Sequential.
 ///
 /// Example:
 /// ```
@@ -85,7 +110,8 @@ class PlannedSequentialImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& input);
   /// Profiles the chain on `sample_input` and solves for a schedule under the budget.
   void plan(const torch::Tensor& sample_input);
-  /// Uses a given profile instead of measuring one, then solves.
+  /// Uses a given profile instead of measuring one, then solves. Percentages are then of the
+  /// profile's predicted no-checkpoint peak.
   void plan(const plan::Chain& profile);
 
   bool planned() const { return planned_; }
@@ -95,6 +121,9 @@ class PlannedSequentialImpl : public torch::nn::Module {
   const plan::SimulationResult& prediction() const;
   /// The budget in bytes the schedule was solved for.
   int64_t budget_bytes() const;
+  /// The no-checkpoint peak percentages refer to: measured by `plan(sample)`, predicted from
+  /// the profile by `plan(profile)`.
+  int64_t no_checkpoint_peak_bytes() const;
 
   void set_observer(std::shared_ptr<ExecutionObserver> observer) {
     observer_ = std::move(observer);
@@ -104,6 +133,9 @@ class PlannedSequentialImpl : public torch::nn::Module {
   PlannedOptions options;
 
  private:
+  void check_profile(const plan::Chain& profile) const;
+  void solve(const plan::Chain& profile, int64_t no_checkpoint_peak_bytes);
+
   std::vector<torch::nn::AnyModule> stages_;
   Budget budget_;
   bool planned_ = false;
@@ -111,6 +143,7 @@ class PlannedSequentialImpl : public torch::nn::Module {
   plan::Schedule schedule_;
   plan::SimulationResult prediction_;
   int64_t budget_bytes_ = 0;
+  int64_t no_checkpoint_peak_bytes_ = 0;
   std::vector<int64_t> profiled_sizes_;
   std::shared_ptr<ExecutionObserver> observer_;
 };

@@ -6,6 +6,7 @@
 #include <torch/arg.h>
 #include <torch/nn/modules/container/any.h>
 
+#include <cstdint>
 #include <vector>
 
 namespace ckpt {
@@ -35,5 +36,13 @@ struct ProfileOptions {
 /// ```
 plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
                           const at::Tensor& sample_input, const ProfileOptions& options = {});
+
+/// Measures the peak memory of one plain training step of the chain on `sample_input` (forward
+/// and backward, nothing checkpointed) above what lived before it, with the counting allocator
+/// (the caching allocator's statistics on an accelerator). Parameter gradients are allocated
+/// beforehand, as in the steady state of training, so they do not count. Buffers and the RNG
+/// state are left as they were.
+int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
+                                   const at::Tensor& sample_input);
 
 }  // namespace ckpt

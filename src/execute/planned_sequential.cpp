@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 
@@ -56,8 +57,8 @@ class PlannedBackward final : public compat::OwningNode {
   std::shared_ptr<detail::ScheduleRunner> runner_;
 };
 
-plan::Schedule solve(const plan::Chain& chain, const std::string& solver, int64_t budget_bytes,
-                     int slots) {
+plan::Schedule solve_schedule(const plan::Chain& chain, const std::string& solver,
+                              int64_t budget_bytes, int slots) {
   if (solver == "none") return plan::solve_no_checkpoint(chain);
   if (solver == "sqrt") return plan::solve_sqrt_n(chain);
   if (solver.rfind("uniform:", 0) == 0) {
@@ -76,13 +77,22 @@ plan::Schedule solve(const plan::Chain& chain, const std::string& solver, int64_
               "\". Use optimal, uniform:K, sqrt, revolve or none.");
   plan::OptimalOptions options;
   options.slots = slots;
-  const int64_t minimum = plan::min_feasible_budget_bytes(chain, options);
-  TORCH_CHECK(budget_bytes >= minimum, "ckpt::PlannedSequential: no schedule fits in a budget of ",
-              budget_bytes, " bytes; the smallest feasible budget for this chain is ", minimum,
-              " bytes. Raise the budget.");
   auto schedule = plan::solve_optimal(chain, budget_bytes, options);
   TORCH_INTERNAL_ASSERT(schedule.has_value(), "no schedule at a budget above the minimum");
   return *schedule;
+}
+
+// True for a schedule that keeps every activation and recomputes nothing: the plain chain.
+bool keeps_everything(const plan::Schedule& schedule, int stages) {
+  int forwards = 0;
+  for (const plan::Op& op : schedule.ops) {
+    if (op.kind == plan::OpKind::ForwardAll && op.option == 0) ++forwards;
+    if (op.kind == plan::OpKind::ForwardInput || op.kind == plan::OpKind::ForwardNone ||
+        (op.kind == plan::OpKind::ForwardAll && op.option != 0)) {
+      return false;
+    }
+  }
+  return forwards == stages;
 }
 
 }  // namespace
@@ -101,30 +111,62 @@ PlannedSequentialImpl::PlannedSequentialImpl(const torch::nn::Sequential& chain,
 }
 
 void PlannedSequentialImpl::plan(const torch::Tensor& sample_input) {
-  plan(profile_chain(stages_, sample_input, options.profile()));
+  plan::Chain profile = profile_chain(stages_, sample_input, options.profile());
+  check_profile(profile);
+  solve(profile, measure_no_checkpoint_peak(stages_, sample_input));
   profiled_sizes_ = sample_input.sizes().vec();
 }
 
 void PlannedSequentialImpl::plan(const plan::Chain& profile) {
+  check_profile(profile);
+  solve(profile, plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes);
+}
+
+void PlannedSequentialImpl::check_profile(const plan::Chain& profile) const {
   TORCH_CHECK(profile.size() == static_cast<int>(stages_.size()),
               "ckpt::PlannedSequential::plan: the profile has ", profile.size(),
               " stages but the chain has ", stages_.size(), ".");
   profile.validate();
-  const int64_t no_checkpoint_peak =
-      plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes;
-  const int64_t budget_bytes = budget_.resolve(no_checkpoint_peak);
-  plan::Schedule schedule = solve(profile, options.solver(), budget_bytes, options.slots());
+}
+
+// At a budget that holds the no-checkpoint peak, the chain keeps everything: that peak was
+// measured (or predicted from this profile), so it fits, even where the model of a stage's
+// temporaries would predict more.
+void PlannedSequentialImpl::solve(const plan::Chain& profile, int64_t no_checkpoint_peak_bytes) {
+  plan::OptimalOptions optimal;
+  optimal.slots = options.slots();
+  const int64_t minimum = plan::min_feasible_budget_bytes(profile, optimal);
+  int64_t budget_bytes = budget_.resolve(no_checkpoint_peak_bytes, minimum);
+  const bool optimal_solver = options.solver() == "optimal";
+  const bool fits_plain_chain = budget_bytes >= no_checkpoint_peak_bytes;
+  const bool store_everything = optimal_solver && fits_plain_chain;
+  if (optimal_solver && !store_everything && budget_bytes < minimum) {
+    if (!options.fall_back_to_minimum()) throw InfeasibleBudget(budget_bytes, minimum);
+    TORCH_WARN("ckpt::PlannedSequential: no schedule fits in a budget of ", budget_bytes,
+               " bytes; planning for the smallest feasible budget, ", minimum, " bytes.");
+    budget_bytes = minimum;
+  }
+  plan::Schedule schedule =
+      store_everything ? plan::solve_no_checkpoint(profile)
+                       : solve_schedule(profile, options.solver(), budget_bytes, options.slots());
   plan::SimulationResult prediction = plan::simulate(profile, schedule);
   TORCH_INTERNAL_ASSERT(prediction.valid,
                         "solver returned an invalid schedule: ", prediction.error);
-  TORCH_CHECK(prediction.peak_bytes <= budget_bytes, "ckpt::PlannedSequential: the ",
-              options.solver(), " schedule needs ", prediction.peak_bytes,
-              " bytes, more than the budget of ", budget_bytes,
+  // The plain chain's peak is known better than the model predicts it.
+  if (store_everything) {
+    prediction.peak_bytes = std::min(prediction.peak_bytes, no_checkpoint_peak_bytes);
+  }
+  // A schedule never needs more than the plain chain; the profile's model of temporaries may
+  // predict more than the measured plain step, so only a tighter budget is checked.
+  TORCH_CHECK(fits_plain_chain || prediction.peak_bytes <= budget_bytes,
+              "ckpt::PlannedSequential: the ", options.solver(), " schedule needs ",
+              prediction.peak_bytes, " bytes, more than the budget of ", budget_bytes,
               " bytes. Raise the budget or use the optimal solver.");
   profile_ = profile;
   schedule_ = std::move(schedule);
   prediction_ = std::move(prediction);
   budget_bytes_ = budget_bytes;
+  no_checkpoint_peak_bytes_ = no_checkpoint_peak_bytes;
   planned_ = true;
 }
 
@@ -137,7 +179,9 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
   }
   bool any_grad = input.requires_grad();
   for (const auto& p : parameters()) any_grad = any_grad || p.requires_grad();
-  if (!at::GradMode::is_enabled() || !any_grad) {
+  // A schedule that recomputes nothing is the plain chain: run it as such, adding nothing.
+  const bool plain = keeps_everything(schedule_, static_cast<int>(stages_.size())) && !observer_;
+  if (!at::GradMode::is_enabled() || !any_grad || plain) {
     torch::Tensor x = input;
     for (auto& stage : stages_) x = stage.forward<torch::Tensor>(x);
     return x;
@@ -172,6 +216,11 @@ const plan::SimulationResult& PlannedSequentialImpl::prediction() const {
 int64_t PlannedSequentialImpl::budget_bytes() const {
   TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
   return budget_bytes_;
+}
+
+int64_t PlannedSequentialImpl::no_checkpoint_peak_bytes() const {
+  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
+  return no_checkpoint_peak_bytes_;
 }
 
 void PlannedSequentialImpl::pretty_print(std::ostream& stream) const {

@@ -1,15 +1,16 @@
 #include <ckpt/memory_tracker.h>
 #include <ckpt/profiler.h>
 
-#include "region/buffer_guard.h"
 #include "chains/stage_graph.h"
 #include "compat/torch_compat.h"
+#include "region/buffer_guard.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <mutex>
 
 namespace ckpt {
@@ -125,29 +126,61 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::
                              std::max<int64_t>(forward_tmp, 0), std::max<int64_t>(backward_tmp, 0)};
 }
 
-}  // namespace
-
-plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
-                          const at::Tensor& sample_input, const ProfileOptions& options) {
-  TORCH_CHECK(!stages.empty(), "ckpt::profile_chain: the chain is empty.");
-  TORCH_CHECK(options.repeats() >= 1, "ckpt::profile_chain: repeats must be at least 1, but got ",
-              options.repeats(), ".");
-  TORCH_CHECK(MemoryTracker::can_measure(sample_input.device()),
-              "ckpt::profile_chain: the memory of ", sample_input.device(),
+void check_can_profile(const std::vector<torch::nn::AnyModule>& stages,
+                       const at::Tensor& sample_input, const char* function) {
+  TORCH_CHECK(!stages.empty(), function, ": the chain is empty.");
+  TORCH_CHECK(MemoryTracker::can_measure(sample_input.device()), function, ": the memory of ",
+              sample_input.device(),
               " can't be measured with this LibTorch build (device memory needs LibTorch 2.9 or "
               "later and an accelerator whose allocator keeps statistics). Profile on the CPU, or "
               "plan from a chain measured elsewhere.");
-  // Memory of the sample's device: the counting allocator on the CPU, this thread's allocations
-  // only (threads profiling side by side must not see each other's), the caching allocator's
-  // statistics on an accelerator.
-  const c10::Device device = sample_input.device();
-  MemoryTracker tracker(device,
-                        device.is_cpu() ? MemoryScope::CallingThread : MemoryScope::Process);
-  // Profiling runs the stages many times: leave the RNG and the buffers as they were.
-  const GeneratorStates generators(sample_input.device());
+}
+
+// Memory of the sample's device: the counting allocator on the CPU, this thread's allocations
+// only (threads profiling side by side must not see each other's), the caching allocator's
+// statistics on an accelerator.
+MemoryTracker tracker_for(c10::Device device) {
+  return MemoryTracker(device, device.is_cpu() ? MemoryScope::CallingThread : MemoryScope::Process);
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> modules_of(
+    const std::vector<torch::nn::AnyModule>& stages) {
   std::vector<std::shared_ptr<torch::nn::Module>> modules;
   for (const auto& stage : stages) modules.push_back(stage.ptr());
-  const detail::BufferGuard buffers(modules, /*active=*/true);
+  return modules;
+}
+
+}  // namespace
+
+int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
+                                   const at::Tensor& sample_input) {
+  check_can_profile(stages, sample_input, "ckpt::measure_no_checkpoint_peak");
+  MemoryTracker tracker = tracker_for(sample_input.device());
+  const GeneratorStates generators(sample_input.device());
+  const detail::BufferGuard buffers(modules_of(stages), /*active=*/true);
+  std::vector<std::unique_ptr<GradientBuffers>> grads;
+  for (const auto& stage : stages) grads.push_back(std::make_unique<GradientBuffers>(*stage.ptr()));
+
+  const at::AutoGradMode grad_mode(true);
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes();
+  {
+    at::Tensor x = sample_input.detach().requires_grad_(sample_input.requires_grad());
+    for (auto stage : stages) x = stage.forward<at::Tensor>(x);
+    if (x.requires_grad()) x.backward(at::ones_like(x));
+  }
+  return tracker.peak_bytes() - before;
+}
+
+plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
+                          const at::Tensor& sample_input, const ProfileOptions& options) {
+  check_can_profile(stages, sample_input, "ckpt::profile_chain");
+  TORCH_CHECK(options.repeats() >= 1, "ckpt::profile_chain: repeats must be at least 1, but got ",
+              options.repeats(), ".");
+  MemoryTracker tracker = tracker_for(sample_input.device());
+  // Profiling runs the stages many times: leave the RNG and the buffers as they were.
+  const GeneratorStates generators(sample_input.device());
+  const detail::BufferGuard buffers(modules_of(stages), /*active=*/true);
 
   plan::Chain chain;
   chain.input_bytes = storage_bytes(sample_input);

@@ -3,7 +3,9 @@
 
 #include <ckpt/executor.h>
 #include <ckpt/memory_tracker.h>
+#include <ckpt/plan/simulator.h>
 #include <ckpt/plan/solvers.h>
+#include <ckpt/profiler.h>
 
 #include "support/support.h"
 
@@ -94,16 +96,61 @@ TEST_F(PlannedSequentialTest, GradientsBuffersAndDropoutMatchForEverySolver) {
   expect_same_step("revolve", "60%");
 }
 
-TEST_F(PlannedSequentialTest, LowBudgetsRecomputeAndStayExact) {
+// Issue 11, item 8: this test used to plan at the smallest budget and never run the chain.
+TEST_F(PlannedSequentialTest, SmallestBudgetRecomputesAndStaysExact) {
+  torch::manual_seed(2);
+  auto plain = make_blocks(8, 32);
+  torch::manual_seed(2);
   auto chain = make_blocks(8, 32);
-  ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(1.0));
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::parse("min"));
   auto x = torch::randn({16, 32});
   planned->plan(x);
-  const int64_t minimum = ckpt::plan::min_feasible_budget_bytes(planned->profile());
-  ckpt::PlannedSequential tight(chain, ckpt::Budget::bytes(minimum));
-  tight->plan(x);
-  EXPECT_GT(tight->prediction().forward_count, 8);
-  EXPECT_LE(tight->prediction().peak_bytes, minimum);
+  ckpt::plan::OptimalOptions options;
+  options.slots = planned->options.slots();
+  EXPECT_EQ(planned->budget_bytes(),
+            ckpt::plan::min_feasible_budget_bytes(planned->profile(), options));
+  EXPECT_GT(planned->prediction().forward_count, 8);
+  EXPECT_LE(planned->prediction().peak_bytes, planned->budget_bytes());
+  expect_step_equals_plain(plain, chain, planned, x);
+}
+
+// The peak of a step of `run(x)`, with parameter gradients allocated beforehand.
+template <class Run>
+int64_t step_peak(torch::nn::Module& module, const torch::Tensor& x, Run run) {
+  for (auto& p : module.parameters()) p.mutable_grad() = torch::zeros_like(p);
+  ckpt::MemoryTracker tracker;
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes();
+  run(x).sum().backward();
+  return tracker.peak_bytes() - before;
+}
+
+// Issue 11, item 5: with no recomputation at all the executor used 37% more memory than the
+// plain step, and percentages were of a predicted peak above the real one.
+TEST_F(PlannedSequentialTest, BudgetAtTheMeasuredPeakRunsThePlainChain) {
+  torch::manual_seed(3);
+  auto chain = make_blocks(8, 64);
+  auto x = torch::randn({32, 64});
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::parse("100%"));
+  planned->plan(x);
+  std::vector<torch::nn::AnyModule> stages(chain->begin(), chain->end());
+  const int64_t measured_plain = ckpt::measure_no_checkpoint_peak(stages, x);
+  EXPECT_EQ(planned->no_checkpoint_peak_bytes(), measured_plain);
+  EXPECT_LT(
+      measured_plain,
+      ckpt::plan::simulate(planned->profile(), ckpt::plan::solve_no_checkpoint(planned->profile()))
+          .peak_bytes);
+  EXPECT_EQ(planned->prediction().forward_count, 8);  // keeps everything
+  EXPECT_EQ(planned->prediction().peak_bytes, measured_plain);
+  torch::manual_seed(3);
+  auto reference = make_blocks(8, 64);
+  expect_step_equals_plain(reference, chain, planned, x);
+
+  const int64_t plain_peak =
+      step_peak(*chain, x, [&](const torch::Tensor& t) { return chain->forward(t); });
+  const int64_t planned_peak =
+      step_peak(*chain, x, [&](const torch::Tensor& t) { return planned(t); });
+  EXPECT_LE(planned_peak, plain_peak * 102 / 100) << "plain " << plain_peak;
 }
 
 // Each Block keeps Linear, BatchNorm and dropout activations; as storage option 1 (run as a
@@ -171,9 +218,32 @@ TEST_F(PlannedSequentialTest, ConcurrentPlanningGivesThePlanOfPlanningAlone) {
   }
 }
 
-TEST_F(PlannedSequentialTest, InfeasibleBudgetNamesTheSmallestFeasibleOne) {
-  ckpt::PlannedSequential planned(make_blocks(4, 16), ckpt::Budget::bytes(64));
-  CKPT_EXPECT_THROWS_WITH(planned->plan(torch::randn({8, 16})), "smallest feasible budget");
+// Issue 11, item 5: the user had to parse the smallest feasible budget out of the message.
+TEST_F(PlannedSequentialTest, InfeasibleBudgetCarriesTheSmallestFeasibleOne) {
+  auto chain = make_blocks(4, 16);
+  const auto x = torch::randn({8, 16});
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::bytes(64));
+  CKPT_EXPECT_THROWS_WITH(planned->plan(x), "smallest feasible budget");
+  int64_t smallest = 0;
+  try {
+    planned->plan(x);
+  } catch (const ckpt::InfeasibleBudget& error) {
+    smallest = error.smallest_feasible_bytes();
+  }
+  ASSERT_GT(smallest, 64);
+  ckpt::PlannedSequential fits(chain, ckpt::Budget::bytes(smallest));
+  fits->plan(x);
+  EXPECT_EQ(fits->budget_bytes(), smallest);
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::PlannedSequential(chain, ckpt::Budget::bytes(smallest - 1))->plan(x),
+      "smallest feasible budget");
+
+  ckpt::test::WarningCapture warnings;
+  ckpt::PlannedSequential fallback(chain, ckpt::Budget::bytes(64),
+                                   ckpt::PlannedOptions().fall_back_to_minimum(true));
+  fallback->plan(x);
+  EXPECT_EQ(fallback->budget_bytes(), smallest);
+  EXPECT_TRUE(warnings.contains("planning for the smallest feasible budget"));
 }
 
 TEST_F(PlannedSequentialTest, WorksWithAutogradGradForTheInput) {
@@ -186,9 +256,11 @@ TEST_F(PlannedSequentialTest, WorksWithAutogradGradForTheInput) {
   for (const auto& p : chain->parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
+// At a budget that holds the plain chain it runs plainly, and plain autograd allows both; a
+// schedule that recomputes frees what it stored as it goes.
 TEST_F(PlannedSequentialTest, SecondBackwardAndDoubleBackwardAreClearErrors) {
   auto chain = make_chain(4, 8);
-  ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(1.0));
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum());
   auto x = torch::randn({2, 8}, torch::requires_grad());
   auto y = planned(x).sum();
   y.backward({}, /*retain_graph=*/true);
@@ -200,7 +272,7 @@ TEST_F(PlannedSequentialTest, SecondBackwardAndDoubleBackwardAreClearErrors) {
 // A recomputed stage would silently use weights updated between forward and backward.
 TEST_F(PlannedSequentialTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
   auto chain = make_chain(8, 16);
-  ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(0.6));
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum());
   auto x = torch::randn({4, 16}, torch::requires_grad());
   planned->plan(x);
   auto out = planned(x).sum();
@@ -230,10 +302,18 @@ TEST_F(PlannedSequentialTest, MeasuredPeakFollowsThePrediction) {
   }
   for (auto& p : chain->parameters()) p.mutable_grad() = torch::zeros_like(p);
   auto x = torch::randn({batch, width});
+  // Budgets from the profile's own no-checkpoint peak down to its smallest feasible budget.
+  ckpt::PlannedSequential probe(chain, ckpt::Budget::minimum());
+  probe->plan(x);
+  const int64_t smallest = probe->budget_bytes();
+  const int64_t largest =
+      ckpt::plan::simulate(probe->profile(), ckpt::plan::solve_no_checkpoint(probe->profile()))
+          .peak_bytes;
   ckpt::MemoryTracker tracker;
-  for (double fraction : {1.0, 0.6, 0.4, 0.25}) {
+  for (double fraction : {1.0, 0.6, 0.3, 0.0}) {
     SCOPED_TRACE(fraction);
-    ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(fraction));
+    const auto budget = smallest + static_cast<int64_t>(fraction * (largest - smallest));
+    ckpt::PlannedSequential planned(chain, ckpt::Budget::bytes(budget));
     planned->plan(x);
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes() - x.nbytes();  // x_0 counts in the model
@@ -251,12 +331,15 @@ TEST_F(PlannedSequentialTest, MeasuredPeakFollowsThePrediction) {
 }
 
 TEST(BudgetTest, ParsesBytesUnitsAndPercentages) {
-  EXPECT_EQ(ckpt::Budget::parse("1048576").resolve(0), 1048576);
-  EXPECT_EQ(ckpt::Budget::parse("512MB").resolve(0), 512000000);
-  EXPECT_EQ(ckpt::Budget::parse("2GiB").resolve(0), int64_t{2} << 30);
-  EXPECT_EQ(ckpt::Budget::parse("1.5KiB").resolve(0), 1536);
+  EXPECT_EQ(ckpt::Budget::parse("1048576").resolve(0, 0), 1048576);
+  EXPECT_EQ(ckpt::Budget::parse("512MB").resolve(0, 0), 512000000);
+  EXPECT_EQ(ckpt::Budget::parse("2GiB").resolve(0, 0), int64_t{2} << 30);
+  EXPECT_EQ(ckpt::Budget::parse("1.5KiB").resolve(0, 0), 1536);
   EXPECT_TRUE(ckpt::Budget::parse("40%").is_fraction());
-  EXPECT_EQ(ckpt::Budget::parse("40%").resolve(1000), 400);
+  EXPECT_EQ(ckpt::Budget::parse("40%").resolve(1000, 10), 400);
+  EXPECT_TRUE(ckpt::Budget::parse(" min ").is_minimum());
+  EXPECT_EQ(ckpt::Budget::parse("min").resolve(1000, 123), 123);
+  EXPECT_EQ(ckpt::Budget::minimum().resolve(1000, 77), 77);
   CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("lots"), "must be a positive size");
   CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("3 parsecs"), "unknown unit");
   CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("150%"), "(0, 1]");

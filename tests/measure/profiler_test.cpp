@@ -26,8 +26,6 @@ TEST(ProfilerTest, MeasuresSizesOfTheMemoryModel) {
   for (const auto& stage : chain.stages) {
     EXPECT_GT(stage.forward_time, 0);
     EXPECT_GT(stage.backward_time, 0);
-    EXPECT_GE(stage.forward_tmp_bytes, 0);
-    EXPECT_GE(stage.backward_tmp_bytes, 0);
   }
   chain.validate();
 }
