@@ -3,6 +3,7 @@
 #include <ckpt/plan/chain.h>
 #include <ckpt/plan/schedule.h>
 #include <ckpt/plan/simulator.h>
+#include <ckpt/plan/spec.h>
 #include <ckpt/profiler.h>
 
 #include <ATen/core/Tensor.h>
@@ -21,33 +22,10 @@
 
 namespace ckpt {
 
-/// A memory budget for a planned chain: in bytes, as a fraction of the chain's no-checkpoint
-/// peak, or the smallest budget any schedule of the chain fits in.
-class Budget {
- public:
-  /// An absolute budget. `value` must be positive.
-  static Budget bytes(int64_t value);
-  /// A fraction of the no-checkpoint peak; 0.4 means 40%. `value` must be in (0, 1].
-  static Budget fraction(double value);
-  /// The smallest feasible budget of the chain: the most memory saved, at the fastest schedule
-  /// that saves it.
-  static Budget minimum();
-  /// Parses "123456", "512MB", "2GiB", "1.5GB" (bytes, decimal or binary units), "40%" or "min".
-  static Budget parse(const std::string& text);
-
-  bool is_fraction() const { return kind_ == Kind::Fraction; }
-  bool is_minimum() const { return kind_ == Kind::Minimum; }
-  double value() const { return value_; }
-  /// The budget in bytes for a chain whose no-checkpoint peak is `no_checkpoint_peak_bytes` and
-  /// whose smallest feasible budget is `smallest_feasible_bytes`.
-  int64_t resolve(int64_t no_checkpoint_peak_bytes, int64_t smallest_feasible_bytes) const;
-
- private:
-  enum class Kind { Bytes, Fraction, Minimum };
-  Budget(Kind kind, double value) : kind_(kind), value_(value) {}
-  Kind kind_;
-  double value_;
-};
+/// A memory budget: bytes ("512MiB"), a percentage of the chain's no-checkpoint peak ("40%"),
+/// or its smallest feasible budget ("min"). The planning layer's type; its parse errors are
+/// std::invalid_argument.
+using Budget = plan::Budget;
 
 /// Raised when no schedule of the chain fits the budget; carries the smallest budget that fits.
 class InfeasibleBudget : public c10::Error {
@@ -62,8 +40,10 @@ class InfeasibleBudget : public c10::Error {
 
 /// Options for `PlannedSequential`.
 struct PlannedOptions {
-  /// The solver: "optimal" (rotor's dynamic program), "uniform:K" (checkpoint_sequential with K
-  /// segments), "sqrt" (Chen's √n), "revolve", or "none". Default: "optimal"
+  /// The solver, as `plan::SolverSpec` reads it: "optimal" (rotor's dynamic program),
+  /// "uniform:K" (checkpoint_sequential with K segments), "sqrt" (Chen's √n), "revolve:S",
+  /// "none"; "uniform" and "revolve" alone pick the fastest of their family that fits.
+  /// Default: "optimal"
   TORCH_ARG(std::string, solver) = "optimal";
   /// Memory slots of the optimal solver's discretisation. Default: 500
   TORCH_ARG(int, slots) = 500;

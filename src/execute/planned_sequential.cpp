@@ -57,29 +57,12 @@ class PlannedBackward final : public compat::OwningNode {
   std::shared_ptr<detail::ScheduleRunner> runner_;
 };
 
-plan::Schedule solve_schedule(const plan::Chain& chain, const std::string& solver,
-                              int64_t budget_bytes, int slots) {
-  if (solver == "none") return plan::solve_no_checkpoint(chain);
-  if (solver == "sqrt") return plan::solve_sqrt_n(chain);
-  if (solver.rfind("uniform:", 0) == 0) {
-    const int segments = std::atoi(solver.c_str() + 8);
-    return plan::solve_uniform(chain, segments);
+plan::SolverSpec parse_solver(const std::string& solver) {
+  try {
+    return plan::SolverSpec::parse(solver);
+  } catch (const std::invalid_argument& error) {
+    TORCH_CHECK(false, "ckpt::PlannedSequential: ", error.what());
   }
-  if (solver == "revolve") {
-    // The most slots (fewest recomputations) whose schedule fits.
-    for (int s = chain.size(); s >= 1; --s) {
-      plan::Schedule schedule = plan::solve_revolve(chain, s);
-      if (plan::simulate(chain, schedule).peak_bytes <= budget_bytes) return schedule;
-    }
-    return plan::solve_revolve(chain, 1);
-  }
-  TORCH_CHECK(solver == "optimal", "ckpt::PlannedSequential: unknown solver \"", solver,
-              "\". Use optimal, uniform:K, sqrt, revolve or none.");
-  plan::OptimalOptions options;
-  options.slots = slots;
-  auto schedule = plan::solve_optimal(chain, budget_bytes, options);
-  TORCH_INTERNAL_ASSERT(schedule.has_value(), "no schedule at a budget above the minimum");
-  return *schedule;
 }
 
 // True for a schedule that keeps every activation and recomputes nothing: the plain chain.
@@ -97,9 +80,19 @@ bool keeps_everything(const plan::Schedule& schedule, int stages) {
 
 }  // namespace
 
+InfeasibleBudget::InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasible_bytes)
+    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                 c10::str("ckpt::PlannedSequential: no schedule fits in a budget of ", budget_bytes,
+                          " bytes; the smallest feasible budget for this chain is ",
+                          smallest_feasible_bytes,
+                          " bytes. Raise the budget, ask for it with Budget::minimum() (\"min\"), "
+                          "or set PlannedOptions().fall_back_to_minimum(true).")),
+      smallest_feasible_bytes_(smallest_feasible_bytes) {}
+
 PlannedSequentialImpl::PlannedSequentialImpl(const torch::nn::Sequential& chain, Budget budget,
                                              PlannedOptions options)
     : options(std::move(options)), budget_(budget) {
+  parse_solver(this->options.solver());  // a misspelt solver fails here, not at the first step
   TORCH_CHECK(!chain.is_empty() && !chain->is_empty(),
               "ckpt::PlannedSequential: the chain is empty. Pass a Sequential of at least one "
               "module.");
@@ -137,7 +130,8 @@ void PlannedSequentialImpl::solve(const plan::Chain& profile, int64_t no_checkpo
   optimal.slots = options.slots();
   const int64_t minimum = plan::min_feasible_budget_bytes(profile, optimal);
   int64_t budget_bytes = budget_.resolve(no_checkpoint_peak_bytes, minimum);
-  const bool optimal_solver = options.solver() == "optimal";
+  const plan::SolverSpec solver = parse_solver(options.solver());
+  const bool optimal_solver = solver.name == "optimal";
   const bool fits_plain_chain = budget_bytes >= no_checkpoint_peak_bytes;
   const bool store_everything = optimal_solver && fits_plain_chain;
   if (optimal_solver && !store_everything && budget_bytes < minimum) {
@@ -146,9 +140,17 @@ void PlannedSequentialImpl::solve(const plan::Chain& profile, int64_t no_checkpo
                " bytes; planning for the smallest feasible budget, ", minimum, " bytes.");
     budget_bytes = minimum;
   }
-  plan::Schedule schedule =
-      store_everything ? plan::solve_no_checkpoint(profile)
-                       : solve_schedule(profile, options.solver(), budget_bytes, options.slots());
+  plan::Schedule schedule = plan::solve_no_checkpoint(profile);
+  if (!store_everything) {
+    plan::Plan solved;
+    try {
+      solved = plan::solve(profile, solver, budget_bytes, optimal);
+    } catch (const std::invalid_argument& error) {
+      TORCH_CHECK(false, "ckpt::PlannedSequential: ", error.what());
+    }
+    TORCH_INTERNAL_ASSERT(solved.schedule.has_value(), "no schedule at a budget above the minimum");
+    schedule = std::move(*solved.schedule);
+  }
   plan::SimulationResult prediction = plan::simulate(profile, schedule);
   TORCH_INTERNAL_ASSERT(prediction.valid,
                         "solver returned an invalid schedule: ", prediction.error);

@@ -244,7 +244,14 @@ TEST(Cli, PlanRejectsUnknownSolver) {
   const Result result =
       run("plan --chain " + chain("homogeneous.json") + " --budget 1MB --solver magic");
   EXPECT_EQ(result.code, 2);
-  EXPECT_NE(result.err.find("unknown solver 'magic'"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("unknown solver \"magic\""), std::string::npos) << result.err;
+  // std::atoi once let a count that is no number through.
+  for (const char* solver : {"uniform:abc", "revolve:3x", "uniform:0", "sqrt:2"}) {
+    const Result bad =
+        run("plan --chain " + chain("homogeneous.json") + " --budget 1MB --solver " + solver);
+    EXPECT_EQ(bad.code, 2) << solver;
+    EXPECT_NE(bad.err.find("--solver"), std::string::npos) << bad.err;
+  }
 }
 
 TEST(Cli, PlanRequiresChainAndBudget) {

@@ -340,11 +340,35 @@ TEST(BudgetTest, ParsesBytesUnitsAndPercentages) {
   EXPECT_TRUE(ckpt::Budget::parse(" min ").is_minimum());
   EXPECT_EQ(ckpt::Budget::parse("min").resolve(1000, 123), 123);
   EXPECT_EQ(ckpt::Budget::minimum().resolve(1000, 77), 77);
-  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("lots"), "must be a positive size");
-  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("3 parsecs"), "unknown unit");
-  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("150%"), "(0, 1]");
-  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("-5"), "must be a positive size");
-  CKPT_EXPECT_THROWS_WITH(ckpt::Budget::parse("4x%"), "cannot read a percentage");
+  // The planning layer knows no LibTorch: its parse errors are std::invalid_argument.
+  const auto expect_rejected = [](const std::string& text, const std::string& substring) {
+    try {
+      ckpt::Budget::parse(text);
+      ADD_FAILURE() << "accepted \"" << text << "\"";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(substring), std::string::npos) << error.what();
+    }
+  };
+  expect_rejected("lots", "must be a positive size");
+  expect_rejected("3 parsecs", "unknown unit");
+  expect_rejected("150%", "(0, 100]");
+  expect_rejected("-5", "must be a positive size");
+  expect_rejected("4x%", "(0, 100]");
+  expect_rejected("minimum", "\"min\" for the smallest feasible budget");
+}
+
+// Issue 11, item 7: std::atoi let "uniform:abc" through as uniform:0.
+TEST(SolverSpecTest, ParsesSolversOnceForLibraryAndCli) {
+  EXPECT_EQ(ckpt::plan::SolverSpec::parse("uniform:4").count, 4);
+  EXPECT_EQ(ckpt::plan::SolverSpec::parse("revolve").count, 0);
+  EXPECT_EQ(ckpt::plan::SolverSpec::parse("revolve:2").to_string(), "revolve:2");
+  for (const char* bad :
+       {"uniform:abc", "uniform:", "uniform:0", "revolve:3x", "sqrt:2", "magic"}) {
+    EXPECT_THROW(ckpt::plan::SolverSpec::parse(bad), std::invalid_argument) << bad;
+  }
+  CKPT_EXPECT_THROWS_WITH(ckpt::PlannedSequential(make_chain(2, 4), ckpt::Budget::parse("50%"),
+                                                  ckpt::PlannedOptions().solver("uniform:abc")),
+                          "positive integer");
 }
 
 }  // namespace

@@ -15,110 +15,19 @@
 
 namespace ckpt {
 namespace cli {
-namespace {
-
 using nlohmann::json;
-
-// "uniform:4" -> ("uniform", 4); "sqrt" -> ("sqrt", 0).
-std::pair<std::string, int> split_solver(const std::string& solver) {
-  const auto colon = solver.find(':');
-  if (colon == std::string::npos) return {solver, 0};
-  const std::string name = solver.substr(0, colon);
-  const std::string what = "--solver " + name + ":N";
-  const int64_t value = parse_positive_int(solver.substr(colon + 1), what);
-  if (value > std::numeric_limits<int>::max()) throw UsageError(what + " is too large");
-  return {name, static_cast<int>(value)};
-}
-
-PlanOutcome fixed(const plan::Chain& chain, int64_t budget_bytes, plan::Schedule schedule,
-                  std::string solver) {
-  PlanOutcome outcome;
-  outcome.prediction = plan::simulate(chain, schedule);
-  outcome.schedule = std::move(schedule);
-  outcome.solver = std::move(solver);
-  outcome.feasible = outcome.prediction.valid && outcome.prediction.peak_bytes <= budget_bytes;
-  if (!outcome.feasible) {
-    outcome.message = "the " + outcome.solver + " schedule needs " +
-                      std::to_string(outcome.prediction.peak_bytes) + " bytes, above the budget";
-  }
-  return outcome;
-}
-
-// The fastest schedule of a family (uniform:K or revolve:S for K, S in 1..L) that fits the
-// budget, or the one with the smallest peak when none does.
-template <class Make>
-PlanOutcome best_of(const plan::Chain& chain, int64_t budget_bytes, const std::string& name,
-                    Make make) {
-  std::optional<PlanOutcome> best;
-  for (int k = 1; k <= chain.size(); ++k) {
-    PlanOutcome candidate = fixed(chain, budget_bytes, make(k), name + ":" + std::to_string(k));
-    const bool better = !best || (candidate.feasible && !best->feasible) ||
-                        (candidate.feasible && best->feasible &&
-                         candidate.prediction.time < best->prediction.time) ||
-                        (!candidate.feasible && !best->feasible &&
-                         candidate.prediction.peak_bytes < best->prediction.peak_bytes);
-    if (better) best = std::move(candidate);
-  }
-  return *best;
-}
-
-}  // namespace
 
 PlanOutcome solve_with(const plan::Chain& chain, int64_t budget_bytes, const std::string& solver,
                        int slots) {
-  const auto [name, count] = split_solver(solver);
-  const int stages = chain.size();
-  const auto check_count = [&](const char* what) {
-    if (count > stages) {
-      throw UsageError("--solver " + solver + ": " + what +
-                       " must be between 1 and the number of " + "stages (" +
-                       std::to_string(stages) + ")");
-    }
-  };
-  if (name == "none" && count == 0) {
-    return fixed(chain, budget_bytes, plan::solve_no_checkpoint(chain), "none");
+  if (slots < 1)
+    throw UsageError("--slots must be a positive integer, but got " + std::to_string(slots));
+  plan::OptimalOptions options;
+  options.slots = slots;
+  try {
+    return plan::solve(chain, plan::SolverSpec::parse(solver), budget_bytes, options);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(std::string("--solver: ") + error.what());
   }
-  if (name == "sqrt" && count == 0) {
-    return fixed(chain, budget_bytes, plan::solve_sqrt_n(chain), "sqrt");
-  }
-  if (name == "uniform") {
-    if (count == 0) {
-      return best_of(chain, budget_bytes, "uniform",
-                     [&](int k) { return plan::solve_uniform(chain, k); });
-    }
-    check_count("the number of segments");
-    return fixed(chain, budget_bytes, plan::solve_uniform(chain, count), solver);
-  }
-  if (name == "revolve") {
-    if (count == 0) {
-      return best_of(chain, budget_bytes, "revolve",
-                     [&](int s) { return plan::solve_revolve(chain, s); });
-    }
-    check_count("the number of slots");
-    return fixed(chain, budget_bytes, plan::solve_revolve(chain, count), solver);
-  }
-  if (name == "optimal" && count == 0) {
-    if (slots < 1)
-      throw UsageError("--slots must be a positive integer, but got " + std::to_string(slots));
-    PlanOutcome outcome;
-    outcome.solver = "optimal";
-    std::optional<plan::Schedule> schedule;
-    if (budget_bytes >= chain.input_bytes) {
-      plan::OptimalOptions options;
-      options.slots = slots;
-      schedule = plan::solve_optimal(chain, budget_bytes, options);
-    }
-    if (schedule) {
-      outcome.prediction = plan::simulate(chain, *schedule);
-      outcome.schedule = std::move(schedule);
-      outcome.feasible = outcome.prediction.valid && outcome.prediction.peak_bytes <= budget_bytes;
-    } else {
-      outcome.message = "no schedule fits the budget";
-    }
-    return outcome;
-  }
-  throw UsageError("unknown solver '" + solver +
-                   "'; use optimal, uniform, uniform:K, sqrt, revolve, revolve:S or none");
 }
 
 CLI::App* add_plan_command(CLI::App& app, PlanArgs& args) {
@@ -130,8 +39,8 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& args) {
       ->type_name("FILE.json");
   command
       ->add_option("--budget", args.budget,
-                   "Memory budget: bytes (1048576, 512MiB, 2GB, ...) or a percentage of the "
-                   "chain's no-checkpoint peak (40%)")
+                   "Memory budget: bytes (1048576, 512MiB, 2GB, ...), a percentage of the "
+                   "chain's no-checkpoint peak (40%), or min (the smallest feasible budget)")
       ->required()
       ->type_name("BYTES");
   command
@@ -147,23 +56,13 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& args) {
   return command;
 }
 
-// Bytes ("64MiB") or a percentage of the chain's no-checkpoint peak ("40%").
-int64_t parse_budget(const std::string& text, int64_t no_checkpoint_peak_bytes) {
-  if (!text.empty() && text.back() == '%') {
-    char* end = nullptr;
-    const double percent = std::strtod(text.c_str(), &end);
-    if (end != text.c_str() + text.size() - 1 || !(percent > 0 && percent <= 100)) {
-      throw UsageError(
-          "--budget: the percentage must be a number in (0, 100], such as 40%, but "
-          "got '" +
-          text + "'");
-    }
-    return static_cast<int64_t>(percent / 100.0 * static_cast<double>(no_checkpoint_peak_bytes));
-  }
+// Bytes ("64MiB"), a percentage of the chain's no-checkpoint peak ("40%") or "min".
+int64_t parse_budget(const std::string& text, int64_t no_checkpoint_peak_bytes,
+                     int64_t min_feasible_bytes) {
   try {
-    return parse_bytes(text, "--budget");
+    return plan::Budget::parse(text).resolve(no_checkpoint_peak_bytes, min_feasible_bytes);
   } catch (const std::invalid_argument& error) {
-    throw UsageError(error.what());
+    throw UsageError(std::string("--budget: ") + error.what());
   }
 }
 
@@ -175,17 +74,16 @@ int run_plan(const PlanArgs& args, std::ostream& out) {
   plan::OptimalOptions optimal_options;
   optimal_options.slots = args.slots;
   const int64_t table_bytes = plan::optimal_table_bytes(chain.size(), optimal_options);
-  if (split_solver(args.solver).first == "optimal" &&
-      table_bytes > plan::OptimalOptions{}.max_table_bytes) {
+  if (args.solver == "optimal" && table_bytes > plan::OptimalOptions{}.max_table_bytes) {
     throw UsageError("--slots " + std::to_string(args.slots) + ": the optimal solver needs " +
                      format_bytes(table_bytes) + " of tables for " + std::to_string(chain.size()) +
                      " stages, above its limit of " +
                      format_bytes(plan::OptimalOptions{}.max_table_bytes) + "; use fewer --slots");
   }
   const plan::SimulationResult baseline = plan::simulate(chain, plan::solve_no_checkpoint(chain));
-  const int64_t budget_bytes = parse_budget(args.budget, baseline.peak_bytes);
-  const PlanOutcome outcome = solve_with(chain, budget_bytes, args.solver, args.slots);
   const int64_t min_budget = plan::min_feasible_budget_bytes(chain);
+  const int64_t budget_bytes = parse_budget(args.budget, baseline.peak_bytes, min_budget);
+  const PlanOutcome outcome = solve_with(chain, budget_bytes, args.solver, args.slots);
   const bool has_schedule = outcome.schedule.has_value();
   std::string message = outcome.message;
   if (!outcome.feasible) {

@@ -5,6 +5,7 @@
 #include <ckpt/plan/chain.h>
 #include <ckpt/plan/schedule.h>
 #include <ckpt/plan/simulator.h>
+#include <ckpt/plan/spec.h>
 
 #include <CLI/CLI.hpp>
 
@@ -24,18 +25,7 @@ struct PlanArgs {
 };
 
 /// What one solver gives for a chain and a budget.
-struct PlanOutcome {
-  /// A schedule exists and its simulated peak fits the budget.
-  bool feasible = false;
-  /// The solver's schedule; empty when the optimal solver finds none (budget too small). Fixed
-  /// solvers (none, uniform:K, sqrt, revolve:S) always give one, feasible or not.
-  std::optional<plan::Schedule> schedule;
-  plan::SimulationResult prediction;
-  /// The solver as run, e.g. "uniform:4" for "uniform" (which picks the best K).
-  std::string solver;
-  /// Why it is infeasible, empty otherwise.
-  std::string message;
-};
+using PlanOutcome = plan::Plan;
 
 /// Runs solver `solver` ("optimal", "uniform", "uniform:K", "sqrt", "revolve", "revolve:S",
 /// "none") on `chain` under `budget_bytes`. Throws UsageError for an unknown solver or a K/S

@@ -55,8 +55,7 @@ class SigintGuard {
 struct Strategy {
   enum class Kind { None, Sequential, Budget } kind = Kind::None;
   int64_t segments = 0;
-  bool fraction = false;
-  double value = 0;  // bytes, or a fraction in (0, 1]
+  Budget budget = Budget::minimum();
   std::string text;
 };
 
@@ -86,23 +85,10 @@ Strategy parse_strategy(const std::string& text, int64_t stage_count) {
           "--strategy budget:B needs a budget, in bytes (budget:64MiB) or as a "
           "percentage of the no-checkpoint peak (budget:40%)");
     }
-    if (value.back() == '%') {
-      char* end = nullptr;
-      const std::string number = value.substr(0, value.size() - 1);
-      const double percent = std::strtod(number.c_str(), &end);
-      if (number.empty() || end != number.c_str() + number.size() || !(percent > 0) ||
-          percent > 100) {
-        throw UsageError("--strategy " + text +
-                         ": the percentage must be a number in (0, 100], e.g. budget:40%");
-      }
-      strategy.fraction = true;
-      strategy.value = percent / 100;
-    } else {
-      try {
-        strategy.value = static_cast<double>(parse_bytes(value, "--strategy budget:B"));
-      } catch (const std::invalid_argument& error) {
-        throw UsageError(error.what());
-      }
+    try {
+      strategy.budget = Budget::parse(value);
+    } catch (const std::invalid_argument& error) {
+      throw UsageError("--strategy " + text + ": " + error.what());
     }
     return strategy;
   }
@@ -199,9 +185,7 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
       };
       break;
     case Strategy::Kind::Budget: {
-      const Budget budget = strategy.fraction ? Budget::fraction(strategy.value)
-                                              : Budget::bytes(static_cast<int64_t>(strategy.value));
-      planned = PlannedSequential(chain, budget);
+      planned = PlannedSequential(chain, strategy.budget);
       // Profile on a batch from its own generator, so that training sees the same batches.
       std::mt19937_64 sample_rng(args.seed ^ 0x5eedULL);
       std::vector<int64_t> inputs, targets;
