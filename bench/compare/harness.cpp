@@ -151,14 +151,22 @@ void try_warm_and_measure(Workbench& bench, Method& method, MemoryTracker& track
   }
 }
 
+// The script given, else the one installed next to the program (share/ckpt), else the source
+// tree's.
+std::string python_script(const BenchOptions& options) {
+  if (!options.python_script.empty()) return options.python_script;
+  const std::string installed = executable_dir() + "/../share/ckpt/torch_checkpoint.py";
+  if (file_exists(installed)) return installed;
+  return std::string(CKPT_BENCH_COMPARE_DIR) + "/torch_checkpoint.py";
+}
+
 std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig& config,
                                  const std::vector<int>& segments, int steps, int warmup) {
   std::string python = options.python_executable;
   // The Python configured at build time (the newest torch for LibTorch 2.x builds), else Debian's.
   if (python.empty()) python = CKPT_BENCH_DEFAULT_PYTHON;
   if (python.empty()) python = file_exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-  std::string script = options.python_script;
-  if (script.empty()) script = std::string(CKPT_BENCH_COMPARE_DIR) + "/torch_checkpoint.py";
+  const std::string script = python_script(options);
   std::ostringstream cmd;
   cmd << "'" << python << "' '" << script << "' --config '" << to_json(config) << "' --segments ";
   for (size_t i = 0; i < segments.size(); ++i) cmd << (i ? "," : "") << segments[i];

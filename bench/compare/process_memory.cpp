@@ -1,6 +1,7 @@
 #include "process_memory.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -64,6 +65,12 @@ void use_large_mmap_threshold() {
 
 bool file_exists(const std::string& path) {
   return static_cast<bool>(std::ifstream(path));
+}
+
+std::string executable_dir() {
+  std::error_code error;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::string() : path.parent_path().string();
 }
 
 int run_command(const std::string& command, std::string& output) {

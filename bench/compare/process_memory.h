@@ -31,6 +31,9 @@ void use_large_mmap_threshold();
 
 bool file_exists(const std::string& path);
 
+/// The folder of the running program ("" where /proc/self/exe can't be read).
+std::string executable_dir();
+
 /// Runs `command` through the shell, collecting its stdout (stderr passes through). Returns the
 /// exit status, or -1 when it cannot be started.
 int run_command(const std::string& command, std::string& output);

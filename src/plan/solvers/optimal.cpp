@@ -109,12 +109,20 @@ void check_table_size(const char* function, const Chain& chain, int slots,
       " MB). Use fewer slots, group stages into fewer, larger ones, or raise max_table_bytes.");
 }
 
+}  // namespace
+
+// What a table entry does first: the loss (the chain is done), forward_all of its first stage
+// (with a storage option), or forward_input and forward_none up to a later stage j.
+enum class Step { Infeasible, Loss, ForwardAll, ForwardInput };
+
+namespace {
+
 // --- The min-max program: the smallest memory of any persistent schedule, exact. ---
 
 struct MinMemory {
   int64_t memory = 0;
   double time = 0.0;
-  int kind = 0;  // 0 loss, 1 forward_all (option), 2 forward_input (j)
+  Step step = Step::Loss;
   int option = 0;
   int j = 0;
 };
@@ -156,14 +164,15 @@ class MinMemorySolver {
     best.time = kInfinity;
     const int length = c_.length;
     if (i == length) {
-      best = MinMemory{c_.x[static_cast<size_t>(length)], 0.0, 0, 0, 0};
+      best = MinMemory{c_.x[static_cast<size_t>(length)], 0.0, Step::Loss, 0, 0};
     } else {
       const auto si = static_cast<size_t>(i);
       if (forward_all_allowed(restricted_, length, i, l)) {
         for (int k = 0; k < static_cast<int>(c_.saved[si].size()); ++k) {
           const auto sk = static_cast<size_t>(k);
           MinMemory candidate{forward_all_need(c_, i, l, k),
-                              c_.forward_time[si][sk] + c_.backward_time[si][sk], 1, k, 0};
+                              c_.forward_time[si][sk] + c_.backward_time[si][sk], Step::ForwardAll,
+                              k, 0};
           if (l > i) {
             const MinMemory& sub = at(i + 1, l);
             candidate.memory = std::max(candidate.memory, c_.saved[si][sk] + sub.memory);
@@ -182,7 +191,7 @@ class MinMemorySolver {
         const MinMemory& left = at(i, j - 1);
         MinMemory candidate{std::max({c_.x[static_cast<size_t>(l + 1)] + forward,
                                       c_.x[sj] + right.memory, left.memory}),
-                            prefix + right.time + left.time, 2, 0, j};
+                            prefix + right.time + left.time, Step::ForwardInput, 0, j};
         if (better(candidate, best)) best = candidate;
       }
     }
@@ -192,9 +201,9 @@ class MinMemorySolver {
 
   void emit(int i, int l, std::vector<Op>& ops) const {
     const MinMemory& choice = at(i, l);
-    if (choice.kind == 0) {
+    if (choice.step == Step::Loss) {
       ops.push_back({OpKind::Loss, c_.length, 0});
-    } else if (choice.kind == 1) {
+    } else if (choice.step == Step::ForwardAll) {
       ops.push_back({OpKind::ForwardAll, i, choice.option});
       if (l > i) emit(i + 1, l, ops);
       ops.push_back({OpKind::Backward, i, choice.option});
@@ -224,7 +233,7 @@ class MinMemorySolver {
 // --- The budgeted table ---
 
 struct OptimalTable::Choice {
-  int kind = -1;  // -1 infeasible, 0 loss, 1 forward_all (option), 2 forward_input (j)
+  Step step = Step::Infeasible;
   int option = 0;
   int j = 0;
 };
@@ -370,7 +379,7 @@ OptimalTable::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
   double best_time = kInfinity;
   const int length = chain_.size();
   if (i == length) {
-    if (m >= x_[static_cast<size_t>(length)]) best.kind = 0;
+    if (m >= x_[static_cast<size_t>(length)]) best.step = Step::Loss;
     return best;
   }
   const Stage& stage = chain_.stages[static_cast<size_t>(i)];
@@ -386,7 +395,7 @@ OptimalTable::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
       }
       if (value < best_time) {
         best_time = value;
-        best = Choice{1, k, 0};
+        best = Choice{Step::ForwardAll, k, 0};
       }
     }
   }
@@ -401,7 +410,7 @@ OptimalTable::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
     const double value = (prefix + row(j, l)[m - x_[sj]]) + row(i, j - 1)[m];
     if (value < best_time) {
       best_time = value;
-      best = Choice{2, 0, j};
+      best = Choice{Step::ForwardInput, 0, j};
     }
   }
   return best;
@@ -409,16 +418,16 @@ OptimalTable::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
 
 void OptimalTable::reconstruct(int i, int l, int64_t m, std::vector<Op>& ops) const {
   const Choice choice = best_choice(i, l, m);
-  if (choice.kind == 0) {
+  if (choice.step == Step::Loss) {
     ops.push_back({OpKind::Loss, chain_.size(), 0});
-  } else if (choice.kind == 1) {
+  } else if (choice.step == Step::ForwardAll) {
     ops.push_back({OpKind::ForwardAll, i, choice.option});
     if (l > i) {
       reconstruct(i + 1, l, m - saved_[static_cast<size_t>(i)][static_cast<size_t>(choice.option)],
                   ops);
     }
     ops.push_back({OpKind::Backward, i, choice.option});
-  } else if (choice.kind == 2) {
+  } else if (choice.step == Step::ForwardInput) {
     ops.push_back({OpKind::ForwardInput, i, 0});
     for (int k = i + 1; k < choice.j; ++k) ops.push_back({OpKind::ForwardNone, k, 0});
     reconstruct(choice.j, l, m - x_[static_cast<size_t>(choice.j)], ops);
