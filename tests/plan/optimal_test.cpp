@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "plan_support.h"
+#include "reference_accounting.h"
 
 #include <algorithm>
 #include <limits>
@@ -88,13 +89,18 @@ struct Simulated {
   int64_t peak_bytes;
 };
 
+// Scores every persistent schedule with the tests' own accounting (not the solver's simulate),
+// and checks on the way that the simulator agrees with it.
 std::vector<Simulated> simulate_all(const Chain& chain, bool restricted) {
   PersistentSchedules schedules(chain, restricted);
   std::vector<Simulated> results;
   for (const auto& ops : schedules.all(0, chain.size())) {
-    const SimulationResult result = simulate(chain, Schedule{ops});
-    EXPECT_TRUE(result.valid) << result.error << "\n" << to_string(Schedule{ops});
-    results.push_back({result.time, result.peak_bytes});
+    const test::ReferenceScore score = test::ReferenceAccounting(chain).score(Schedule{ops});
+    EXPECT_TRUE(score.valid) << to_string(Schedule{ops});
+    const SimulationResult simulated = simulate(chain, Schedule{ops});
+    EXPECT_EQ(simulated.peak_bytes, score.peak_bytes) << to_string(Schedule{ops});
+    EXPECT_EQ(simulated.time, score.time) << to_string(Schedule{ops});
+    results.push_back({score.time, score.peak_bytes});
   }
   return results;
 }
@@ -143,8 +149,8 @@ TEST_P(OptimalBruteForceTest, EqualsBruteForceOverPersistentSchedules) {
       ASSERT_EQ(schedule.has_value(), expected < std::numeric_limits<double>::infinity())
           << "budget=" << budget;
       if (!schedule) continue;
-      const SimulationResult result = simulate(chain, *schedule);
-      ASSERT_TRUE(result.valid) << result.error;
+      const test::ReferenceScore result = test::ReferenceAccounting(chain).score(*schedule);
+      ASSERT_TRUE(result.valid) << to_string(*schedule);
       EXPECT_LE(result.peak_bytes, budget);
       EXPECT_EQ(result.time, expected) << "budget=" << budget << "\n" << to_string(*schedule);
     }
