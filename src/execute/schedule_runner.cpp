@@ -78,6 +78,7 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
   kept_.assign(n + 1, false);
   graphs_.resize(n);
   rng_.resize(n);
+  autocast_.resize(n);
   ran_.assign(n, false);
   // Only stages that run again need their RNG state stashed (5 KB each on the CPU).
   std::vector<int> forwards(n, 0);
@@ -135,16 +136,20 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
   const int i = op.stage;
   const at::Tensor input = available(i);
   // A stage that already ran is being recomputed: replay its RNG (the CPU's and its input's
-  // device's, as a region does), keep its buffers.
+  // device's) and autocast state, as a region does, and keep its buffers.
   const bool recompute = ran_[i];
   c10::optional<RngFork> replay;
+  c10::optional<AutocastScope> autocast;
   c10::optional<RecomputeMark> mark;
   if (recompute) {
     mark.emplace();
     if (rng_[i].has_value()) replay.emplace(*rng_[i]);
+    autocast.emplace(autocast_[i]);
   } else {
+    const c10::DeviceType device_type = infer_device_type({input});
     if (preserve_rng_state_ && recomputed_[i])
-      rng_[i].emplace(std::vector<at::Tensor>{input}, infer_device_type({input}));
+      rng_[i].emplace(std::vector<at::Tensor>{input}, device_type);
+    if (recomputed_[i]) autocast_[i] = AutocastState::current(device_type);
     ran_[i] = true;
   }
   const BufferGuard buffers({stages_[i].ptr()}, recompute);

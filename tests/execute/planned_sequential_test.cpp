@@ -7,8 +7,10 @@
 #include <ckpt/plan/solvers.h>
 #include <ckpt/profiler.h>
 
+#include "compat/torch_compat.h"
 #include "support/support.h"
 
+#include <functional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -328,6 +330,36 @@ TEST_F(PlannedSequentialTest, MeasuredPeakFollowsThePrediction) {
     EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(predicted), 0.10 * predicted)
         << "measured " << measured << " predicted " << predicted;
   }
+}
+
+// Issue 11, item 7: the executor replayed the RNG but not autocast, so a stage recomputed in
+// the backward (outside autocast) ran in float32 where its forward ran in bfloat16.
+TEST_F(PlannedSequentialTest, RecomputedStagesReplayAutocast) {
+  torch::manual_seed(6);
+  auto plain = make_chain(6, 32);
+  torch::manual_seed(6);
+  auto chain = make_chain(6, 32);
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum());
+  const auto x = torch::randn({8, 32});
+  planned->plan(x);
+  ASSERT_GT(planned->prediction().forward_count, 12);  // recomputes
+  const auto step = [&](const std::function<torch::Tensor(const torch::Tensor&)>& run) {
+    const bool enabled = ckpt::compat::autocast_enabled(c10::DeviceType::CPU);
+    const auto dtype = ckpt::compat::autocast_dtype(c10::DeviceType::CPU);
+    ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
+    ckpt::compat::set_autocast_dtype(c10::DeviceType::CPU, at::kBFloat16);
+    auto input = x.clone().requires_grad_();
+    auto loss = run(input).to(at::kFloat).pow(2).sum();
+    ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, enabled);
+    ckpt::compat::set_autocast_dtype(c10::DeviceType::CPU, dtype);
+    loss.backward();  // outside autocast, as training code does
+    return input.grad();
+  };
+  const auto expected = step([&](const torch::Tensor& t) { return plain->forward(t); });
+  const auto actual = step([&](const torch::Tensor& t) { return planned(t); });
+  EXPECT_TRUE(bit_equal(actual, expected));
+  const auto a = take_grads(*plain), b = take_grads(*chain);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bit_equal(b[i], a[i])) << "parameter " << i;
 }
 
 TEST(BudgetTest, ParsesBytesUnitsAndPercentages) {
