@@ -3,9 +3,9 @@
 #include "models.h"
 #include "process_memory.h"
 
-#include <ckpt/executor.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/plan/solvers.h>
+#include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
 #include <ckpt/sequential.h>
 
@@ -293,7 +293,8 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
         methods.push_back(std::move(m));
         continue;
       }
-      PlannedSequential planned(model, Budget::bytes(budget), PlannedOptions().solver("optimal"));
+      PlannedSequential planned(model, Budget::bytes(budget),
+                                PlannedSequentialOptions().solver("optimal"));
       const auto t0 = std::chrono::steady_clock::now();
       try {
         planned->plan(profile);
@@ -395,10 +396,6 @@ std::string python_twin(const std::string& cpp_method) {
   return "python" + cpp_method.substr(std::string("ckpt").size());
 }
 
-std::string verdict(bool met) {
-  return met ? "**met**" : "**missed**";
-}
-
 }  // namespace
 
 std::vector<int> segment_counts(int stages) {
@@ -480,79 +477,6 @@ std::string to_markdown(const std::vector<BenchRow>& rows, const BenchOptions& o
     md << "\n";
   }
 
-  // Targets.
-  md << "### Targets\n\n| target | figures | verdict |\n|---|---|---|\n";
-  if (const BenchRow* none = find(rows, "mlp", "none", 0)) {
-    const int n = none->forward_count;
-    const int s = static_cast<int>(std::lround(std::sqrt(n)));
-    if (const BenchRow* r = find(rows, "mlp", "ckpt_sequential", s)) {
-      md << "| MLP (" << n << " stages): peak at √n = " << s << " segments ≤ 0.5× none | "
-         << mib(r->peak_bytes) << " / " << mib(none->peak_bytes)
-         << " MiB = " << fixed(r->memory_ratio, 3) << "× (RSS " << fixed(r->rss_memory_ratio, 3)
-         << "×) | " << verdict(r->memory_ratio <= 0.5) << " |\n";
-    }
-  }
-  if (const BenchRow* none = find(rows, "small", "none", 0)) {
-    for (const int s : segment_counts(none->forward_count)) {
-      for (const char* method : {"ckpt_sequential_reentrant", "ckpt_sequential"}) {
-        const BenchRow* py = find(rows, "small", python_twin(method), s);
-        const BenchRow* r = find(rows, "small", method, s);
-        if (r == nullptr) continue;
-        if (py && py->step_ms > 0) {
-          md << "| small, segments=" << s << ": " << method << " ≤ 0.8× Python | "
-             << fixed(r->step_ms, 2) << " / " << fixed(py->step_ms, 2)
-             << " ms = " << fixed(r->step_ms / py->step_ms, 3) << "× | "
-             << verdict(r->step_ms / py->step_ms <= 0.8) << " |\n";
-        }
-        md << "| small, segments=" << s << ": " << method << " overhead ≤ 1.45× | "
-           << fixed(r->step_ms, 2) << " / " << fixed(none->step_ms, 2)
-           << " ms = " << fixed(r->overhead, 3) << "× | " << verdict(r->overhead <= 1.45) << " |\n";
-      }
-    }
-  }
-  for (const auto& name : models) {
-    const BenchRow* none = find(rows, name, "none", 0);
-    if (none == nullptr) continue;
-    for (const auto& row : rows) {
-      if (row.model != name || row.method != "ckpt_planned") continue;
-      const auto open = row.setting.find("(segments=");
-      if (open != std::string::npos) {
-        const int s = std::stoi(row.setting.substr(open + 10));
-        const BenchRow* seq = find(rows, name, "ckpt_sequential", s);
-        if (seq == nullptr || row.step_ms <= 0) continue;
-        const double ratio = (row.overhead - 1) / std::max(seq->overhead - 1, 1e-9);
-        md << "| " << name << ": planned at the peak of segments=" << s << " | planned "
-           << mib(row.peak_bytes) << " MiB, " << fixed(row.overhead, 3)
-           << "× vs checkpoint_sequential " << mib(seq->peak_bytes) << " MiB, "
-           << fixed(seq->overhead, 3) << "×; overhead ratio " << fixed(ratio, 2) << " | "
-           << (name == "resnet"
-                   ? verdict(ratio <= 1.0 / 3.0) + " (≤ 1/3)"
-                   : verdict(row.step_ms <= seq->step_ms * 1.05) + " (not slower, 5% noise)")
-           << " |\n";
-      } else if (row.setting.find("min feasible") != std::string::npos && row.step_ms > 0) {
-        md << "| " << name << ": lowest feasible budget ≤ 15% of none | " << mib(row.peak_bytes)
-           << " MiB = " << percent(row.memory_ratio) << " of none, overhead "
-           << fixed(row.overhead, 3) << "× | " << verdict(row.memory_ratio <= 0.15) << " |\n";
-      }
-    }
-    double worst = 0;
-    int count = 0;
-    for (const auto& row : rows) {
-      if (row.model != name || row.method != "ckpt_planned" || row.predicted_peak_bytes <= 0 ||
-          row.peak_bytes < 0) {
-        continue;
-      }
-      ++count;
-      worst =
-          std::max(worst, std::abs(static_cast<double>(row.peak_bytes - row.predicted_peak_bytes)) /
-                              static_cast<double>(row.predicted_peak_bytes));
-    }
-    if (count > 0) {
-      md << "| " << name << ": measured peak within ±10% of the prediction (" << count
-         << " planned rows) | worst " << fixed(100 * worst, 1) << "% | " << verdict(worst <= 0.10)
-         << " |\n";
-    }
-  }
   md << "\n";
   return md.str();
 }

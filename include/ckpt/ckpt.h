@@ -4,10 +4,10 @@
 /// Umbrella header of ckpt, activation checkpointing for LibTorch.
 
 #include <ckpt/checkpoint.h>
-#include <ckpt/executor.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/modules.h>
 #include <ckpt/options.h>
+#include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
 #include <ckpt/recompute.h>
 #include <ckpt/sequential.h>

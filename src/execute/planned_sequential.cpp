@@ -1,5 +1,5 @@
-#include <ckpt/executor.h>
 #include <ckpt/plan/solvers.h>
+#include <ckpt/planned_sequential.h>
 
 #include "compat/torch_compat.h"
 #include "schedule_runner.h"
@@ -86,11 +86,11 @@ InfeasibleBudget::InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasib
                           " bytes; the smallest feasible budget for this chain is ",
                           smallest_feasible_bytes,
                           " bytes. Raise the budget, ask for it with Budget::minimum() (\"min\"), "
-                          "or set PlannedOptions().fall_back_to_minimum(true).")),
+                          "or set PlannedSequentialOptions().fall_back_to_minimum(true).")),
       smallest_feasible_bytes_(smallest_feasible_bytes) {}
 
 PlannedSequentialImpl::PlannedSequentialImpl(const torch::nn::Sequential& chain, Budget budget,
-                                             PlannedOptions options)
+                                             PlannedSequentialOptions options)
     : options(std::move(options)), budget_(budget) {
   parse_solver(this->options.solver());  // a misspelt solver fails here, not at the first step
   TORCH_CHECK(!chain.is_empty() && !chain->is_empty(),

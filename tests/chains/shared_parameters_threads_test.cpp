@@ -4,9 +4,9 @@
 // an exact mismatch.
 
 #include <ckpt/checkpoint.h>
-#include <ckpt/executor.h>
 #include <ckpt/options.h>
 #include <ckpt/plan/solvers.h>
+#include <ckpt/planned_sequential.h>
 #include <ckpt/sequential.h>
 
 #include "support/support.h"

@@ -34,12 +34,8 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
-// Runs `ckpt ARGS` (through sh; `prefix` goes before the binary, e.g. a timeout command).
-Result run(const std::string& args, const std::string& prefix = "") {
-  const std::string err_path = work_path(
-      "stderr_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-  const std::string command =
-      "OMP_NUM_THREADS=1 " + prefix + " " + CKPT_CLI_BINARY + " " + args + " 2>" + err_path;
+// Runs a shell command that sends its stderr to `err_path`.
+Result run_shell(const std::string& command, const std::string& err_path) {
   Result result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -50,6 +46,15 @@ Result run(const std::string& args, const std::string& prefix = "") {
   result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   result.err = read_text(err_path);
   return result;
+}
+
+// Runs `ckpt ARGS` (through sh; `prefix` goes before the binary, e.g. a timeout command).
+Result run(const std::string& args, const std::string& prefix = "") {
+  const std::string err_path = work_path(
+      "stderr_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  return run_shell(
+      "OMP_NUM_THREADS=1 " + prefix + " " + CKPT_CLI_BINARY + " " + args + " 2>" + err_path,
+      err_path);
 }
 
 std::string chain(const std::string& name) {
@@ -411,13 +416,23 @@ TEST(Cli, TrainTinyPlannedRunHasIdenticalLossCurves) {
   EXPECT_GT(summary["checkpointed"]["budget_bytes"].get<int64_t>(), 0);
 }
 
+// Starts ckpt in the background and sends it one SIGINT, as a terminal's Ctrl-C does, once its
+// first step is printed: its handler is installed by then, whatever the machine's load (a fixed
+// delay raced with the program's start). At most 60 s of waiting.
+Result run_and_interrupt(const std::string& args) {
+  const std::string err_path = work_path("stderr_interrupted");
+  // The old file goes first: the loop may look before the background job opens it anew.
+  const std::string command =
+      "rm -f " + err_path + "; OMP_NUM_THREADS=1 " + std::string(CKPT_CLI_BINARY) + " " + args +
+      " 2>" + err_path + " & pid=$!; i=0; " + "while [ $i -lt 1200 ] && ! grep -q 'step 1/' " +
+      err_path + " 2>/dev/null; do sleep 0.05; i=$((i+1)); done; " + "kill -INT $pid; wait $pid";
+  return run_shell(command, err_path);
+}
+
 TEST(Cli, TrainCtrlCStopsWithSummary) {
-  const Result result =
-      run("train --layers 2 --width 32 --heads 2 --context 16 --batch 4 --steps 1000000 "
-          "--threads 1 --strategy sequential:2",
-          // --foreground: one SIGINT to ckpt alone, as a terminal's Ctrl-C sends; without it
-          // timeout signals its process group too, and a second SIGINT ends ckpt at once.
-          "timeout --foreground --preserve-status -s INT 4");
+  const Result result = run_and_interrupt(
+      "train --layers 2 --width 32 --heads 2 --context 16 --batch 4 --steps 1000000 "
+      "--threads 1 --strategy sequential:2");
   EXPECT_EQ(result.code, 130) << result.err;
   EXPECT_NE(result.err.find("interrupted"), std::string::npos) << result.err;
   EXPECT_NE(result.out.find("no checkpoint"), std::string::npos) << result.out;

@@ -2,8 +2,8 @@
 // from GPU memory. Each test skips itself without a GPU; scripts/gpu-check.sh runs them on one.
 
 #include <ckpt/ckpt.h>
-#include <ckpt/executor.h>
 #include <ckpt/memory_tracker.h>
+#include <ckpt/planned_sequential.h>
 
 #include "support/support.h"
 

@@ -1,10 +1,10 @@
 // ckpt::PlannedSequential: gradients identical to the unchecked chain under every solver, RNG and
 // buffers handled, measured peak close to the prediction and within the budget, clear errors.
 
-#include <ckpt/executor.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/plan/simulator.h>
 #include <ckpt/plan/solvers.h>
+#include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
 
 #include "compat/torch_compat.h"
@@ -82,7 +82,7 @@ void expect_same_step(const std::string& solver, const std::string& budget) {
   torch::manual_seed(2);
   auto chain = make_blocks(10, 32);
   ckpt::PlannedSequential planned(chain, ckpt::Budget::parse(budget),
-                                  ckpt::PlannedOptions().solver(solver));
+                                  ckpt::PlannedSequentialOptions().solver(solver));
   auto x = torch::randn({16, 32});
   planned->plan(x);
   expect_step_equals_plain(plain, chain, planned, x);
@@ -242,7 +242,7 @@ TEST_F(PlannedSequentialTest, InfeasibleBudgetCarriesTheSmallestFeasibleOne) {
 
   ckpt::test::WarningCapture warnings;
   ckpt::PlannedSequential fallback(chain, ckpt::Budget::bytes(64),
-                                   ckpt::PlannedOptions().fall_back_to_minimum(true));
+                                   ckpt::PlannedSequentialOptions().fall_back_to_minimum(true));
   fallback->plan(x);
   EXPECT_EQ(fallback->budget_bytes(), smallest);
   EXPECT_TRUE(warnings.contains("planning for the smallest feasible budget"));
@@ -398,9 +398,10 @@ TEST(SolverSpecTest, ParsesSolversOnceForLibraryAndCli) {
        {"uniform:abc", "uniform:", "uniform:0", "revolve:3x", "sqrt:2", "magic"}) {
     EXPECT_THROW(ckpt::plan::SolverSpec::parse(bad), std::invalid_argument) << bad;
   }
-  CKPT_EXPECT_THROWS_WITH(ckpt::PlannedSequential(make_chain(2, 4), ckpt::Budget::parse("50%"),
-                                                  ckpt::PlannedOptions().solver("uniform:abc")),
-                          "positive integer");
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::PlannedSequential(make_chain(2, 4), ckpt::Budget::parse("50%"),
+                              ckpt::PlannedSequentialOptions().solver("uniform:abc")),
+      "positive integer");
 }
 
 }  // namespace

@@ -87,12 +87,14 @@ int run_bench(const BenchArgs& args) {
     for (const bench::BenchRow& row : rows) {
       list.push_back({{"model", row.model},
                       {"method", row.method},
+                      {"segments", row.segments},
                       {"setting", row.setting},
                       {"peak_bytes", row.peak_bytes},
                       {"predicted_peak_bytes", row.predicted_peak_bytes},
                       {"step_ms", row.step_ms},
                       {"overhead", row.overhead},
                       {"memory_ratio", row.memory_ratio},
+                      {"rss_memory_ratio", row.rss_memory_ratio},
                       {"forward_count", row.forward_count}});
     }
     std::ofstream file(args.json_path);
@@ -110,7 +112,7 @@ int run_bench(const BenchArgs& args) {
   throw std::runtime_error(
       "ckpt bench is not available in this build: the benchmark harness (CMake target "
       "ckpt_bench_harness, bench/compare/) was not built. Reconfigure with "
-      "-DCKPT_BUILD_BENCH=ON and Google Benchmark installed");
+      "-DCKPT_BUILD_TOOLS=ON");
 #endif
 }
 

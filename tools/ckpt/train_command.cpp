@@ -10,8 +10,8 @@
 #include "train_recorder.h"
 #include "units.h"
 
-#include <ckpt/executor.h>
 #include <ckpt/memory_tracker.h>
+#include <ckpt/planned_sequential.h>
 #include <ckpt/sequential.h>
 
 #include <torch/torch.h>

@@ -6,9 +6,9 @@
 #include "chrome_trace.h"
 #include "gpt.h"
 
-#include <ckpt/executor.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/plan/schedule.h>
+#include <ckpt/planned_sequential.h>
 
 #include <atomic>
 #include <chrono>

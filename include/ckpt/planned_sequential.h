@@ -39,7 +39,7 @@ class InfeasibleBudget : public c10::Error {
 };
 
 /// Options for `PlannedSequential`.
-struct PlannedOptions {
+struct PlannedSequentialOptions {
   /// The solver, as `plan::SolverSpec` reads it: "optimal" (rotor's dynamic program),
   /// "uniform:K" (checkpoint_sequential with K segments), "sqrt" (Chen's √n), "revolve:S",
   /// "none"; "uniform" and "revolve" alone pick the fastest of their family that fits.
@@ -84,7 +84,7 @@ struct ExecutionObserver {
 class PlannedSequentialImpl : public torch::nn::Module {
  public:
   PlannedSequentialImpl(const torch::nn::Sequential& chain, Budget budget,
-                        PlannedOptions options = {});
+                        PlannedSequentialOptions options = {});
 
   /// Runs the chain under the schedule; plans first if needed.
   torch::Tensor forward(const torch::Tensor& input);
@@ -110,7 +110,7 @@ class PlannedSequentialImpl : public torch::nn::Module {
   }
   void pretty_print(std::ostream& stream) const override;
 
-  PlannedOptions options;
+  PlannedSequentialOptions options;
 
  private:
   void check_profile(const plan::Chain& profile) const;
