@@ -416,6 +416,21 @@ TEST(Cli, TrainTinyPlannedRunHasIdenticalLossCurves) {
   EXPECT_GT(summary["checkpointed"]["budget_bytes"].get<int64_t>(), 0);
 }
 
+// Issue 11, item 5: a budget below the smallest feasible one names it and the way to ask for it.
+TEST(Cli, TrainBudgetMinRunsAndAnInfeasibleBudgetNamesIt) {
+  const std::string json_path = work_path("train_min.json");
+  const Result result = run(kTiny + "--strategy budget:min --json " + json_path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  const json summary = json::parse(read_text(json_path));
+  EXPECT_TRUE(summary["identical_losses"].get<bool>());
+  EXPECT_LT(summary["peak_ratio"].get<double>(), 1.0);
+  const Result refused = run(kTiny + "--strategy budget:1%");
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_NE(refused.err.find("smallest feasible budget of this model is"), std::string::npos)
+      << refused.err;
+  EXPECT_NE(refused.err.find("--strategy budget:min"), std::string::npos) << refused.err;
+}
+
 // Starts ckpt in the background and sends it one SIGINT, as a terminal's Ctrl-C does, once its
 // first step is printed: its handler is installed by then, whatever the machine's load (a fixed
 // delay raced with the program's start). At most 60 s of waiting.

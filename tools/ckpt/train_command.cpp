@@ -151,10 +151,7 @@ void write_chain(const std::string& path, const plan::Chain& chain) {
   if (!file) throw std::runtime_error("cannot write the chain to " + path);
 }
 
-RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
-                     const std::string& label, bool instrument) {
-  RunResult result;
-  result.label = label;
+GptConfig gpt_config(const TrainArgs& args, const Corpus& corpus) {
   GptConfig config;
   config.vocab = static_cast<int64_t>(corpus.vocabulary.size());
   config.layers = args.layers;
@@ -163,7 +160,112 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
   config.context = args.context;
   config.dropout = args.dropout;
   config.tied = !args.untied;
+  return config;
+}
 
+// A batch from a generator of its own for profiling, so that training sees the same batches.
+torch::Tensor profiling_batch(const TrainArgs& args, const Corpus& corpus) {
+  std::mt19937_64 sample_rng(args.seed ^ 0x5eedULL);
+  std::vector<int64_t> inputs, targets;
+  sample_batch(corpus, args.batch, args.context, sample_rng, inputs, targets);
+  return to_tensor(inputs, args.batch, args.context);
+}
+
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// Profiles the chain and solves for the budget; the plan goes into `result`.
+Forward plan_budget(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
+                    torch::nn::Sequential& chain, PlannedSequential& planned, RunResult& result) {
+  planned = PlannedSequential(chain, strategy.budget);
+  std::cerr << "[" << result.label << "] profiling " << args.layers + 2
+            << " stages and solving for the budget...\n";
+  try {
+    planned->plan(profiling_batch(args, corpus));
+  } catch (const InfeasibleBudget& error) {
+    throw UsageError("--strategy " + strategy.text + ": no schedule fits; the smallest feasible " +
+                     "budget of this model is " + format_bytes(error.smallest_feasible_bytes()) +
+                     " (" + std::to_string(error.smallest_feasible_bytes()) +
+                     " bytes). Use --strategy budget:min, or a larger budget");
+  } catch (const c10::Error& error) {
+    throw UsageError("--strategy " + strategy.text + ": " + error.what_without_backtrace());
+  }
+  result.budget_bytes = planned->budget_bytes();
+  result.predicted_peak_bytes = planned->prediction().peak_bytes;
+  result.forward_count = planned->prediction().forward_count;
+  result.schedule = plan::to_string(planned->schedule());
+  result.profile = chain_to_json(planned->profile());
+  if (!args.chain_path.empty()) write_chain(args.chain_path, planned->profile());
+  if (result.recorder) planned->set_observer(result.recorder->observer());
+  return [&planned](const torch::Tensor& x) { return planned->forward(x); };
+}
+
+// How a step runs the model under the strategy.
+Forward prepare_strategy(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
+                         torch::nn::Sequential& chain, PlannedSequential& planned,
+                         RunResult& result) {
+  if (strategy.kind == Strategy::Kind::Budget) {
+    return plan_budget(args, corpus, strategy, chain, planned, result);
+  }
+  if (!args.chain_path.empty()) {
+    const std::vector<torch::nn::AnyModule> stages(chain->begin(), chain->end());
+    write_chain(args.chain_path, ckpt::profile_chain(stages, profiling_batch(args, corpus)));
+  }
+  if (result.recorder) set_probe(chain, result.recorder.get());
+  if (strategy.kind == Strategy::Kind::Sequential) {
+    return [&chain, segments = strategy.segments](const torch::Tensor& x) {
+      return ckpt::checkpoint_sequential(chain, segments, x);
+    };
+  }
+  return [&chain](const torch::Tensor& x) { return chain->forward(x); };
+}
+
+// One step: forward, loss, backward and the optimizer, timed phase by phase; the instrumented
+// step also records its operations and memory. Returns the loss.
+double train_step(const Forward& forward, const torch::Tensor& x, const torch::Tensor& y,
+                  int64_t vocab, torch::optim::Optimizer& optimizer, MemoryTracker& tracker,
+                  MemorySampler* sampler, RunResult& result) {
+  StepRecorder* recorder = sampler != nullptr ? result.recorder.get() : nullptr;
+  const int64_t base_bytes = tracker.current_bytes();
+  tracker.reset_peak();
+  const Clock::time_point t0 = Clock::now();
+  if (recorder != nullptr) {
+    recorder->begin(t0);
+    sampler->start(t0, base_bytes);
+  }
+  double loss_value = 0;
+  Clock::time_point t1, t2, t3;
+  {
+    const torch::Tensor logits = forward(x);
+    t1 = Clock::now();
+    const torch::Tensor loss =
+        torch::nn::functional::cross_entropy(logits.view({-1, vocab}), y.view({-1}));
+    t2 = Clock::now();
+    if (recorder != nullptr) recorder->begin_backward();
+    loss.backward();
+    t3 = Clock::now();
+    if (recorder != nullptr) recorder->end();
+    loss_value = loss.item<float>();
+  }
+  optimizer.step();
+  const Clock::time_point t4 = Clock::now();
+  result.peak_bytes.push_back(tracker.peak_bytes() - base_bytes);
+  if (recorder != nullptr) {
+    result.memory_samples = sampler->stop();
+    recorder->add_phase("forward", t0, t1);
+    recorder->add_phase("loss", t1, t2);
+    recorder->add_phase("backward", t2, t3);
+    recorder->add_phase("optimizer", t3, t4);
+  }
+  result.step_ms.push_back(std::chrono::duration<double, std::milli>(t4 - t0).count());
+  result.losses.push_back(static_cast<float>(loss_value));
+  return loss_value;
+}
+
+RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
+                     const std::string& label, bool instrument) {
+  RunResult result;
+  result.label = label;
+  const GptConfig config = gpt_config(args, corpus);
   torch::manual_seed(args.seed);
   torch::nn::Sequential chain = make_gpt(config);
   chain->train();
@@ -172,55 +274,8 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
     for (torch::Tensor& parameter : parameters) parameter.mutable_grad().reset();
   };
   if (instrument) result.recorder = std::make_unique<StepRecorder>(stage_names(args.layers));
-
-  std::function<torch::Tensor(const torch::Tensor&)> forward;
   PlannedSequential planned{nullptr};
-  switch (strategy.kind) {
-    case Strategy::Kind::None:
-      forward = [&](const torch::Tensor& x) { return chain->forward(x); };
-      break;
-    case Strategy::Kind::Sequential:
-      forward = [&](const torch::Tensor& x) {
-        return ckpt::checkpoint_sequential(chain, strategy.segments, x);
-      };
-      break;
-    case Strategy::Kind::Budget: {
-      planned = PlannedSequential(chain, strategy.budget);
-      // Profile on a batch from its own generator, so that training sees the same batches.
-      std::mt19937_64 sample_rng(args.seed ^ 0x5eedULL);
-      std::vector<int64_t> inputs, targets;
-      sample_batch(corpus, args.batch, args.context, sample_rng, inputs, targets);
-      std::cerr << "[" << label << "] profiling " << args.layers + 2
-                << " stages and solving for the budget...\n";
-      try {
-        planned->plan(to_tensor(inputs, args.batch, args.context));
-      } catch (const c10::Error& error) {
-        throw UsageError("--strategy " + strategy.text + ": " + error.what_without_backtrace());
-      }
-      clear_grads();
-      result.budget_bytes = planned->budget_bytes();
-      result.predicted_peak_bytes = planned->prediction().peak_bytes;
-      result.forward_count = planned->prediction().forward_count;
-      result.schedule = plan::to_string(planned->schedule());
-      result.profile = chain_to_json(planned->profile());
-      if (!args.chain_path.empty()) write_chain(args.chain_path, planned->profile());
-      if (result.recorder) planned->set_observer(result.recorder->observer());
-      forward = [&](const torch::Tensor& x) { return planned->forward(x); };
-      break;
-    }
-  }
-  if (!args.chain_path.empty() && strategy.kind != Strategy::Kind::Budget) {
-    std::mt19937_64 sample_rng(args.seed ^ 0x5eedULL);
-    std::vector<int64_t> inputs, targets;
-    sample_batch(corpus, args.batch, args.context, sample_rng, inputs, targets);
-    const std::vector<torch::nn::AnyModule> stages(chain->begin(), chain->end());
-    write_chain(args.chain_path,
-                ckpt::profile_chain(stages, to_tensor(inputs, args.batch, args.context)));
-    clear_grads();
-  }
-  if (result.recorder && strategy.kind != Strategy::Kind::Budget) {
-    set_probe(chain, result.recorder.get());
-  }
+  const Forward forward = prepare_strategy(args, corpus, strategy, chain, planned, result);
 
   torch::manual_seed(args.seed + 1);  // dropout draws: the same in every run
   torch::optim::AdamW optimizer(
@@ -232,53 +287,19 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
   std::vector<int64_t> inputs, targets;
   const int instrumented_step = static_cast<int>(std::min<int64_t>(1, args.steps - 1));
   Progress progress(label, static_cast<int>(args.steps));
-  const int64_t vocab = config.vocab;
-
   for (int step = 0; step < args.steps; ++step) {
     if (g_interrupted) {
       result.interrupted = true;
       break;
     }
     sample_batch(corpus, args.batch, args.context, rng, inputs, targets);
-    const torch::Tensor x = to_tensor(inputs, args.batch, args.context);
-    const torch::Tensor y = to_tensor(targets, args.batch, args.context);
     clear_grads();
     const bool record = result.recorder && step == instrumented_step;
-    const int64_t base_bytes = tracker.current_bytes();
-    tracker.reset_peak();
-    const Clock::time_point t0 = Clock::now();
-    if (record) {
-      result.recorder->begin(t0);
-      sampler.start(t0, base_bytes);
-    }
-    double loss_value = 0;
-    Clock::time_point t1, t2, t3;
-    {
-      const torch::Tensor logits = forward(x);
-      t1 = Clock::now();
-      const torch::Tensor loss =
-          torch::nn::functional::cross_entropy(logits.view({-1, vocab}), y.view({-1}));
-      t2 = Clock::now();
-      if (record) result.recorder->begin_backward();
-      loss.backward();
-      t3 = Clock::now();
-      if (record) result.recorder->end();
-      loss_value = loss.item<float>();
-    }
-    optimizer.step();
-    const Clock::time_point t4 = Clock::now();
-    result.peak_bytes.push_back(tracker.peak_bytes() - base_bytes);
-    if (record) {
-      result.memory_samples = sampler.stop();
-      result.recorder->add_phase("forward", t0, t1);
-      result.recorder->add_phase("loss", t1, t2);
-      result.recorder->add_phase("backward", t2, t3);
-      result.recorder->add_phase("optimizer", t3, t4);
-    }
-    const double seconds = std::chrono::duration<double>(t4 - t0).count();
-    result.step_ms.push_back(seconds * 1e3);
-    result.losses.push_back(static_cast<float>(loss_value));
-    progress.update(step + 1, loss_value, static_cast<double>(args.batch * args.context) / seconds,
+    const double loss = train_step(forward, to_tensor(inputs, args.batch, args.context),
+                                   to_tensor(targets, args.batch, args.context), config.vocab,
+                                   optimizer, tracker, record ? &sampler : nullptr, result);
+    const double seconds = result.step_ms.back() / 1e3;
+    progress.update(step + 1, loss, static_cast<double>(args.batch * args.context) / seconds,
                     tracker.current_bytes(), result.peak_bytes.back());
   }
   progress.finish();
@@ -401,113 +422,139 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   return command;
 }
 
+namespace {
+
+void print_header(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy) {
+  std::printf(
+      "ckpt train: GPT, %lld blocks, width %lld, %lld heads, context %lld, batch %lld, "
+      "%lld steps, %lld thread%s, dropout %g, %s head\n",
+      static_cast<long long>(args.layers), static_cast<long long>(args.width),
+      static_cast<long long>(args.heads), static_cast<long long>(args.context),
+      static_cast<long long>(args.batch), static_cast<long long>(args.steps),
+      static_cast<long long>(args.threads), args.threads == 1 ? "" : "s", args.dropout,
+      args.untied ? "untied" : "tied");
+  std::printf("corpus:   %s (%d files, %zu characters, vocabulary %zu)\n", corpus.source.c_str(),
+              corpus.file_count, corpus.tokens.size(), corpus.vocabulary.size());
+  std::printf("strategy: %s\n", strategy.text.c_str());
+  std::fflush(stdout);
+}
+
+struct BothRuns {
+  RunResult baseline;
+  std::optional<RunResult> checkpointed;
+  bool interrupted = false;
+};
+
+// The plain run and the strategy's. A planned strategy runs first: a budget below the feasible
+// minimum fails at once.
+BothRuns train_both(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
+                    bool instrument) {
+  BothRuns runs;
+  const auto baseline = [&] {
+    runs.baseline = train_once(args, corpus, Strategy{}, "no checkpoint", instrument);
+    runs.interrupted = runs.interrupted || runs.baseline.interrupted;
+  };
+  const auto checkpointed = [&] {
+    runs.checkpointed = train_once(args, corpus, strategy, strategy.text, instrument);
+    runs.interrupted = runs.interrupted || runs.checkpointed->interrupted;
+  };
+  const bool planned_first = strategy.kind == Strategy::Kind::Budget;
+  planned_first ? checkpointed() : baseline();
+  if (!runs.interrupted) planned_first ? baseline() : checkpointed();
+  if (runs.baseline.label.empty()) runs.baseline.label = "no checkpoint";
+  return runs;
+}
+
+void write_json(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
+                const BothRuns& runs, int instrumented_step) {
+  nlohmann::json document = {{"strategy", strategy.text},
+                             {"config",
+                              {{"layers", args.layers},
+                               {"width", args.width},
+                               {"heads", args.heads},
+                               {"context", args.context},
+                               {"batch", args.batch},
+                               {"steps", args.steps},
+                               {"threads", args.threads},
+                               {"seed", args.seed},
+                               {"lr", args.lr},
+                               {"dropout", args.dropout},
+                               {"tied", !args.untied},
+                               {"corpus", corpus.source},
+                               {"vocabulary", corpus.vocabulary.size()}}},
+                             {"baseline", run_json(runs.baseline, instrumented_step)},
+                             {"interrupted", runs.interrupted}};
+  document["checkpointed"] = nullptr;
+  if (runs.checkpointed) {
+    const RunResult& baseline = runs.baseline;
+    const RunResult& checkpointed = *runs.checkpointed;
+    int compared = 0;
+    document["checkpointed"] = run_json(checkpointed, instrumented_step);
+    document["identical_losses"] = identical(baseline, checkpointed, &compared);
+    document["peak_ratio"] = baseline.peak() > 0 ? static_cast<double>(checkpointed.peak()) /
+                                                       static_cast<double>(baseline.peak())
+                                                 : 0.0;
+    const double base_ms = baseline.median_ms(instrumented_step);
+    document["step_time_ratio"] =
+        base_ms > 0 ? checkpointed.median_ms(instrumented_step) / base_ms : 0.0;
+  }
+  std::ofstream file(args.json_path);
+  if (!(file << document.dump(2) << "\n")) {
+    throw std::runtime_error("--json: cannot write '" + args.json_path + "'");
+  }
+}
+
+void write_plot(const TrainArgs& args, const Strategy& strategy, const BothRuns& runs) {
+  std::vector<MemorySeries> series{{"no checkpoint", "#d62728", runs.baseline.memory_samples}};
+  if (runs.checkpointed) {
+    series.push_back({strategy.text, "#1f77b4", runs.checkpointed->memory_samples});
+  }
+  char title[256];
+  std::snprintf(title, sizeof title,
+                "Memory during one training step: GPT %lld blocks, width %lld, batch %lld x %lld",
+                static_cast<long long>(args.layers), static_cast<long long>(args.width),
+                static_cast<long long>(args.batch), static_cast<long long>(args.context));
+  write_memory_plot(args.plot_path, series, title);
+  std::printf("plot:  %s\n", args.plot_path.c_str());
+}
+
+void write_trace(const TrainArgs& args, const Strategy& strategy, const BothRuns& runs) {
+  ChromeTrace trace;
+  if (runs.baseline.recorder) {
+    runs.baseline.recorder->write_to(trace, 1, "no checkpoint", runs.baseline.memory_samples);
+  }
+  if (runs.checkpointed && runs.checkpointed->recorder) {
+    runs.checkpointed->recorder->write_to(trace, 2, strategy.text,
+                                          runs.checkpointed->memory_samples);
+  }
+  trace.write(args.trace_path);
+  std::printf("trace: %s\n", args.trace_path.c_str());
+}
+
+}  // namespace
+
 int run_train(const TrainArgs& args) {
   validate_train_args(args, MachineLimits::of_this_machine());
   const Strategy strategy = parse_strategy(args.strategy, args.layers + 2);
   try {
     torch::set_num_threads(static_cast<int>(args.threads));
     const Corpus corpus = load_corpus(args.corpus, args.context + 2);
-    std::printf(
-        "ckpt train: GPT, %lld blocks, width %lld, %lld heads, context %lld, batch %lld, "
-        "%lld steps, %lld thread%s, dropout %g, %s head\n",
-        static_cast<long long>(args.layers), static_cast<long long>(args.width),
-        static_cast<long long>(args.heads), static_cast<long long>(args.context),
-        static_cast<long long>(args.batch), static_cast<long long>(args.steps),
-        static_cast<long long>(args.threads), args.threads == 1 ? "" : "s", args.dropout,
-        args.untied ? "untied" : "tied");
-    std::printf("corpus:   %s (%d files, %zu characters, vocabulary %zu)\n", corpus.source.c_str(),
-                corpus.file_count, corpus.tokens.size(), corpus.vocabulary.size());
-    std::printf("strategy: %s\n", strategy.text.c_str());
-    std::fflush(stdout);
+    print_header(args, corpus, strategy);
 
     SigintGuard sigint;
     const bool instrument = !args.plot_path.empty() || !args.trace_path.empty();
     const int instrumented_step = static_cast<int>(std::min<int64_t>(1, args.steps - 1));
-    // A planned strategy runs first: a budget below the feasible minimum fails at once.
-    RunResult baseline;
-    std::optional<RunResult> checkpointed;
-    bool interrupted = false;
-    if (strategy.kind == Strategy::Kind::Budget) {
-      checkpointed = train_once(args, corpus, strategy, strategy.text, instrument);
-      interrupted = checkpointed->interrupted;
-      if (!interrupted)
-        baseline = train_once(args, corpus, Strategy{}, "no checkpoint", instrument);
-      interrupted = interrupted || baseline.interrupted;
-    } else {
-      baseline = train_once(args, corpus, Strategy{}, "no checkpoint", instrument);
-      interrupted = baseline.interrupted;
-      if (!interrupted)
-        checkpointed = train_once(args, corpus, strategy, strategy.text, instrument);
-      interrupted = interrupted || checkpointed->interrupted;
+    const BothRuns runs = train_both(args, corpus, strategy, instrument);
+    if (runs.interrupted) {
+      std::fprintf(stderr, "ckpt: interrupted; summary of the steps run so far\n");
     }
-    if (baseline.label.empty()) baseline.label = "no checkpoint";
-    if (interrupted) std::fprintf(stderr, "ckpt: interrupted; summary of the steps run so far\n");
-    print_summary(args, strategy, baseline, checkpointed ? &*checkpointed : nullptr,
+    print_summary(args, strategy, runs.baseline, runs.checkpointed ? &*runs.checkpointed : nullptr,
                   instrumented_step);
-
-    if (!args.json_path.empty()) {
-      nlohmann::json document = {{"strategy", strategy.text},
-                                 {"config",
-                                  {{"layers", args.layers},
-                                   {"width", args.width},
-                                   {"heads", args.heads},
-                                   {"context", args.context},
-                                   {"batch", args.batch},
-                                   {"steps", args.steps},
-                                   {"threads", args.threads},
-                                   {"seed", args.seed},
-                                   {"lr", args.lr},
-                                   {"dropout", args.dropout},
-                                   {"tied", !args.untied},
-                                   {"corpus", corpus.source},
-                                   {"vocabulary", corpus.vocabulary.size()}}},
-                                 {"baseline", run_json(baseline, instrumented_step)},
-                                 {"interrupted", interrupted}};
-      if (checkpointed) {
-        int compared = 0;
-        document["checkpointed"] = run_json(*checkpointed, instrumented_step);
-        document["identical_losses"] = identical(baseline, *checkpointed, &compared);
-        document["peak_ratio"] = baseline.peak() > 0 ? static_cast<double>(checkpointed->peak()) /
-                                                           static_cast<double>(baseline.peak())
-                                                     : 0.0;
-        const double base_ms = baseline.median_ms(instrumented_step);
-        document["step_time_ratio"] =
-            base_ms > 0 ? checkpointed->median_ms(instrumented_step) / base_ms : 0.0;
-      } else {
-        document["checkpointed"] = nullptr;
-      }
-      std::ofstream file(args.json_path);
-      if (!(file << document.dump(2) << "\n")) {
-        throw std::runtime_error("--json: cannot write '" + args.json_path + "'");
-      }
-    }
-    if (!args.plot_path.empty()) {
-      std::vector<MemorySeries> series{{"no checkpoint", "#d62728", baseline.memory_samples}};
-      if (checkpointed) {
-        series.push_back({strategy.text, "#1f77b4", checkpointed->memory_samples});
-      }
-      char title[256];
-      std::snprintf(title, sizeof title,
-                    "Memory during one training step: GPT %lld blocks, width %lld, batch %lld x "
-                    "%lld",
-                    static_cast<long long>(args.layers), static_cast<long long>(args.width),
-                    static_cast<long long>(args.batch), static_cast<long long>(args.context));
-      write_memory_plot(args.plot_path, series, title);
-      std::printf("plot:  %s\n", args.plot_path.c_str());
-    }
-    if (!args.trace_path.empty()) {
-      ChromeTrace trace;
-      if (baseline.recorder) {
-        baseline.recorder->write_to(trace, 1, "no checkpoint", baseline.memory_samples);
-      }
-      if (checkpointed && checkpointed->recorder) {
-        checkpointed->recorder->write_to(trace, 2, strategy.text, checkpointed->memory_samples);
-      }
-      trace.write(args.trace_path);
-      std::printf("trace: %s\n", args.trace_path.c_str());
-    }
+    if (!args.json_path.empty()) write_json(args, corpus, strategy, runs, instrumented_step);
+    if (!args.plot_path.empty()) write_plot(args, strategy, runs);
+    if (!args.trace_path.empty()) write_trace(args, strategy, runs);
     if (!args.json_path.empty()) std::printf("json:  %s\n", args.json_path.c_str());
-    return interrupted ? kExitInterrupted : kExitOk;
+    return runs.interrupted ? kExitInterrupted : kExitOk;
   } catch (const c10::Error& error) {
     throw std::runtime_error(error.what_without_backtrace());
   }
