@@ -208,124 +208,123 @@ std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig&
   return rows;
 }
 
-std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& name,
-                                MemoryTracker& tracker) {
-  ModelConfig config = model_config(name, options.quick);
-  if (!options.resnet_batch_norm) {
-    config.batch_norm = false;
-    config.description = describe(config);
-  }
-  const int steps = options.quick ? std::min(options.steps, 3) : std::max(options.steps, 1);
-  const int warmup = options.quick ? std::min(options.warmup, 1) : std::max(options.warmup, 0);
-  std::cerr << "ckpt bench: " << name << ": " << config.description << "\n";
+using Methods = std::vector<std::unique_ptr<Method>>;
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
-  Workbench bench(config, torch::Device(options.device));
-  const int n = static_cast<int>(bench.model->size());
-  const auto segments = segment_counts(n);
-  const int64_t input_bytes = static_cast<int64_t>(bench.x.nbytes());
+Method* add_method(Methods& methods, BenchRow row, Forward forward) {
+  auto method = std::make_unique<Method>();
+  method->row = std::move(row);
+  method->forward = std::move(forward);
+  methods.push_back(std::move(method));
+  return methods.back().get();
+}
 
-  std::vector<std::unique_ptr<Method>> methods;
-  auto add = [&](const std::string& method, const std::string& setting, int segs,
-                 std::function<torch::Tensor(const torch::Tensor&)> forward) {
-    auto m = std::make_unique<Method>();
-    m->row.model = name;
-    m->row.method = method;
-    m->row.setting = setting;
-    m->row.segments = segs;
-    m->row.forward_count = segs == 0 ? n : n + (n / segs) * (segs - 1);
-    m->forward = std::move(forward);
-    methods.push_back(std::move(m));
-    return methods.back().get();
+// The plain model, then checkpoint_sequential at each segment count in both variants.
+Methods sequential_methods(const std::string& name, torch::nn::Sequential model,
+                           const std::vector<int>& segments) {
+  const int n = static_cast<int>(model->size());
+  Methods methods;
+  const auto row = [&](const std::string& method, int s) {
+    BenchRow r;
+    r.model = name;
+    r.method = method;
+    r.setting = s == 0 ? "-" : "segments=" + std::to_string(s);
+    r.segments = s;
+    r.forward_count = s == 0 ? n : n + (n / s) * (s - 1);
+    return r;
   };
-  auto model = bench.model;
-  add("none", "-", 0, [model](const torch::Tensor& x) mutable { return model->forward(x); });
-  std::map<int, Method*> sequential;  // non-reentrant rows by segments
+  add_method(methods, row("none", 0),
+             [model](const torch::Tensor& x) mutable { return model->forward(x); });
   for (const int s : segments) {
-    sequential[s] =
-        add("ckpt_sequential", "segments=" + std::to_string(s), s,
-            [model, s](const torch::Tensor& x) { return checkpoint_sequential(model, s, x); });
-    add("ckpt_sequential_reentrant", "segments=" + std::to_string(s), s,
-        [model, s](const torch::Tensor& x) {
-          return checkpoint_sequential(model, s, x, CheckpointOptions().use_reentrant(true));
-        });
+    add_method(methods, row("ckpt_sequential", s),
+               [model, s](const torch::Tensor& x) { return checkpoint_sequential(model, s, x); });
+    add_method(methods, row("ckpt_sequential_reentrant", s), [model, s](const torch::Tensor& x) {
+      return checkpoint_sequential(model, s, x, CheckpointOptions().use_reentrant(true));
+    });
   }
-  // Memory phase: every method's warm-up and measured step, with small allocations returned to
-  // the system so that RSS follows the live tensors.
-  use_small_mmap_threshold();
-  for (auto& m : methods) try_warm_and_measure(bench, *m, tracker, warmup, options.rss);
+  return methods;
+}
+
+// The planner's budgets: the measured peaks of the other methods, 15% of none, and the smallest
+// feasible one. Budgets in the planner's terms include x_0; the measured peaks exclude it (it
+// lives before the step), so a budget of "peak P" is P + input_bytes.
+std::vector<std::pair<int64_t, std::string>> planned_budgets(const Methods& methods,
+                                                             int64_t input_bytes,
+                                                             int64_t min_budget) {
   const int64_t none_peak = methods.front()->row.peak_bytes;
-
-  if (options.planned) {
-    std::cerr << "ckpt bench: " << name << ": profiling the chain for the planner\n";
-    const std::vector<torch::nn::AnyModule> stages(model->begin(), model->end());
-    ProfileOptions profile_options;
-    if (options.quick) profile_options.repeats(1).warmup(0);
-    const plan::Chain profile = profile_chain(stages, bench.x.detach(), profile_options);
-    const int64_t min_budget = plan::min_feasible_budget_bytes(profile);
-    // Budgets in the planner's terms include x_0; the measured peaks exclude it (it lives
-    // before the step), so a budget of "peak P" is P + input_bytes.
-    std::vector<std::pair<int64_t, std::string>> budgets;
-    budgets.emplace_back(none_peak + input_bytes, "none peak");
-    for (const int s : segments) {
-      if (sequential[s]->row.peak_bytes < 0) continue;
-      budgets.emplace_back(sequential[s]->row.peak_bytes + input_bytes,
-                           "segments=" + std::to_string(s) + " peak");
-    }
-    const auto fifteen = static_cast<int64_t>(0.15 * static_cast<double>(none_peak)) + input_bytes;
-    budgets.emplace_back(fifteen, "15% of none");
-    budgets.emplace_back(min_budget, "min feasible");
-    for (const auto& [budget, label] : budgets) {
-      BenchRow row;
-      row.model = name;
-      row.method = "ckpt_planned";
-      row.budget_bytes = budget;
-      row.setting = "budget=" + mib(budget - input_bytes) + "MiB (" + label + ")";
-      if (budget < min_budget) {
-        row.note = "infeasible: the smallest feasible budget is " + mib(min_budget - input_bytes) +
-                   " MiB (" +
-                   percent(static_cast<double>(min_budget - input_bytes) /
-                           static_cast<double>(none_peak)) +
-                   " of none)";
-        row.peak_bytes = -1;
-        row.step_ms = -1;
-        auto m = std::make_unique<Method>();
-        m->row = row;
-        methods.push_back(std::move(m));
-        continue;
-      }
-      PlannedSequential planned(model, Budget::bytes(budget),
-                                PlannedSequentialOptions().solver("optimal"));
-      const auto t0 = std::chrono::steady_clock::now();
-      try {
-        planned->plan(profile);
-      } catch (const std::exception& e) {
-        row.note = std::string("plan failed: ") + e.what();
-        row.peak_bytes = -1;
-        row.step_ms = -1;
-        auto m = std::make_unique<Method>();
-        m->row = row;
-        methods.push_back(std::move(m));
-        continue;
-      }
-      row.solver_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      row.predicted_peak_bytes = planned->prediction().peak_bytes - input_bytes;
-      row.forward_count = planned->prediction().forward_count;
-      auto m = std::make_unique<Method>();
-      m->row = row;
-      m->forward = [planned](const torch::Tensor& x) mutable { return planned->forward(x); };
-      try_warm_and_measure(bench, *m, tracker, warmup, options.rss);
-      methods.push_back(std::move(m));
-    }
+  std::vector<std::pair<int64_t, std::string>> budgets;
+  budgets.emplace_back(none_peak + input_bytes, "none peak");
+  for (const auto& m : methods) {
+    if (m->row.method != "ckpt_sequential" || m->row.peak_bytes < 0) continue;
+    budgets.emplace_back(m->row.peak_bytes + input_bytes, m->row.setting + " peak");
   }
+  budgets.emplace_back(static_cast<int64_t>(0.15 * static_cast<double>(none_peak)) + input_bytes,
+                       "15% of none");
+  budgets.emplace_back(min_budget, "min feasible");
+  return budgets;
+}
 
-  // Timed steps, interleaved: round r runs every method once, starting at a rotating offset.
+// A PlannedSequential method for one budget, or a row that says why there is none.
+void add_planned_method(Methods& methods, const std::string& name, torch::nn::Sequential model,
+                        const plan::Chain& profile, int64_t budget, const std::string& label,
+                        int64_t input_bytes, int64_t min_budget) {
+  BenchRow row;
+  row.model = name;
+  row.method = "ckpt_planned";
+  row.budget_bytes = budget;
+  row.setting = "budget=" + mib(budget - input_bytes) + "MiB (" + label + ")";
+  row.peak_bytes = -1;
+  row.step_ms = -1;
+  const int64_t none_peak = methods.front()->row.peak_bytes;
+  if (budget < min_budget) {
+    row.note =
+        "infeasible: the smallest feasible budget is " + mib(min_budget - input_bytes) + " MiB (" +
+        percent(static_cast<double>(min_budget - input_bytes) / static_cast<double>(none_peak)) +
+        " of none)";
+    add_method(methods, row, nullptr);
+    return;
+  }
+  PlannedSequential planned(model, Budget::bytes(budget),
+                            PlannedSequentialOptions().solver("optimal"));
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    planned->plan(profile);
+  } catch (const std::exception& e) {
+    row.note = std::string("plan failed: ") + e.what();
+    add_method(methods, row, nullptr);
+    return;
+  }
+  row.solver_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  row.predicted_peak_bytes = planned->prediction().peak_bytes - input_bytes;
+  row.forward_count = planned->prediction().forward_count;
+  add_method(methods, row,
+             [planned](const torch::Tensor& x) mutable { return planned->forward(x); });
+}
+
+void add_planned_methods(const BenchOptions& options, const std::string& name, Workbench& bench,
+                         MemoryTracker& tracker, int warmup, Methods& methods) {
+  std::cerr << "ckpt bench: " << name << ": profiling the chain for the planner\n";
+  const std::vector<torch::nn::AnyModule> stages(bench.model->begin(), bench.model->end());
+  ProfileOptions profile_options;
+  if (options.quick) profile_options.repeats(1).warmup(0);
+  const plan::Chain profile = profile_chain(stages, bench.x.detach(), profile_options);
+  const int64_t min_budget = plan::min_feasible_budget_bytes(profile);
+  const auto input_bytes = static_cast<int64_t>(bench.x.nbytes());
+  for (const auto& [budget, label] : planned_budgets(methods, input_bytes, min_budget)) {
+    add_planned_method(methods, name, bench.model, profile, budget, label, input_bytes, min_budget);
+    Method& added = *methods.back();
+    if (added.forward) try_warm_and_measure(bench, added, tracker, warmup, options.rss);
+  }
+}
+
+// Timed steps, interleaved: round r runs every method once, starting at a rotating offset. The
+// heap keeps freed memory (no mmap and page faults per tensor); one untimed round first.
+void time_methods(const std::string& name, Workbench& bench, Methods& methods, int steps) {
   std::vector<Method*> runnable;
   for (auto& m : methods) {
     if (m->forward) runnable.push_back(m.get());
   }
-  // Timing phase: the heap keeps freed memory (no mmap and page faults per tensor); one untimed
-  // round first.
   use_large_mmap_threshold();
   for (Method* m : runnable) {
     bench.zero_grad();
@@ -343,22 +342,16 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   }
-
-  std::vector<BenchRow> rows;
   for (auto& m : methods) {
-    if (m->forward) {
-      const Stats s = stats(m->times_ms);
-      m->row.step_ms = s.median;
-      m->row.step_iqr_ms = s.iqr;
-    }
-    rows.push_back(m->row);
+    if (!m->forward) continue;
+    const Stats s = stats(m->times_ms);
+    m->row.step_ms = s.median;
+    m->row.step_iqr_ms = s.iqr;
   }
-  if (options.python && torch::Device(options.device).is_cpu()) {
-    std::cerr << "ckpt bench: " << name << ": running torch.utils.checkpoint\n";
-    for (auto& row : run_python(options, config, segments, steps, warmup)) rows.push_back(row);
-  }
+}
 
-  // Ratios against the same language's no-checkpoint row.
+// Ratios against the same language's no-checkpoint row (the first C++ row is "none").
+void add_ratios(std::vector<BenchRow>& rows) {
   const BenchRow* cpp_none = &rows.front();
   const BenchRow* py_none = nullptr;
   for (const auto& row : rows) {
@@ -379,6 +372,36 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
       if (py) row.memory_ratio = row.rss_memory_ratio;
     }
   }
+}
+
+std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& name,
+                                MemoryTracker& tracker) {
+  ModelConfig config = model_config(name, options.quick);
+  if (!options.resnet_batch_norm) {
+    config.batch_norm = false;
+    config.description = describe(config);
+  }
+  const int steps = options.quick ? std::min(options.steps, 3) : std::max(options.steps, 1);
+  const int warmup = options.quick ? std::min(options.warmup, 1) : std::max(options.warmup, 0);
+  std::cerr << "ckpt bench: " << name << ": " << config.description << "\n";
+
+  Workbench bench(config, torch::Device(options.device));
+  const auto segments = segment_counts(static_cast<int>(bench.model->size()));
+  Methods methods = sequential_methods(name, bench.model, segments);
+  // Memory phase: every method's warm-up and measured step, with small allocations returned to
+  // the system so that RSS follows the live tensors.
+  use_small_mmap_threshold();
+  for (auto& m : methods) try_warm_and_measure(bench, *m, tracker, warmup, options.rss);
+  if (options.planned) add_planned_methods(options, name, bench, tracker, warmup, methods);
+  time_methods(name, bench, methods, steps);
+
+  std::vector<BenchRow> rows;
+  for (auto& m : methods) rows.push_back(m->row);
+  if (options.python && torch::Device(options.device).is_cpu()) {
+    std::cerr << "ckpt bench: " << name << ": running torch.utils.checkpoint\n";
+    for (auto& row : run_python(options, config, segments, steps, warmup)) rows.push_back(row);
+  }
+  add_ratios(rows);
   return rows;
 }
 
