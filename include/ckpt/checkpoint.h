@@ -91,8 +91,10 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
                 "std::tie(v.a, v.b); }` next to it (see docs/user-types.md).");
 
   if (!at::GradMode::is_enabled()) {
-    // Nothing will be differentiated, so there is nothing to save memory on.
-    return Result(invoke_forward(0, fn, std::forward<Args>(args)...));
+    // Nothing will be differentiated, so there is nothing to save memory on. A copy, as in the
+    // region: a const module holder gives only const access to its module.
+    Fn callable(std::forward<F>(fn));
+    return Result(invoke_forward(0, callable, std::forward<Args>(args)...));
   }
 
   using Call = BoundCall<Fn, std::decay_t<Args>...>;

@@ -2,6 +2,8 @@
 // names, state saved wrapped loads unwrapped and back.
 
 #include <ckpt/modules.h>
+#include <ckpt/planned_sequential.h>
+#include <ckpt/sequential.h>
 
 #include "support/support.h"
 
@@ -214,6 +216,18 @@ TEST_F(ModulesTest, CheckpointedFollowsTrainEvalToAndClone) {
   block->to(torch::kDouble);
   for (const auto& p : block->wrapped()->parameters()) EXPECT_EQ(p.scalar_type(), torch::kDouble);
   EXPECT_EQ(block(y.to(torch::kDouble)).scalar_type(), torch::kDouble);
+}
+
+// Issue 11, item 6: a const Sequential& did not compile.
+TEST_F(ModulesTest, ConstSequentialWorksEverywhere) {
+  const torch::nn::Sequential& model = make_layer_group();
+  auto x = torch::randn({8, 6}, torch::requires_grad());
+  EXPECT_EQ(ckpt::checkpoint(model, x).sizes(), x.sizes());
+  EXPECT_EQ(ckpt::checkpoint_sequential(model, 2, x).sizes(), x.sizes());
+  ckpt::Checkpointed wrapped(model);
+  EXPECT_EQ(wrapped(x).sizes(), x.sizes());
+  ckpt::PlannedSequential planned(model, ckpt::Budget::parse("min"));
+  EXPECT_EQ(planned(x).sizes(), x.sizes());
 }
 
 // A model written the usual way: members the forward calls, and a Sequential body.
