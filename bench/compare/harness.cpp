@@ -1,6 +1,6 @@
 #include "harness.h"
 
-#include "models.h"
+#include "bench_models.h"
 #include "process_memory.h"
 
 #include <ckpt/memory_tracker.h>
@@ -32,6 +32,14 @@
 
 namespace ckpt {
 namespace bench {
+
+using models::build_model;
+using models::describe;
+using models::make_input;
+using models::model_config;
+using models::model_names;
+using models::ModelConfig;
+using models::to_json;
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;

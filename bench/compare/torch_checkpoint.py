@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Python twin of the ckpt comparison harness (bench/compare/harness.cpp).
 
-Builds the same chain as bench/compare/models.cpp from the same configuration (JSON, written by
+Builds the same chain as models/bench_models.cpp from the same configuration (JSON, written by
 the harness), and measures no checkpointing and torch.utils.checkpoint.checkpoint_sequential
 (both variants where checkpoint_sequential takes use_reentrant, as in 2.x; reentrant only in
 1.13) with the same protocol: gradient buffers

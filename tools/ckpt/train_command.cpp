@@ -27,6 +27,10 @@
 
 namespace ckpt {
 namespace cli {
+
+using models::GptConfig;
+using models::make_gpt;
+using models::set_probe;
 namespace {
 
 volatile std::sig_atomic_t g_interrupted = 0;

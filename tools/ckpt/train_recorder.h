@@ -52,7 +52,7 @@ class MemorySampler {
 /// stage forwards, tells recomputes (forwards during the backward pass) from forwards, and
 /// places backward spans with gradient hooks on the stage outputs; for planned execution,
 /// `observer()` receives the executor's operations instead.
-class StepRecorder : public StageProbe {
+class StepRecorder : public models::StageProbe {
  public:
   explicit StepRecorder(std::vector<std::string> stage_names);
 

@@ -21,7 +21,7 @@
 #include <string>
 
 namespace ckpt {
-namespace cli {
+namespace models {
 
 struct GptConfig {
   int64_t vocab = 0;
@@ -90,7 +90,7 @@ class HeadStageImpl : public GptStage {
 TORCH_MODULE(HeadStage);
 
 /// Builds the chain (layers + 2 stages) with GPT-2 style initialisation from the current torch
-/// seed. Throws UsageError for invalid sizes.
+/// seed. Throws std::invalid_argument for invalid sizes.
 torch::nn::Sequential make_gpt(const GptConfig& config);
 
 /// Sets the probe of every stage of a chain built by `make_gpt` (nullptr to remove).
@@ -99,5 +99,5 @@ void set_probe(const torch::nn::Sequential& chain, StageProbe* probe);
 /// Number of parameters (the tied weight counted once).
 int64_t parameter_count(const torch::nn::Sequential& chain);
 
-}  // namespace cli
+}  // namespace models
 }  // namespace ckpt

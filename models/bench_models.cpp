@@ -1,4 +1,4 @@
-#include "models.h"
+#include "bench_models.h"
 
 #include <torch/torch.h>
 
@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 namespace ckpt {
-namespace bench {
+namespace models {
 namespace {
 
 // One MLP stage: tanh(linear(x)).
@@ -232,5 +232,5 @@ std::string to_json(const ModelConfig& c) {
   return o.str();
 }
 
-}  // namespace bench
+}  // namespace models
 }  // namespace ckpt

@@ -1,14 +1,13 @@
 #include "gpt.h"
 
-#include "errors.h"
-
 #include <torch/torch.h>
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 namespace ckpt {
-namespace cli {
+namespace models {
 
 torch::Tensor GptStage::probed(const torch::Tensor& input,
                                const std::function<torch::Tensor(const torch::Tensor&)>& body) {
@@ -85,10 +84,10 @@ torch::Tensor HeadStageImpl::forward(const torch::Tensor& x) {
 }
 
 torch::nn::Sequential make_gpt(const GptConfig& config) {
-  if (config.vocab < 1) throw UsageError("the corpus has an empty vocabulary");
+  if (config.vocab < 1) throw std::invalid_argument("the corpus has an empty vocabulary");
   if (config.width % config.heads != 0) {
-    throw UsageError("--heads (" + std::to_string(config.heads) + ") must divide --width (" +
-                     std::to_string(config.width) + ")");
+    throw std::invalid_argument("heads (" + std::to_string(config.heads) + ") must divide width (" +
+                                std::to_string(config.width) + ")");
   }
   torch::nn::Sequential chain;
   EmbeddingStage embedding(config);
@@ -136,5 +135,5 @@ int64_t parameter_count(const torch::nn::Sequential& chain) {
   return count;
 }
 
-}  // namespace cli
+}  // namespace models
 }  // namespace ckpt

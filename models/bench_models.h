@@ -14,7 +14,7 @@
 #include <vector>
 
 namespace ckpt {
-namespace bench {
+namespace models {
 
 /// Sizes of one benchmark model. Fields that a kind does not use stay at their defaults.
 struct ModelConfig {
@@ -59,5 +59,5 @@ at::Tensor make_input(const ModelConfig& config);
 /// The configuration as a JSON object, for the Python script.
 std::string to_json(const ModelConfig& config);
 
-}  // namespace bench
+}  // namespace models
 }  // namespace ckpt
