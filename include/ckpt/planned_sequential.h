@@ -124,6 +124,7 @@ class PlannedSequentialImpl : public torch::nn::Module {
   plan::SimulationResult prediction_;
   int64_t budget_bytes_ = 0;
   int64_t no_checkpoint_peak_bytes_ = 0;
+  bool keeps_everything_ = false;  // the schedule recomputes nothing: forward runs the plain chain
   std::vector<int64_t> profiled_sizes_;
   std::shared_ptr<ExecutionObserver> observer_;
 };

@@ -169,6 +169,7 @@ void PlannedSequentialImpl::solve(const plan::Chain& profile, int64_t no_checkpo
   prediction_ = std::move(prediction);
   budget_bytes_ = budget_bytes;
   no_checkpoint_peak_bytes_ = no_checkpoint_peak_bytes;
+  keeps_everything_ = keeps_everything(schedule_, static_cast<int>(stages_.size()));
   planned_ = true;
 }
 
@@ -182,8 +183,7 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
   bool any_grad = input.requires_grad();
   for (const auto& p : parameters()) any_grad = any_grad || p.requires_grad();
   // A schedule that recomputes nothing is the plain chain: run it as such, adding nothing.
-  const bool plain = keeps_everything(schedule_, static_cast<int>(stages_.size())) && !observer_;
-  if (!at::GradMode::is_enabled() || !any_grad || plain) {
+  if (!at::GradMode::is_enabled() || !any_grad || (keeps_everything_ && !observer_)) {
     torch::Tensor x = input;
     for (auto& stage : stages_) x = stage.forward<torch::Tensor>(x);
     return x;

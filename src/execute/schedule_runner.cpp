@@ -1,7 +1,6 @@
 #include "schedule_runner.h"
 
-#include "region/buffer_guard.h"
-#include "region/recompute_mark.h"
+#include "region/recompute_scope.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
@@ -137,14 +136,9 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
   const at::Tensor input = available(i);
   // A stage that already ran is being recomputed: replay its RNG (the CPU's and its input's
   // device's) and autocast state, as a region does, and keep its buffers.
-  const bool recompute = ran_[i];
-  c10::optional<RngFork> replay;
-  c10::optional<AutocastScope> autocast;
-  c10::optional<RecomputeMark> mark;
-  if (recompute) {
-    mark.emplace();
-    if (rng_[i].has_value()) replay.emplace(*rng_[i]);
-    autocast.emplace(autocast_[i]);
+  c10::optional<RecomputeScope> recompute;
+  if (ran_[i]) {
+    recompute.emplace(rng_[i], autocast_[i], ModuleList{stages_[i].ptr()});
   } else {
     const c10::DeviceType device_type = infer_device_type({input});
     if (preserve_rng_state_ && recomputed_[i])
@@ -152,7 +146,6 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
     if (recomputed_[i]) autocast_[i] = AutocastState::current(device_type);
     ran_[i] = true;
   }
-  const BufferGuard buffers({stages_[i].ptr()}, recompute);
   run_stage(op, input);
   // A stage that drew no random numbers on the CPU needs no stashed CPU state (5 KB each).
   if (!recompute && rng_[i].has_value()) rng_[i]->drop_cpu_state_if_unused();

@@ -3,7 +3,7 @@
 #include "checkpoint_node.h"
 #include "compat/torch_compat.h"
 #include "graph.h"
-#include "recompute_mark.h"
+#include "recompute_scope.h"
 #include "region_state.h"
 
 #include <ATen/core/grad_mode.h>
@@ -81,12 +81,8 @@ void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) co
 
 std::vector<at::Tensor> RegionState::run_recompute(
     const std::vector<at::Tensor>* replacement) const {
-  c10::optional<RngFork> fork;
-  if (rng.has_value()) fork.emplace(*rng);
-  const AutocastScope autocast_scope(autocast);
+  const RecomputeScope scope(rng, autocast, modules);
   const at::AutoGradMode grad_mode(true);
-  const RecomputeMark mark;
-  const BufferGuard buffers(modules, /*active=*/true);
   return recompute(replacement);
 }
 

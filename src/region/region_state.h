@@ -5,7 +5,6 @@
 #include <ckpt/detail/region.h>
 
 #include "autocast_state.h"
-#include "buffer_guard.h"
 #include "rng_state.h"
 #include "version_snapshot.h"
 

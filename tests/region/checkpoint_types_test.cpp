@@ -189,6 +189,26 @@ TEST_P(CheckpointTypesTest, StructResultWithCkptTensorsIsCheckpointed) {
   EXPECT_TRUE(bit_equal(linear->bias.grad(), expected[2]));
 }
 
+// docs/user-types.md: a struct argument with ckpt_tensors counts as the region's input, so the
+// reentrant variant, whose gradients flow only through inputs, differentiates through it too.
+TEST_P(CheckpointTypesTest, StructArgumentWithCkptTensorsGetsGradients) {
+  auto combine = [](const user::Encoded& e) { return (e.mean * e.log_variance.exp()).tanh(); };
+  auto make = [] {
+    user::Encoded e;
+    e.mean = torch::randn({5}, torch::requires_grad());
+    e.log_variance = torch::randn({5}, torch::requires_grad());
+    return e;
+  };
+  const user::Encoded plain = make();
+  user::Encoded checkpointed;
+  checkpointed.mean = plain.mean.detach().clone().requires_grad_();
+  checkpointed.log_variance = plain.log_variance.detach().clone().requires_grad_();
+  combine(plain).sum().backward();
+  ckpt::checkpoint(options(), combine, checkpointed).sum().backward();
+  EXPECT_TRUE(bit_equal(checkpointed.mean.grad(), plain.mean.grad()));
+  EXPECT_TRUE(bit_equal(checkpointed.log_variance.grad(), plain.log_variance.grad()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, CheckpointTypesTest, ::testing::Values(false, true),
                          ckpt::test::VariantName());
 
