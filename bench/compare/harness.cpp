@@ -452,62 +452,83 @@ std::vector<BenchRow> run_comparison(const BenchOptions& options) {
   return rows;
 }
 
-std::string to_markdown(const std::vector<BenchRow>& rows, const BenchOptions& options) {
-  std::ostringstream md;
+namespace {
+
+std::vector<std::string> models_in(const std::vector<BenchRow>& rows) {
   std::vector<std::string> models;
   for (const auto& row : rows) {
     if (std::find(models.begin(), models.end(), row.model) == models.end()) {
       models.push_back(row.model);
     }
   }
-  for (const auto& name : models) {
-    ModelConfig config = model_config(name, options.quick);
-    if (!options.resnet_batch_norm) {
-      config.batch_norm = false;
-      config.description = describe(config);
-    }
-    int stages = 0;
-    for (const auto& row : rows) {
-      if (row.model == name && row.method == "none") stages = row.forward_count;
-    }
-    md << "### " << name << ": " << config.description << " (" << stages << " stages)\n\n";
+  return models;
+}
+
+std::string model_heading(const std::string& name, const std::vector<BenchRow>& rows,
+                          const BenchOptions& options) {
+  ModelConfig config = model_config(name, options.quick);
+  if (!options.resnet_batch_norm) {
+    config.batch_norm = false;
+    config.description = describe(config);
+  }
+  int stages = 0;
+  for (const auto& row : rows) {
+    if (row.model == name && row.method == "none") stages = row.forward_count;
+  }
+  return "### " + name + ": " + config.description + " (" + std::to_string(stages) + " stages)\n\n";
+}
+
+std::string prediction_error(const BenchRow& row) {
+  if (row.predicted_peak_bytes <= 0 || row.peak_bytes < 0) return "—";
+  const double err = static_cast<double>(row.peak_bytes - row.predicted_peak_bytes) /
+                     static_cast<double>(row.predicted_peak_bytes);
+  return (err >= 0 ? "+" : "") + fixed(100 * err, 1) + "%";
+}
+
+// The row's step time over its Python twin's (the same method in torch.utils.checkpoint).
+std::string python_ratio(const BenchRow& row, const std::vector<BenchRow>& rows) {
+  const BenchRow* twin = nullptr;
+  if (row.method == "none") twin = find(rows, row.model, "python_none", 0);
+  if (row.method.rfind("ckpt_sequential", 0) == 0) {
+    twin = find(rows, row.model, python_twin(row.method), row.segments);
+  }
+  if (!twin || twin->step_ms <= 0 || row.step_ms <= 0) return "—";
+  return fixed(row.step_ms / twin->step_ms, 3) + "×";
+}
+
+std::string markdown_row(const BenchRow& row, const std::vector<BenchRow>& rows) {
+  const bool py = row.method.rfind("python", 0) == 0;
+  const bool timed = row.step_ms > 0;
+  std::string note = row.note;
+  if (row.solver_ms >= 0)
+    note += (note.empty() ? "" : "; ") + ("solve " + fixed(row.solver_ms, 1) + " ms");
+  std::ostringstream md;
+  md << "| " << row.method << " | " << row.setting << " | "
+     << (row.forward_count > 0 ? std::to_string(row.forward_count) : "—") << " | "
+     << (py ? "—" : mib(row.peak_bytes)) << " | " << (py ? "—" : percent(row.memory_ratio)) << " | "
+     << mib(row.rss_peak_bytes) << " | " << percent(row.rss_memory_ratio) << " | "
+     << (row.predicted_peak_bytes >= 0 ? mib(row.predicted_peak_bytes) : "—") << " | "
+     << prediction_error(row) << " | " << (timed ? fixed(row.step_ms, 2) : "—") << " | "
+     << (timed ? fixed(row.step_iqr_ms, 2) : "—") << " | "
+     << (row.overhead > 0 ? fixed(row.overhead, 3) + "×" : "—") << " | " << python_ratio(row, rows)
+     << " | " << note << " |\n";
+  return md.str();
+}
+
+}  // namespace
+
+std::string to_markdown(const std::vector<BenchRow>& rows, const BenchOptions& options) {
+  std::ostringstream md;
+  for (const auto& name : models_in(rows)) {
+    md << model_heading(name, rows, options);
     md << "| method | setting | fwd | peak MiB | % none | RSS peak MiB | % none (RSS) | predicted "
           "MiB | pred. error | step ms | IQR ms | overhead | C++ / Python | notes |\n";
     md << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
     for (const auto& row : rows) {
-      if (row.model != name) continue;
-      const bool py = row.method.rfind("python", 0) == 0;
-      md << "| " << row.method << " | " << row.setting << " | "
-         << (row.forward_count > 0 ? std::to_string(row.forward_count) : "—") << " | "
-         << (py ? "—" : mib(row.peak_bytes)) << " | " << (py ? "—" : percent(row.memory_ratio))
-         << " | " << mib(row.rss_peak_bytes) << " | " << percent(row.rss_memory_ratio) << " | "
-         << (row.predicted_peak_bytes >= 0 ? mib(row.predicted_peak_bytes) : "—") << " | ";
-      if (row.predicted_peak_bytes > 0 && row.peak_bytes >= 0) {
-        const double err = static_cast<double>(row.peak_bytes - row.predicted_peak_bytes) /
-                           static_cast<double>(row.predicted_peak_bytes);
-        md << (err >= 0 ? "+" : "") << fixed(100 * err, 1) << "%";
-      } else {
-        md << "—";
-      }
-      md << " | " << (row.step_ms > 0 ? fixed(row.step_ms, 2) : "—") << " | "
-         << (row.step_ms > 0 ? fixed(row.step_iqr_ms, 2) : "—") << " | "
-         << (row.overhead > 0 ? fixed(row.overhead, 3) + "×" : "—") << " | ";
-      const BenchRow* twin = nullptr;
-      if (row.method == "none") twin = find(rows, name, "python_none", 0);
-      if (row.method.rfind("ckpt_sequential", 0) == 0) {
-        twin = find(rows, name, python_twin(row.method), row.segments);
-      }
-      md << (twin && twin->step_ms > 0 && row.step_ms > 0
-                 ? fixed(row.step_ms / twin->step_ms, 3) + "×"
-                 : "—");
-      std::string note = row.note;
-      if (row.solver_ms >= 0)
-        note += (note.empty() ? "" : "; ") + ("solve " + fixed(row.solver_ms, 1) + " ms");
-      md << " | " << note << " |\n";
+      if (row.model == name) md << markdown_row(row, rows);
     }
     md << "\n";
   }
-
   md << "\n";
   return md.str();
 }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <ckpt/execute/planned_sequential_impl.h>
 #include <ckpt/plan/chain.h>
 
 #include <ATen/core/Tensor.h>
@@ -44,5 +45,18 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
 /// state are left as they were.
 int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
                                    const at::Tensor& sample_input);
+
+/// The profiler `PlannedSequential` plans with: `profile_chain` and `measure_no_checkpoint_peak`.
+class MeasuringProfiler : public ChainProfiler {
+ public:
+  explicit MeasuringProfiler(ProfileOptions options = {}) : options_(options) {}
+  plan::Chain profile(const std::vector<torch::nn::AnyModule>& stages,
+                      const at::Tensor& sample_input) override;
+  int64_t no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
+                             const at::Tensor& sample_input) override;
+
+ private:
+  ProfileOptions options_;
+};
 
 }  // namespace ckpt

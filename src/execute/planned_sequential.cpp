@@ -1,5 +1,5 @@
+#include <ckpt/execute/planned_sequential_impl.h>
 #include <ckpt/plan/solvers.h>
-#include <ckpt/planned_sequential.h>
 
 #include "compat/torch_compat.h"
 #include "schedule_runner.h"
@@ -57,12 +57,19 @@ class PlannedBackward final : public compat::OwningNode {
   std::shared_ptr<detail::ScheduleRunner> runner_;
 };
 
-plan::SolverSpec parse_solver(const std::string& solver) {
+// The planning layer reports a bad solver or budget as std::invalid_argument; the module reports
+// it as LibTorch does, as c10::Error.
+template <class PlanningCall>
+auto as_torch_error(PlanningCall&& call) {
   try {
-    return plan::SolverSpec::parse(solver);
+    return call();
   } catch (const std::invalid_argument& error) {
     TORCH_CHECK(false, "ckpt::PlannedSequential: ", error.what());
   }
+}
+
+plan::SolverSpec parse_solver(const std::string& solver) {
+  return as_torch_error([&] { return plan::SolverSpec::parse(solver); });
 }
 
 // True for a schedule that keeps every activation and recomputes nothing: the plain chain.
@@ -104,9 +111,15 @@ PlannedSequentialImpl::PlannedSequentialImpl(const torch::nn::Sequential& chain,
 }
 
 void PlannedSequentialImpl::plan(const torch::Tensor& sample_input) {
-  plan::Chain profile = profile_chain(stages_, sample_input, options.profile());
+  ChainProfiler* profiler = options.profiler().get();
+  TORCH_CHECK(profiler != nullptr,
+              "ckpt::PlannedSequential::plan: no profiler to measure the chain with. Construct "
+              "it as ckpt::PlannedSequential(chain, budget), which measures with "
+              "ckpt::MeasuringProfiler, set PlannedSequentialOptions().profiler(...), or call "
+              "plan(profile) with a chain's costs first.");
+  plan::Chain profile = profiler->profile(stages_, sample_input);
   check_profile(profile);
-  solve(profile, measure_no_checkpoint_peak(stages_, sample_input));
+  solve(profile, profiler->no_checkpoint_peak(stages_, sample_input));
   profiled_sizes_ = sample_input.sizes().vec();
 }
 
@@ -142,12 +155,8 @@ void PlannedSequentialImpl::solve(const plan::Chain& profile, int64_t no_checkpo
   }
   plan::Schedule schedule = plan::solve_no_checkpoint(profile);
   if (!store_everything) {
-    plan::Plan solved;
-    try {
-      solved = plan::solve(profile, solver, budget_bytes, optimal);
-    } catch (const std::invalid_argument& error) {
-      TORCH_CHECK(false, "ckpt::PlannedSequential: ", error.what());
-    }
+    plan::Plan solved =
+        as_torch_error([&] { return plan::solve(profile, solver, budget_bytes, optimal); });
     TORCH_INTERNAL_ASSERT(solved.schedule.has_value(), "no schedule at a budget above the minimum");
     schedule = std::move(*solved.schedule);
   }

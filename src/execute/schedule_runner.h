@@ -4,7 +4,7 @@
 // by the autograd node that stands for the chain in the graph.
 
 #include <ckpt/plan/schedule.h>
-#include <ckpt/planned_sequential.h>
+#include <ckpt/execute/planned_sequential_impl.h>
 
 #include "chains/stage_graph.h"
 #include "region/autocast_state.h"

@@ -224,4 +224,14 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
   return chain;
 }
 
+plan::Chain MeasuringProfiler::profile(const std::vector<torch::nn::AnyModule>& stages,
+                                       const at::Tensor& sample_input) {
+  return profile_chain(stages, sample_input, options_);
+}
+
+int64_t MeasuringProfiler::no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
+                                              const at::Tensor& sample_input) {
+  return measure_no_checkpoint_peak(stages, sample_input);
+}
+
 }  // namespace ckpt

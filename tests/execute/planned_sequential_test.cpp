@@ -248,6 +248,45 @@ TEST_F(PlannedSequentialTest, InfeasibleBudgetCarriesTheSmallestFeasibleOne) {
   EXPECT_TRUE(warnings.contains("planning for the smallest feasible budget"));
 }
 
+// The executor plans through the ChainProfiler interface: a profiler of the user's is asked once
+// per plan and its numbers decide the schedule; the Impl made without a profiler says what to do.
+struct StoredProfiler : ckpt::ChainProfiler {
+  explicit StoredProfiler(ckpt::plan::Chain chain, int64_t peak)
+      : chain(std::move(chain)), peak(peak) {}
+  ckpt::plan::Chain profile(const std::vector<torch::nn::AnyModule>& /*stages*/,
+                            const at::Tensor& /*sample_input*/) override {
+    ++calls;
+    return chain;
+  }
+  int64_t no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& /*stages*/,
+                             const at::Tensor& /*sample_input*/) override {
+    return peak;
+  }
+  ckpt::plan::Chain chain;
+  int64_t peak;
+  int calls = 0;
+};
+
+TEST_F(PlannedSequentialTest, PlansThroughTheProfilerItIsGiven) {
+  auto chain = make_chain(4, 16);
+  const auto x = torch::randn({4, 16});
+  ckpt::PlannedSequential measured(chain, ckpt::Budget::minimum());
+  measured->plan(x);
+  auto stored =
+      std::make_shared<StoredProfiler>(measured->profile(), measured->no_checkpoint_peak_bytes());
+  ckpt::PlannedSequential replayed(chain, ckpt::Budget::minimum(),
+                                   ckpt::PlannedSequentialOptions().profiler(stored));
+  replayed->plan(x);
+  EXPECT_EQ(stored->calls, 1);
+  EXPECT_EQ(replayed->schedule(), measured->schedule());
+  EXPECT_EQ(replayed->budget_bytes(), measured->budget_bytes());
+
+  auto bare = std::make_shared<ckpt::PlannedSequentialImpl>(chain, ckpt::Budget::minimum());
+  CKPT_EXPECT_THROWS_WITH(bare->forward(x), "no profiler to measure the chain with");
+  bare->plan(measured->profile());
+  EXPECT_TRUE(bit_equal(bare->forward(x), chain->forward(x)));
+}
+
 TEST_F(PlannedSequentialTest, WorksWithAutogradGradForTheInput) {
   auto chain = make_chain(6, 16);
   ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(0.8));

@@ -17,8 +17,8 @@ namespace ckpt {
 namespace cli {
 using nlohmann::json;
 
-PlanOutcome solve_with(const plan::Chain& chain, int64_t budget_bytes, const std::string& solver,
-                       int slots) {
+plan::Plan solve_with(const plan::Chain& chain, int64_t budget_bytes, const std::string& solver,
+                      int slots) {
   if (slots < 1)
     throw UsageError("--slots must be a positive integer, but got " + std::to_string(slots));
   plan::OptimalOptions options;
@@ -83,7 +83,7 @@ int run_plan(const PlanArgs& args, std::ostream& out) {
   const plan::SimulationResult baseline = plan::simulate(chain, plan::solve_no_checkpoint(chain));
   const int64_t min_budget = plan::min_feasible_budget_bytes(chain);
   const int64_t budget_bytes = parse_budget(args.budget, baseline.peak_bytes, min_budget);
-  const PlanOutcome outcome = solve_with(chain, budget_bytes, args.solver, args.slots);
+  const plan::Plan outcome = solve_with(chain, budget_bytes, args.solver, args.slots);
   const bool has_schedule = outcome.schedule.has_value();
   std::string message = outcome.message;
   if (!outcome.feasible) {

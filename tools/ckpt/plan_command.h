@@ -24,14 +24,11 @@ struct PlanArgs {
   bool json = false;
 };
 
-/// What one solver gives for a chain and a budget.
-using PlanOutcome = plan::Plan;
-
 /// Runs solver `solver` ("optimal", "uniform", "uniform:K", "sqrt", "revolve", "revolve:S",
 /// "none") on `chain` under `budget_bytes`. Throws UsageError for an unknown solver or a K/S
 /// out of range.
-PlanOutcome solve_with(const plan::Chain& chain, int64_t budget_bytes, const std::string& solver,
-                       int slots);
+plan::Plan solve_with(const plan::Chain& chain, int64_t budget_bytes, const std::string& solver,
+                      int slots);
 
 /// Adds the `plan` subcommand, whose options fill `args`.
 CLI::App* add_plan_command(CLI::App& app, PlanArgs& args);

@@ -1,0 +1,145 @@
+#pragma once
+
+#include <ckpt/plan/chain.h>
+#include <ckpt/plan/schedule.h>
+#include <ckpt/plan/simulator.h>
+#include <ckpt/plan/spec.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+/// A memory budget: bytes ("512MiB"), a percentage of the chain's no-checkpoint peak ("40%"),
+/// or its smallest feasible budget ("min"). The planning layer's type; its parse errors are
+/// std::invalid_argument.
+using Budget = plan::Budget;
+
+/// Raised when no schedule of the chain fits the budget; carries the smallest budget that fits.
+class InfeasibleBudget : public c10::Error {
+ public:
+  InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasible_bytes);
+  /// The smallest budget, in bytes, that a schedule of the chain fits in.
+  int64_t smallest_feasible_bytes() const { return smallest_feasible_bytes_; }
+
+ private:
+  int64_t smallest_feasible_bytes_;
+};
+
+/// What `PlannedSequential` needs to plan from a sample input: the chain's costs in the planner's
+/// model, and the peak of one plain step. `ckpt::MeasuringProfiler` (<ckpt/profiler.h>) is the
+/// one `ckpt::PlannedSequential` supplies; supply another to plan from stored measurements.
+class ChainProfiler {
+ public:
+  virtual ~ChainProfiler() = default;
+  /// The chain's per-stage times and sizes on `sample_input`.
+  virtual plan::Chain profile(const std::vector<torch::nn::AnyModule>& stages,
+                              const at::Tensor& sample_input) = 0;
+  /// The peak bytes of one plain training step of the chain on `sample_input`.
+  virtual int64_t no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
+                                     const at::Tensor& sample_input) = 0;
+};
+
+/// Options for `PlannedSequential`.
+struct PlannedSequentialOptions {
+  /// The solver, as `plan::SolverSpec` reads it: "optimal" (rotor's dynamic program),
+  /// "uniform:K" (checkpoint_sequential with K segments), "sqrt" (Chen's √n), "revolve:S",
+  /// "none"; "uniform" and "revolve" alone pick the fastest of their family that fits.
+  /// Default: "optimal"
+  TORCH_ARG(std::string, solver) = "optimal";
+  /// Memory slots of the optimal solver's discretisation. Default: 500
+  TORCH_ARG(int, slots) = 500;
+  /// What `plan(sample)` measures the chain with. `ckpt::PlannedSequential` fills an empty one
+  /// with a `ckpt::MeasuringProfiler`. Default: none
+  TORCH_ARG(std::shared_ptr<ChainProfiler>, profiler) = nullptr;
+  /// Replay each stage's RNG state when it is recomputed. Default: true
+  TORCH_ARG(bool, preserve_rng_state) = true;
+  /// When the budget is below the smallest feasible one, plan for that one with a warning instead
+  /// of raising `InfeasibleBudget`. Default: false
+  TORCH_ARG(bool, fall_back_to_minimum) = false;
+};
+
+/// Receives every operation of a schedule as the executor runs it (for traces and plots).
+struct ExecutionObserver {
+  virtual ~ExecutionObserver() = default;
+  virtual void on_op_begin(const plan::Op& /*op*/) {}
+  virtual void on_op_end(const plan::Op& /*op*/) {}
+};
+
+/// Runs a chain of modules under the fastest schedule that fits a memory budget.
+///
+/// On the first forward (or an explicit `plan(sample)`), it profiles the chain on the input,
+/// measures the peak of one plain step, solves for a schedule under the budget and keeps it;
+/// every forward/backward then follows that schedule. Percentages are of that measured peak; at
+/// a budget that holds it, the chain runs plainly (no recomputation, nothing added). Gradients are
+/// identical to the unchecked chain; RNG is replayed and buffers are not updated twice. If no
+/// schedule fits, `plan` raises `InfeasibleBudget`, which carries the smallest feasible budget
+/// (or, with `fall_back_to_minimum`, plans for it with a warning); `Budget::minimum()` asks for
+/// it directly. The chain's modules are registered as children "0", "1", ... as in the
+/// Sequential.
+///
+/// Example:
+/// ```
+/// ckpt::PlannedSequential planned(model, ckpt::Budget::parse("40%"));
+/// auto loss = planned(x).sum();
+/// loss.backward();
+/// ```
+class PlannedSequentialImpl : public torch::nn::Module {
+ public:
+  PlannedSequentialImpl(const torch::nn::Sequential& chain, Budget budget,
+                        PlannedSequentialOptions options = {});
+
+  /// Runs the chain under the schedule; plans first if needed.
+  torch::Tensor forward(const torch::Tensor& input);
+  /// Profiles the chain on `sample_input` and solves for a schedule under the budget.
+  void plan(const torch::Tensor& sample_input);
+  /// Uses a given profile instead of measuring one, then solves. Percentages are then of the
+  /// profile's predicted no-checkpoint peak.
+  void plan(const plan::Chain& profile);
+
+  bool planned() const { return planned_; }
+  const plan::Chain& profile() const;
+  const plan::Schedule& schedule() const;
+  /// The simulator's prediction for the schedule (time, peak bytes, forward count).
+  const plan::SimulationResult& prediction() const;
+  /// The budget in bytes the schedule was solved for.
+  int64_t budget_bytes() const;
+  /// The no-checkpoint peak percentages refer to: measured by `plan(sample)`, predicted from
+  /// the profile by `plan(profile)`.
+  int64_t no_checkpoint_peak_bytes() const;
+
+  void set_observer(std::shared_ptr<ExecutionObserver> observer) {
+    observer_ = std::move(observer);
+  }
+  void pretty_print(std::ostream& stream) const override;
+
+  PlannedSequentialOptions options;
+
+ private:
+  void check_profile(const plan::Chain& profile) const;
+  void solve(const plan::Chain& profile, int64_t no_checkpoint_peak_bytes);
+
+  std::vector<torch::nn::AnyModule> stages_;
+  Budget budget_;
+  bool planned_ = false;
+  plan::Chain profile_;
+  plan::Schedule schedule_;
+  plan::SimulationResult prediction_;
+  int64_t budget_bytes_ = 0;
+  int64_t no_checkpoint_peak_bytes_ = 0;
+  bool keeps_everything_ = false;  // the schedule recomputes nothing: forward runs the plain chain
+  std::vector<int64_t> profiled_sizes_;
+  std::shared_ptr<ExecutionObserver> observer_;
+};
+
+}  // namespace ckpt
