@@ -57,6 +57,7 @@ BENCHMARK(BM_SolveOptimal)
     ->Args({16, 500})
     ->Args({64, 500})
     ->Args({128, 500})
+    ->Args({256, 500})
     ->Unit(benchmark::kMillisecond);
 
 // Answering one more budget from a built table (no re-solve).

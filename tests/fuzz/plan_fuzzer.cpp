@@ -108,6 +108,13 @@ void check_planner(const Chain& chain, FuzzedDataProvider& data) {
     const SimulationResult result = simulate(chain, *schedule);
     require(result.valid && result.peak_bytes <= budget, "a schedule fits its budget");
     require(std::isfinite(result.time), "a schedule's time is finite");
+    // The exact program, bounded: when it finishes, it fits and is never slower than the table.
+    const ExactSolution exact = solve_exact(chain, budget, 200000, options);
+    if (exact.status == ExactSolution::Status::OverWorkLimit) continue;
+    require(exact.schedule.has_value(), "the exact program answers every feasible budget");
+    const SimulationResult exact_result = simulate(chain, *exact.schedule);
+    require(exact_result.valid && exact_result.peak_bytes <= budget, "an exact schedule fits");
+    require(exact_result.time <= result.time * (1 + 1e-12), "the exact optimum beats the table");
   }
   // The long-chain solver on a few groups: a schedule for every feasible budget, and it fits.
   const int64_t grouped_budget = data.ConsumeIntegralInRange<int64_t>(min_budget, top);

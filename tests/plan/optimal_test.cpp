@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "brute_force.h"
 #include "plan_support.h"
 #include "reference_accounting.h"
 
@@ -30,89 +31,6 @@ double total_time(const Chain& chain) {
   return total;
 }
 
-// Every persistent schedule (rotor's family), enumerated independently of the solver: to
-// reverse stages i..l with x_i held and δ_{l+1} available, either run Fall_i (any option),
-// reverse i+1..l and run B_i, or run Fck_i, Fn_{i+1..j-1}, reverse j..l from the checkpoint
-// x_j, then reverse i..j-1. Stage L is the loss.
-class PersistentSchedules {
- public:
-  PersistentSchedules(const Chain& chain, bool restricted)
-      : chain_(chain), restricted_(restricted) {}
-
-  const std::vector<std::vector<Op>>& all(int i, int l) {
-    auto found = memo_.find({i, l});
-    if (found != memo_.end()) return found->second;
-    std::vector<std::vector<Op>> result;
-    const int length = chain_.size();
-    if (i == length) {
-      result.push_back({Op{OpKind::Loss, length, 0}});
-    } else {
-      const int options = chain_.stages[static_cast<size_t>(i)].option_count();
-      for (int k = 0; k < options; ++k) {
-        if (l == i) {
-          result.push_back({Op{OpKind::ForwardAll, i, k}, Op{OpKind::Backward, i, k}});
-        } else if (!restricted_ || (i == length - 1 && l == length)) {
-          for (const auto& rest : all(i + 1, l)) {
-            std::vector<Op> ops = {Op{OpKind::ForwardAll, i, k}};
-            ops.insert(ops.end(), rest.begin(), rest.end());
-            ops.push_back(Op{OpKind::Backward, i, k});
-            result.push_back(std::move(ops));
-          }
-        }
-      }
-      for (int j = i + 1; j <= l; ++j) {
-        std::vector<Op> prefix = {Op{OpKind::ForwardInput, i, 0}};
-        for (int k = i + 1; k < j; ++k) prefix.push_back(Op{OpKind::ForwardNone, k, 0});
-        const auto rights = all(j, l);
-        const auto lefts = all(i, j - 1);
-        for (const auto& right : rights) {
-          for (const auto& left : lefts) {
-            std::vector<Op> ops = prefix;
-            ops.insert(ops.end(), right.begin(), right.end());
-            ops.insert(ops.end(), left.begin(), left.end());
-            result.push_back(std::move(ops));
-          }
-        }
-      }
-    }
-    return memo_.emplace(std::make_pair(i, l), std::move(result)).first->second;
-  }
-
- private:
-  const Chain& chain_;
-  bool restricted_;
-  std::map<std::pair<int, int>, std::vector<std::vector<Op>>> memo_;
-};
-
-struct Simulated {
-  double time;
-  int64_t peak_bytes;
-};
-
-// Scores every persistent schedule with the tests' own accounting (not the solver's simulate),
-// and checks on the way that the simulator agrees with it.
-std::vector<Simulated> simulate_all(const Chain& chain, bool restricted) {
-  PersistentSchedules schedules(chain, restricted);
-  std::vector<Simulated> results;
-  for (const auto& ops : schedules.all(0, chain.size())) {
-    const test::ReferenceScore score = test::ReferenceAccounting(chain).score(Schedule{ops});
-    EXPECT_TRUE(score.valid) << to_string(Schedule{ops});
-    const SimulationResult simulated = simulate(chain, Schedule{ops});
-    EXPECT_EQ(simulated.peak_bytes, score.peak_bytes) << to_string(Schedule{ops});
-    EXPECT_EQ(simulated.time, score.time) << to_string(Schedule{ops});
-    results.push_back({score.time, score.peak_bytes});
-  }
-  return results;
-}
-
-double brute_force_time(const std::vector<Simulated>& all, int64_t budget) {
-  double best = std::numeric_limits<double>::infinity();
-  for (const Simulated& s : all) {
-    if (s.peak_bytes <= budget) best = std::min(best, s.time);
-  }
-  return best;
-}
-
 struct BruteForceCase {
   int stages;
   int alternatives;
@@ -129,10 +47,10 @@ TEST_P(OptimalBruteForceTest, EqualsBruteForceOverPersistentSchedules) {
   options.forward_all_only_before_backward = param.restricted;
   for (int trial = 0; trial < 4; ++trial) {
     const Chain chain = random_chain(rng, param.stages, 12, param.alternatives);
-    const std::vector<Simulated> all = simulate_all(chain, param.restricted);
+    const std::vector<test::Scored> all = test::score_persistent_schedules(chain, param.restricted);
     int64_t min_peak = std::numeric_limits<int64_t>::max();
     int64_t max_peak = 0;
-    for (const Simulated& s : all) {
+    for (const test::Scored& s : all) {
       min_peak = std::min(min_peak, s.peak_bytes);
       max_peak = std::max(max_peak, s.peak_bytes);
     }
@@ -143,7 +61,7 @@ TEST_P(OptimalBruteForceTest, EqualsBruteForceOverPersistentSchedules) {
     const OptimalTable table(chain, max_budget, options);
     EXPECT_EQ(table.min_feasible_budget_bytes(), min_peak);
     for (int64_t budget = chain.input_bytes; budget <= max_budget; ++budget) {
-      const double expected = brute_force_time(all, budget);
+      const double expected = test::fastest_within(all, budget);
       EXPECT_EQ(table.time(budget), expected) << "budget=" << budget;
       const auto schedule = table.solve(budget);
       ASSERT_EQ(schedule.has_value(), expected < std::numeric_limits<double>::infinity())

@@ -5,6 +5,7 @@
 // Every returned schedule is valid for `simulate` (docs/memory-model.md).
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -13,6 +14,10 @@
 
 namespace ckpt {
 namespace plan {
+namespace detail {
+struct Costs;
+struct Choice;
+}  // namespace detail
 
 // ~~~ Baselines ~~~
 
@@ -73,6 +78,9 @@ struct OptimalOptions {
   int max_exact_stages = 200;
   /// Groups of solve_optimal's long chains. Default: 128
   int groups = 128;
+  /// Steps solve_optimal lets the exact program compute (solve_exact; about 20 ms) before it
+  /// uses the table instead. Default: 2000000
+  int64_t max_exact_work = 2000000;
 };
 
 /// The bytes of the tables the optimal solver allocates for a chain of `stages` stages with
@@ -118,14 +126,12 @@ class OptimalTable {
   const Chain& chain() const { return chain_; }
 
  private:
-  struct Choice;
   int64_t to_slots(int64_t bytes) const;
   int64_t available_slots(int64_t budget_bytes) const;
   const double* row(int i, int l) const;
   double* row(int i, int l);
   void build();
-  Choice best_choice(int i, int l, int64_t m) const;
-  void reconstruct(int i, int l, int64_t m, std::vector<Op>& ops) const;
+  detail::Choice best_choice(int i, int l, int64_t m) const;
   void check_budget(const char* function, int64_t budget_bytes) const;
 
   Chain chain_;
@@ -134,11 +140,8 @@ class OptimalTable {
   int64_t min_feasible_budget_bytes_ = 0;
   Schedule min_memory_schedule_;
   double min_memory_time_ = 0.0;
-  // Sizes in slots: x_[i] = |x_i| for i in [0, L+1] (x_[L+1] = 0); per stage and option the
-  // saved bytes and temporaries; no-grad forward temporaries per stage.
-  std::vector<int64_t> x_;
-  std::vector<int64_t> forward_tmp_;
-  std::vector<std::vector<int64_t>> saved_, option_forward_tmp_, option_backward_tmp_;
+  // The chain's sizes in slots.
+  std::shared_ptr<const detail::Costs> units_;
   // Opt[i][l][m] for 0 <= i <= l <= L and m in [0, slots], rows of slots+1 contiguous values.
   std::vector<double> table_;
 };
@@ -151,6 +154,36 @@ class OptimalTable {
 /// or budget_bytes is smaller than the chain's input_bytes.
 std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
                                       const OptimalOptions& options = {});
+
+/// What solve_exact found.
+struct ExactSolution {
+  enum class Status {
+    Solved,        ///< `schedule` is the byte-exact optimum
+    Infeasible,    ///< no persistent schedule fits the budget
+    OverWorkLimit  ///< stopped after `max_work` steps; nothing is known
+  };
+  Status status = Status::Infeasible;
+  std::optional<Schedule> schedule;
+  /// Steps the program computed (about 10 ns each).
+  int64_t work = 0;
+};
+
+/// rotor's dynamic program in exact bytes: each entry Opt(i, l, ·) is a nonincreasing step
+/// function of the memory, kept as its steps up to the budget, so the schedule is the fastest
+/// persistent schedule whose simulated peak fits `budget_bytes`, with no rounding. Its cost is
+/// O(L^3 · K) for entries of K steps; K is small near the smallest feasible budget and for short
+/// chains, and grows with both. It stops with `OverWorkLimit` once it has computed `max_work`
+/// steps. Only options.forward_all_only_before_backward matters here.
+ExactSolution solve_exact(const Chain& chain, int64_t budget_bytes, int64_t max_work,
+                          const OptimalOptions& options = {});
+
+/// solve_exact's program keeping only the first `steps` steps of each entry (its smallest
+/// memories; the last one answers every larger memory too): the schedule fits the budget and is
+/// the optimum wherever no entry was cut, near the smallest feasible budget in particular. For
+/// chains too long for solve_exact: O(L^3 · steps) time. std::nullopt when no schedule fits.
+/// Throws std::invalid_argument unless steps >= 1.
+std::optional<Schedule> solve_truncated(const Chain& chain, int64_t budget_bytes, int steps,
+                                        const OptimalOptions& options = {});
 
 /// For chains too long for the exact table: stages are grouped into `groups` runs of consecutive
 /// stages (lengths differing by at most one), the table is solved on the chain of groups, and

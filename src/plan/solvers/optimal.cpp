@@ -10,83 +10,26 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/plan/simulator.h"
 #include "ckpt/plan/solvers.h"
+#include "dp_terms.h"
 #include "min_memory.h"
 
 namespace ckpt {
 namespace plan {
 namespace {
 
+using detail::Choice;
+using detail::Costs;
+using detail::forward_all_allowed;
+using detail::make_costs;
+using detail::Step;
+
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
+// Steps per entry of the truncated program for long chains: about 0.6 s at 256 stages.
+constexpr int kLongChainSteps = 8;
 
 __extension__ typedef __int128 Int128;
-
-// Sizes and times of a chain in some memory unit (bytes, or slots of the table).
-struct Costs {
-  int length = 0;
-  std::vector<int64_t> x;    // |x_i|, i in [0, L+1], x[L+1] = 0
-  std::vector<int64_t> tmp;  // no-grad forward temporaries of stage i
-  std::vector<double> time;  // no-grad forward time of stage i
-  std::vector<std::vector<int64_t>> saved, forward_tmp, backward_tmp;
-  std::vector<std::vector<double>> forward_time, backward_time;
-};
-
-template <class Convert>
-Costs make_costs(const Chain& chain, Convert convert) {
-  Costs costs;
-  costs.length = chain.size();
-  const auto length = static_cast<size_t>(costs.length);
-  costs.x.resize(length + 2, 0);
-  for (int i = 0; i <= costs.length; ++i) {
-    costs.x[static_cast<size_t>(i)] = convert(chain.activation_bytes(i));
-  }
-  costs.tmp.resize(length);
-  costs.time.resize(length);
-  costs.saved.resize(length);
-  costs.forward_tmp.resize(length);
-  costs.backward_tmp.resize(length);
-  costs.forward_time.resize(length);
-  costs.backward_time.resize(length);
-  for (size_t i = 0; i < length; ++i) {
-    const Stage& stage = chain.stages[i];
-    costs.tmp[i] = convert(stage.forward_tmp_bytes);
-    costs.time[i] = stage.forward_time;
-    for (int k = 0; k < stage.option_count(); ++k) {
-      const StorageOption option = stage.option(k);
-      costs.saved[i].push_back(convert(option.saved_bytes));
-      costs.forward_tmp[i].push_back(convert(option.forward_tmp_bytes));
-      costs.backward_tmp[i].push_back(convert(option.backward_tmp_bytes));
-      costs.forward_time[i].push_back(option.forward_time);
-      costs.backward_time[i].push_back(option.backward_time);
-    }
-  }
-  return costs;
-}
-
-// Memory needed (outside x_i, with δ_{l+1} held) by Fall_i with option k and by B_i
-// afterwards: max(forward peak, backward peak). The sub-problem i+1..l comes on top.
-int64_t forward_all_need(const std::vector<int64_t>& x,
-                         const std::vector<std::vector<int64_t>>& saved_sizes,
-                         const std::vector<std::vector<int64_t>>& forward_tmp,
-                         const std::vector<std::vector<int64_t>>& backward_tmp, int i, int l,
-                         int k) {
-  const auto si = static_cast<size_t>(i);
-  const auto sk = static_cast<size_t>(k);
-  const int64_t saved = saved_sizes[si][sk];
-  return std::max(x[static_cast<size_t>(l + 1)] + saved + forward_tmp[si][sk],
-                  x[si + 1] + saved + x[si] + backward_tmp[si][sk]);
-}
-
-int64_t forward_all_need(const Costs& c, int i, int l, int k) {
-  return forward_all_need(c.x, c.saved, c.forward_tmp, c.backward_tmp, i, l, k);
-}
-
-// Case (b), Fall_i kept while i+1..l are reversed, is always allowed unless `restricted`
-// (OptimalOptions::forward_all_only_before_backward): then only for the stage's own reverse step
-// (l == i), with the loss inside for the last stage.
-bool forward_all_allowed(bool restricted, int length, int i, int l) {
-  return !restricted || l == i || (i == length - 1 && l == length);
-}
 
 // Bytes of the min-max program's table and of the budgeted table (0 slots: the first alone).
 double table_bytes(int stages, int slots) {
@@ -108,14 +51,6 @@ void check_table_size(const char* function, const Chain& chain, int slots,
       std::to_string(options.max_table_bytes / 1000000) +
       " MB). Use fewer slots, group stages into fewer, larger ones, or raise max_table_bytes.");
 }
-
-}  // namespace
-
-// What a table entry does first: the loss (the chain is done), forward_all of its first stage
-// (with a storage option), or forward_input and forward_none up to a later stage j.
-enum class Step { Infeasible, Loss, ForwardAll, ForwardInput };
-
-namespace {
 
 // --- The min-max program: the smallest memory of any persistent schedule, exact. ---
 
@@ -145,7 +80,13 @@ class MinMemorySolver {
 
   Schedule schedule() const {
     Schedule schedule;
-    emit(0, c_.length, schedule.ops);
+    detail::emit_ops(
+        c_, 0, c_.length, 0,
+        [this](int i, int l, int64_t /*m*/) {
+          const MinMemory& entry = at(i, l);
+          return Choice{entry.step, entry.option, entry.j};
+        },
+        schedule.ops);
     return schedule;
   }
 
@@ -170,7 +111,7 @@ class MinMemorySolver {
       if (forward_all_allowed(restricted_, length, i, l)) {
         for (int k = 0; k < static_cast<int>(c_.saved[si].size()); ++k) {
           const auto sk = static_cast<size_t>(k);
-          MinMemory candidate{forward_all_need(c_, i, l, k),
+          MinMemory candidate{c_.forward_all_need(i, l, k),
                               c_.forward_time[si][sk] + c_.backward_time[si][sk], Step::ForwardAll,
                               k, 0};
           if (l > i) {
@@ -182,37 +123,20 @@ class MinMemorySolver {
         }
       }
       double prefix = 0.0;
-      int64_t forward = c_.x[si + 1] + c_.tmp[si];
+      int64_t forward = detail::first_forward(c_, i);
       for (int j = i + 1; j <= l; ++j) {
         const auto sj = static_cast<size_t>(j);
         prefix += c_.time[sj - 1];
-        if (j - 1 > i) forward = std::max(forward, c_.x[sj - 1] + c_.x[sj] + c_.tmp[sj - 1]);
+        const int64_t need = detail::forward_input_need(c_, i, j, l, forward);
         const Cost& right = by_end_[static_cast<size_t>(l) * n_ + sj];  // at(j, l), contiguous
         const MinMemory& left = at(i, j - 1);
-        MinMemory candidate{std::max({c_.x[static_cast<size_t>(l + 1)] + forward,
-                                      c_.x[sj] + right.memory, left.memory}),
+        MinMemory candidate{std::max({need, c_.x[sj] + right.memory, left.memory}),
                             prefix + right.time + left.time, Step::ForwardInput, 0, j};
         if (better(candidate, best)) best = candidate;
       }
     }
     table_[static_cast<size_t>(i) * n_ + static_cast<size_t>(l)] = best;
     by_end_[static_cast<size_t>(l) * n_ + static_cast<size_t>(i)] = {best.memory, best.time};
-  }
-
-  void emit(int i, int l, std::vector<Op>& ops) const {
-    const MinMemory& choice = at(i, l);
-    if (choice.step == Step::Loss) {
-      ops.push_back({OpKind::Loss, c_.length, 0});
-    } else if (choice.step == Step::ForwardAll) {
-      ops.push_back({OpKind::ForwardAll, i, choice.option});
-      if (l > i) emit(i + 1, l, ops);
-      ops.push_back({OpKind::Backward, i, choice.option});
-    } else {
-      ops.push_back({OpKind::ForwardInput, i, 0});
-      for (int k = i + 1; k < choice.j; ++k) ops.push_back({OpKind::ForwardNone, k, 0});
-      emit(choice.j, l, ops);
-      emit(i, choice.j - 1, ops);
-    }
   }
 
   // The entries (j, l) of one l side by side: the split loop walks them by j.
@@ -231,12 +155,6 @@ class MinMemorySolver {
 }  // namespace
 
 // --- The budgeted table ---
-
-struct OptimalTable::Choice {
-  Step step = Step::Infeasible;
-  int option = 0;
-  int j = 0;
-};
 
 OptimalTable::OptimalTable(const Chain& chain, int64_t max_budget_bytes,
                            const OptimalOptions& options)
@@ -271,12 +189,8 @@ OptimalTable::OptimalTable(const Chain& chain, int64_t max_budget_bytes,
       if (op.kind == OpKind::Backward) min_memory_time_ += stage->option(op.option).backward_time;
     }
   }
-  const Costs c = make_costs(chain_, [this](int64_t bytes) { return to_slots(bytes); });
-  x_ = c.x;
-  forward_tmp_ = c.tmp;
-  saved_ = c.saved;
-  option_forward_tmp_ = c.forward_tmp;
-  option_backward_tmp_ = c.backward_tmp;
+  units_ = std::make_shared<const Costs>(
+      make_costs(chain_, [this](int64_t bytes) { return to_slots(bytes); }));
   build();
 }
 
@@ -306,6 +220,7 @@ double* OptimalTable::row(int i, int l) {
 }
 
 void OptimalTable::build() {
+  const Costs& c = *units_;
   const int length = chain_.size();
   const int64_t slots = options_.slots;
   const bool restricted = options_.forward_all_only_before_backward;
@@ -327,21 +242,18 @@ void OptimalTable::build() {
       const int l = i + d;
       double* __restrict out = row(i, l);
       if (i == length) {  // the loss: holds δ_L while x_L is held outside
-        for (int64_t m = x_[static_cast<size_t>(length)]; m <= slots; ++m) out[m] = 0.0;
-        first_of(i, l) = std::min<int64_t>(x_[static_cast<size_t>(length)], slots + 1);
+        for (int64_t m = c.x_at(length); m <= slots; ++m) out[m] = 0.0;
+        first_of(i, l) = std::min<int64_t>(c.x_at(length), slots + 1);
         continue;
       }
-      const Stage& stage = chain_.stages[static_cast<size_t>(i)];
       if (forward_all_allowed(restricted, length, i, l)) {
-        for (int k = 0; k < stage.option_count(); ++k) {
-          const StorageOption option = stage.option(k);
-          const double cost = option.forward_time + option.backward_time;
-          const int64_t need =
-              forward_all_need(x_, saved_, option_forward_tmp_, option_backward_tmp_, i, l, k);
+        for (int k = 0; k < c.options(i); ++k) {
+          const double cost = c.forward_backward_time(i, k);
+          const int64_t need = c.forward_all_need(i, l, k);
           if (l == i) {
             for (int64_t m = need; m <= slots; ++m) out[m] = std::min(out[m], cost);
           } else {
-            const int64_t saved = saved_[static_cast<size_t>(i)][static_cast<size_t>(k)];
+            const int64_t saved = c.saved_at(i, k);
             const double* __restrict sub = row(i + 1, l);
             const int64_t start = std::max(need, first_of(i + 1, l) + saved);
             for (int64_t m = start; m <= slots; ++m) {
@@ -351,13 +263,11 @@ void OptimalTable::build() {
         }
       }
       double prefix = 0.0;
-      int64_t forward = x_[static_cast<size_t>(i + 1)] + forward_tmp_[static_cast<size_t>(i)];
+      int64_t forward = detail::first_forward(c, i);
       for (int j = i + 1; j <= l; ++j) {
-        const auto sj = static_cast<size_t>(j);
-        prefix += chain_.stages[sj - 1].forward_time;
-        if (j - 1 > i) forward = std::max(forward, x_[sj - 1] + x_[sj] + forward_tmp_[sj - 1]);
-        const int64_t need = std::max(x_[static_cast<size_t>(l + 1)] + forward, x_[sj]);
-        const int64_t shift = x_[sj];
+        prefix += c.time[static_cast<size_t>(j - 1)];
+        const int64_t need = detail::forward_input_need(c, i, j, l, forward);
+        const int64_t shift = c.x_at(j);
         const double* __restrict right = row(j, l);
         const double* __restrict left = row(i, j - 1);
         const int64_t start = std::max({need, first_of(j, l) + shift, first_of(i, j - 1)});
@@ -372,27 +282,22 @@ void OptimalTable::build() {
   }
 }
 
-OptimalTable::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
+detail::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
   // Re-evaluates the candidates of build() for one m, in the same order and with the same
   // arithmetic, so the first minimum is the choice build() kept.
+  const Costs& c = *units_;
   Choice best;
   double best_time = kInfinity;
   const int length = chain_.size();
   if (i == length) {
-    if (m >= x_[static_cast<size_t>(length)]) best.step = Step::Loss;
+    if (m >= c.x_at(length)) best.step = Step::Loss;
     return best;
   }
-  const Stage& stage = chain_.stages[static_cast<size_t>(i)];
   if (forward_all_allowed(options_.forward_all_only_before_backward, length, i, l)) {
-    for (int k = 0; k < stage.option_count(); ++k) {
-      const StorageOption option = stage.option(k);
-      const double cost = option.forward_time + option.backward_time;
-      if (m < forward_all_need(x_, saved_, option_forward_tmp_, option_backward_tmp_, i, l, k))
-        continue;
-      double value = cost;
-      if (l > i) {
-        value = cost + row(i + 1, l)[m - saved_[static_cast<size_t>(i)][static_cast<size_t>(k)]];
-      }
+    for (int k = 0; k < c.options(i); ++k) {
+      if (m < c.forward_all_need(i, l, k)) continue;
+      const double cost = c.forward_backward_time(i, k);
+      const double value = l > i ? cost + row(i + 1, l)[m - c.saved_at(i, k)] : cost;
       if (value < best_time) {
         best_time = value;
         best = Choice{Step::ForwardAll, k, 0};
@@ -400,42 +305,17 @@ OptimalTable::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
     }
   }
   double prefix = 0.0;
-  int64_t forward = x_[static_cast<size_t>(i + 1)] + forward_tmp_[static_cast<size_t>(i)];
+  int64_t forward = detail::first_forward(c, i);
   for (int j = i + 1; j <= l; ++j) {
-    const auto sj = static_cast<size_t>(j);
-    prefix += chain_.stages[sj - 1].forward_time;
-    if (j - 1 > i) forward = std::max(forward, x_[sj - 1] + x_[sj] + forward_tmp_[sj - 1]);
-    const int64_t need = std::max(x_[static_cast<size_t>(l + 1)] + forward, x_[sj]);
-    if (m < need) continue;
-    const double value = (prefix + row(j, l)[m - x_[sj]]) + row(i, j - 1)[m];
+    prefix += c.time[static_cast<size_t>(j - 1)];
+    if (m < detail::forward_input_need(c, i, j, l, forward)) continue;
+    const double value = (prefix + row(j, l)[m - c.x_at(j)]) + row(i, j - 1)[m];
     if (value < best_time) {
       best_time = value;
       best = Choice{Step::ForwardInput, 0, j};
     }
   }
   return best;
-}
-
-void OptimalTable::reconstruct(int i, int l, int64_t m, std::vector<Op>& ops) const {
-  const Choice choice = best_choice(i, l, m);
-  if (choice.step == Step::Loss) {
-    ops.push_back({OpKind::Loss, chain_.size(), 0});
-  } else if (choice.step == Step::ForwardAll) {
-    ops.push_back({OpKind::ForwardAll, i, choice.option});
-    if (l > i) {
-      reconstruct(i + 1, l, m - saved_[static_cast<size_t>(i)][static_cast<size_t>(choice.option)],
-                  ops);
-    }
-    ops.push_back({OpKind::Backward, i, choice.option});
-  } else if (choice.step == Step::ForwardInput) {
-    ops.push_back({OpKind::ForwardInput, i, 0});
-    for (int k = i + 1; k < choice.j; ++k) ops.push_back({OpKind::ForwardNone, k, 0});
-    reconstruct(choice.j, l, m - x_[static_cast<size_t>(choice.j)], ops);
-    reconstruct(i, choice.j - 1, m, ops);
-  } else {
-    throw std::logic_error(
-        "ckpt::plan::OptimalTable: internal error, no choice for a finite entry");
-  }
 }
 
 void OptimalTable::check_budget(const char* function, int64_t budget_bytes) const {
@@ -456,7 +336,7 @@ void OptimalTable::check_budget(const char* function, int64_t budget_bytes) cons
 
 double OptimalTable::time(int64_t budget_bytes) const {
   check_budget("ckpt::plan::OptimalTable::time", budget_bytes);
-  const int64_t m = available_slots(budget_bytes) - x_[0];
+  const int64_t m = available_slots(budget_bytes) - units_->x_at(0);
   double best = m >= 0 ? row(0, chain_.size())[m] : kInfinity;
   if (budget_bytes >= min_feasible_budget_bytes_) best = std::min(best, min_memory_time_);
   return best;
@@ -464,7 +344,7 @@ double OptimalTable::time(int64_t budget_bytes) const {
 
 std::optional<Schedule> OptimalTable::solve(int64_t budget_bytes) const {
   check_budget("ckpt::plan::OptimalTable::solve", budget_bytes);
-  const int64_t m = available_slots(budget_bytes) - x_[0];
+  const int64_t m = available_slots(budget_bytes) - units_->x_at(0);
   const double table_time = m >= 0 ? row(0, chain_.size())[m] : kInfinity;
   if (budget_bytes >= min_feasible_budget_bytes_ && !(table_time <= min_memory_time_)) {
     return min_memory_schedule_;
@@ -472,9 +352,75 @@ std::optional<Schedule> OptimalTable::solve(int64_t budget_bytes) const {
   if (table_time == kInfinity) return std::nullopt;
   Schedule schedule;
   schedule.ops.reserve(static_cast<size_t>(4 * chain_.size() + 1));
-  reconstruct(0, chain_.size(), m, schedule.ops);
+  detail::emit_ops(
+      *units_, 0, chain_.size(), m,
+      [this](int i, int l, int64_t at) { return best_choice(i, l, at); }, schedule.ops);
   return schedule;
 }
+
+namespace {
+
+// Storing everything runs each stage once, with option 0: the fastest schedule there is when
+// option 0 is each stage's fastest and the schedule fits.
+std::optional<Schedule> store_everything_if_fastest(const Chain& chain, int64_t budget_bytes) {
+  for (const Stage& stage : chain.stages) {
+    const double plain = stage.forward_time + stage.backward_time;
+    for (const StorageOption& option : stage.alternatives) {
+      if (option.forward_time + option.backward_time < plain) return std::nullopt;
+    }
+  }
+  Schedule all = solve_no_checkpoint(chain);
+  const SimulationResult result = simulate(chain, all);
+  if (result.valid && result.peak_bytes <= budget_bytes) return all;
+  return std::nullopt;
+}
+
+// The table rounds sizes up to slots and so wastes up to a slot per live size: it is asked for
+// budgets above `budget_bytes`, by up to one slot per stage, and the fastest answer whose exact
+// simulated peak fits wins (binary search for the largest such ask). Below the table's first
+// answer, the minimum-memory schedule is the answer.
+std::optional<Schedule> solve_refined(const Chain& chain, int64_t budget_bytes,
+                                      const OptimalOptions& options) {
+  const Int128 slack = static_cast<Int128>(budget_bytes) * (chain.size() + 3) / options.slots;
+  const auto top = static_cast<int64_t>(
+      std::min<Int128>(budget_bytes + slack, std::max(budget_bytes, Chain::kMaxTotalBytes)));
+  const OptimalTable table(chain, top, options);
+  if (budget_bytes < table.min_feasible_budget_bytes()) return std::nullopt;
+  std::optional<Schedule> best = table.solve(budget_bytes);  // fits: sizes were rounded up
+  double best_time = simulate(chain, *best).time;
+  int64_t low = budget_bytes + 1, high = top;
+  while (low <= high) {
+    const int64_t asked = low + (high - low) / 2;
+    std::optional<Schedule> schedule = table.solve(asked);
+    const SimulationResult result = schedule ? simulate(chain, *schedule) : SimulationResult{};
+    if (!result.valid || result.peak_bytes > budget_bytes) {
+      high = asked - 1;
+      continue;
+    }
+    if (result.time < best_time) {
+      best = std::move(schedule);
+      best_time = result.time;
+    }
+    low = asked + 1;
+  }
+  return best;
+}
+
+// Long chains: the grouped table; where its groups fit nothing but the minimum-memory schedule
+// (near the smallest budget), the truncated exact program, which is exact there or close.
+std::optional<Schedule> solve_long(const Chain& chain, int64_t budget_bytes,
+                                   const OptimalOptions& options) {
+  std::optional<Schedule> grouped = solve_grouped(chain, budget_bytes, options.groups, options);
+  if (!grouped || *grouped != solve_min_memory(chain, options)) return grouped;
+  std::optional<Schedule> truncated =
+      solve_truncated(chain, budget_bytes, kLongChainSteps, options);
+  if (truncated && simulate(chain, *truncated).time < simulate(chain, *grouped).time) {
+    return truncated;
+  }
+  return grouped;
+}
+
+}  // namespace
 
 std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
                                       const OptimalOptions& options) {
@@ -486,10 +432,18 @@ std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
         std::to_string(budget_bytes) +
         ". The input is held for the whole step; pass a budget in bytes that includes it.");
   }
-  if (chain.size() > options.max_exact_stages) {
-    return solve_grouped(chain, budget_bytes, options.groups, options);
+  if (options.slots < 1) {
+    throw std::invalid_argument(
+        "ckpt::plan::solve_optimal: options.slots must be at least 1, but got " +
+        std::to_string(options.slots) + ".");
   }
-  return OptimalTable(chain, budget_bytes, options).solve(budget_bytes);
+  if (!options.forward_all_only_before_backward) {
+    if (auto all = store_everything_if_fastest(chain, budget_bytes)) return all;
+  }
+  ExactSolution exact = solve_exact(chain, budget_bytes, options.max_exact_work, options);
+  if (exact.status != ExactSolution::Status::OverWorkLimit) return std::move(exact.schedule);
+  if (chain.size() > options.max_exact_stages) return solve_long(chain, budget_bytes, options);
+  return solve_refined(chain, budget_bytes, options);
 }
 
 int64_t optimal_table_bytes(int stages, const OptimalOptions& options) {

@@ -1,0 +1,139 @@
+#pragma once
+
+// The terms of rotor's recursion shared by the solvers built on it (optimal.cpp, exact.cpp):
+// a chain's sizes in one memory unit, the feasibility conditions of docs/memory-model.md, and
+// the schedule an entry's choices spell out.
+
+#include "ckpt/plan/chain.h"
+#include "ckpt/plan/schedule.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+namespace ckpt {
+namespace plan {
+namespace detail {
+
+// Sizes and times of a chain in some memory unit (bytes, or slots of the table).
+struct Costs {
+  int length = 0;
+  std::vector<int64_t> x;    // |x_i|, i in [0, L+1], x[L+1] = 0
+  std::vector<int64_t> tmp;  // no-grad forward temporaries of stage i
+  std::vector<double> time;  // no-grad forward time of stage i
+  std::vector<std::vector<int64_t>> saved, forward_tmp, backward_tmp;
+  std::vector<std::vector<double>> forward_time, backward_time;
+
+  int options(int i) const { return static_cast<int>(saved[static_cast<size_t>(i)].size()); }
+  int64_t x_at(int i) const { return x[static_cast<size_t>(i)]; }
+  int64_t saved_at(int i, int k) const {
+    return saved[static_cast<size_t>(i)][static_cast<size_t>(k)];
+  }
+  // Time of Fall_i^k then B_i^k.
+  double forward_backward_time(int i, int k) const {
+    return forward_time[static_cast<size_t>(i)][static_cast<size_t>(k)] +
+           backward_time[static_cast<size_t>(i)][static_cast<size_t>(k)];
+  }
+  // Memory needed (outside x_i, with δ_{l+1} held) by Fall_i with option k and by B_i
+  // afterwards: max(forward peak, backward peak). The sub-problem i+1..l comes on top.
+  int64_t forward_all_need(int i, int l, int k) const {
+    const auto si = static_cast<size_t>(i);
+    const auto sk = static_cast<size_t>(k);
+    const int64_t kept = saved[si][sk];
+    return std::max(x[static_cast<size_t>(l + 1)] + kept + forward_tmp[si][sk],
+                    x[si + 1] + kept + x[si] + backward_tmp[si][sk]);
+  }
+};
+
+template <class Convert>
+Costs make_costs(const Chain& chain, Convert convert) {
+  Costs costs;
+  costs.length = chain.size();
+  const auto length = static_cast<size_t>(costs.length);
+  costs.x.resize(length + 2, 0);
+  for (int i = 0; i <= costs.length; ++i) {
+    costs.x[static_cast<size_t>(i)] = convert(chain.activation_bytes(i));
+  }
+  costs.tmp.resize(length);
+  costs.time.resize(length);
+  costs.saved.resize(length);
+  costs.forward_tmp.resize(length);
+  costs.backward_tmp.resize(length);
+  costs.forward_time.resize(length);
+  costs.backward_time.resize(length);
+  for (size_t i = 0; i < length; ++i) {
+    const Stage& stage = chain.stages[i];
+    costs.tmp[i] = convert(stage.forward_tmp_bytes);
+    costs.time[i] = stage.forward_time;
+    for (int k = 0; k < stage.option_count(); ++k) {
+      const StorageOption option = stage.option(k);
+      costs.saved[i].push_back(convert(option.saved_bytes));
+      costs.forward_tmp[i].push_back(convert(option.forward_tmp_bytes));
+      costs.backward_tmp[i].push_back(convert(option.backward_tmp_bytes));
+      costs.forward_time[i].push_back(option.forward_time);
+      costs.backward_time[i].push_back(option.backward_time);
+    }
+  }
+  return costs;
+}
+
+// Case (b), Fall_i kept while i+1..l are reversed, is always allowed unless `restricted`
+// (OptimalOptions::forward_all_only_before_backward): then only for the stage's own reverse step
+// (l == i), with the loss inside for the last stage.
+inline bool forward_all_allowed(bool restricted, int length, int i, int l) {
+  return !restricted || l == i || (i == length - 1 && l == length);
+}
+
+// The memory case (a) needs for Fck_i Fn_{i+1} ... Fn_{j-1} with δ_{l+1} held, given the
+// forward peak of stages i..j-2 (`forward`, updated here for stage j-1); checkpoints x_j.
+inline int64_t forward_input_need(const Costs& c, int i, int j, int l, int64_t& forward) {
+  const auto sj = static_cast<size_t>(j);
+  if (j - 1 > i) forward = std::max(forward, c.x[sj - 1] + c.x[sj] + c.tmp[sj - 1]);
+  return std::max(c.x[static_cast<size_t>(l + 1)] + forward, c.x[sj]);
+}
+
+// The forward peak of Fck_i alone, where forward_input_need starts.
+inline int64_t first_forward(const Costs& c, int i) {
+  return c.x[static_cast<size_t>(i + 1)] + c.tmp[static_cast<size_t>(i)];
+}
+
+// What a table entry does first: the loss (the chain is done), forward_all of its first stage
+// (with a storage option), or forward_input and forward_none up to a later stage j.
+enum class Step { Infeasible, Loss, ForwardAll, ForwardInput };
+
+struct Choice {
+  Step step = Step::Infeasible;
+  int option = 0;
+  int j = 0;
+};
+
+// Appends the ops of entry (i, l) at memory m: `choose(i, l, m)` gives each entry's Choice, and
+// sub-problems get m less what the choice keeps (in `c`'s unit).
+template <class Choose>
+void emit_ops(const Costs& c, int i, int l, int64_t m, const Choose& choose, std::vector<Op>& ops) {
+  const Choice choice = choose(i, l, m);
+  switch (choice.step) {
+    case Step::Loss:
+      ops.push_back({OpKind::Loss, c.length, 0});
+      return;
+    case Step::ForwardAll:
+      ops.push_back({OpKind::ForwardAll, i, choice.option});
+      if (l > i) emit_ops(c, i + 1, l, m - c.saved_at(i, choice.option), choose, ops);
+      ops.push_back({OpKind::Backward, i, choice.option});
+      return;
+    case Step::ForwardInput:
+      ops.push_back({OpKind::ForwardInput, i, 0});
+      for (int k = i + 1; k < choice.j; ++k) ops.push_back({OpKind::ForwardNone, k, 0});
+      emit_ops(c, choice.j, l, m - c.x_at(choice.j), choose, ops);
+      emit_ops(c, i, choice.j - 1, m, choose, ops);
+      return;
+    case Step::Infeasible:
+      break;
+  }
+  throw std::logic_error("ckpt::plan: internal error, no choice for a feasible entry");
+}
+
+}  // namespace detail
+}  // namespace plan
+}  // namespace ckpt

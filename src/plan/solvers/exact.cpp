@@ -1,0 +1,248 @@
+// rotor's dynamic program in exact bytes: each entry Opt(i, l, ·) is a nonincreasing step function
+// of the memory, kept as its steps. docs/memory-model.md, "Exact in bytes".
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/plan/solvers.h"
+#include "dp_terms.h"
+
+namespace ckpt {
+namespace plan {
+namespace {
+
+using detail::Choice;
+using detail::Costs;
+using detail::Step;
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// Opt(i, l, m) = time for m in [memory, next step's memory); +infinity below the first step.
+struct Breakpoint {
+  int64_t memory = 0;
+  double time = 0.0;
+};
+
+class ExactProgram {
+ public:
+  ExactProgram(const Chain& chain, int64_t memory, bool restricted, int64_t max_work,
+               size_t max_steps = std::numeric_limits<size_t>::max())
+      : c_(detail::make_costs(chain, [](int64_t bytes) { return bytes; })),
+        memory_(memory),
+        restricted_(restricted),
+        max_work_(max_work),
+        max_steps_(max_steps),
+        n_(static_cast<size_t>(c_.length + 1)),
+        begin_(n_ * n_, 0),
+        end_(n_ * n_, 0) {
+    for (int d = 0; d <= c_.length && completed_; ++d) {
+      for (int i = 0; i + d <= c_.length && completed_; ++i) build(i, i + d);
+    }
+  }
+
+  bool completed() const { return completed_; }
+  int64_t work() const { return work_; }
+  bool feasible() const { return value(0, c_.length, memory_) < kInfinity; }
+
+  Schedule schedule() const {
+    Schedule schedule;
+    detail::emit_ops(
+        c_, 0, c_.length, memory_, [this](int i, int l, int64_t m) { return choose(i, l, m); },
+        schedule.ops);
+    return schedule;
+  }
+
+ private:
+  const Breakpoint* first(int i, int l) const { return pool_.data() + begin_[index(i, l)]; }
+  const Breakpoint* last(int i, int l) const { return pool_.data() + end_[index(i, l)]; }
+  size_t index(int i, int l) const { return static_cast<size_t>(i) * n_ + static_cast<size_t>(l); }
+
+  double value(int i, int l, int64_t m) const {
+    const Breakpoint* found = std::upper_bound(
+        first(i, l), last(i, l), m, [](int64_t at, const Breakpoint& p) { return at < p.memory; });
+    return found == first(i, l) ? kInfinity : (found - 1)->time;
+  }
+
+  void build(int i, int l) {
+    envelope_.clear();
+    if (i == c_.length) {
+      if (c_.x_at(i) <= memory_) envelope_.push_back({c_.x_at(i), 0.0});
+    } else {
+      if (detail::forward_all_allowed(restricted_, c_.length, i, l)) {
+        for (int k = 0; k < c_.options(i); ++k) add_forward_all(i, l, k);
+      }
+      double prefix = 0.0;
+      int64_t forward = detail::first_forward(c_, i);
+      for (int j = i + 1; j <= l; ++j) {
+        prefix += c_.time[static_cast<size_t>(j - 1)];
+        add_forward_input(i, j, l, prefix, detail::forward_input_need(c_, i, j, l, forward));
+      }
+    }
+    if (work_ > max_work_) completed_ = false;
+    // A truncated entry answers every larger memory with its last step's time: still the time
+    // of a schedule that fits.
+    if (envelope_.size() > max_steps_) envelope_.resize(max_steps_);
+    begin_[index(i, l)] = pool_.size();
+    pool_.insert(pool_.end(), envelope_.begin(), envelope_.end());
+    end_[index(i, l)] = pool_.size();
+  }
+
+  // Case (b): Fall_i^k, then i+1..l in m - s^k, then B_i^k.
+  void add_forward_all(int i, int l, int k) {
+    const double cost = c_.forward_backward_time(i, k);
+    const int64_t need = c_.forward_all_need(i, l, k);
+    if (need > memory_) return;
+    candidate_.clear();
+    if (l == i) {
+      candidate_.push_back({need, cost});
+    } else {
+      const int64_t kept = c_.saved_at(i, k);
+      const double at_need = cost + value(i + 1, l, need - kept);
+      if (at_need < kInfinity) candidate_.push_back({need, at_need});
+      for (const Breakpoint* p = first(i + 1, l); p != last(i + 1, l); ++p) {
+        const int64_t m = p->memory + kept;
+        if (m > memory_) break;
+        if (m > need) candidate_.push_back({m, cost + p->time});
+      }
+    }
+    merge_candidate();
+  }
+
+  // Case (a): Fck_i Fn_{i+1..j-1}, then j..l in m - x_j, then i..j-1 in m.
+  void add_forward_input(int i, int j, int l, double prefix, int64_t need) {
+    const int64_t shift = c_.x_at(j);
+    const Breakpoint *right = first(j, l), *right_end = last(j, l);
+    const Breakpoint *left = first(i, j - 1), *left_end = last(i, j - 1);
+    if (right == right_end || left == left_end) return;
+    int64_t m = std::max({need, right->memory + shift, left->memory});
+    if (m > memory_) return;
+    // The steps at or below m give the values at m.
+    while (right + 1 != right_end && (right + 1)->memory + shift <= m) ++right;
+    while (left + 1 != left_end && (left + 1)->memory <= m) ++left;
+    candidate_.clear();
+    const Breakpoint* kept = envelope_.data();
+    const Breakpoint* const kept_end = kept + envelope_.size();
+    for (;; ++work_) {
+      // Only the points below the envelope so far can change it.
+      while (kept != kept_end && kept->memory <= m) ++kept;
+      const double time = (prefix + right->time) + left->time;
+      if (kept == envelope_.data() || time < (kept - 1)->time) candidate_.push_back({m, time});
+      const int64_t next_right = right + 1 != right_end ? (right + 1)->memory + shift
+                                                        : std::numeric_limits<int64_t>::max();
+      const int64_t next_left =
+          left + 1 != left_end ? left[1].memory : std::numeric_limits<int64_t>::max();
+      m = std::min(next_right, next_left);
+      if (m > memory_) break;
+      if (next_right == m) ++right;
+      if (next_left == m) ++left;
+    }
+    if (!candidate_.empty()) merge_candidate();
+  }
+
+  // envelope_ = the lower envelope of envelope_ and candidate_ (both sorted by memory).
+  void merge_candidate() {
+    work_ += static_cast<int64_t>(envelope_.size() + candidate_.size());
+    merged_.clear();
+    double best = kInfinity;
+    size_t a = 0, b = 0;
+    while (a < envelope_.size() || b < candidate_.size()) {
+      const bool take_a = b == candidate_.size() ||
+                          (a < envelope_.size() && envelope_[a].memory <= candidate_[b].memory);
+      const Breakpoint p = take_a ? envelope_[a++] : candidate_[b++];
+      if (p.time < best) {
+        if (!merged_.empty() && merged_.back().memory == p.memory) merged_.pop_back();
+        merged_.push_back(p);
+        best = p.time;
+      }
+    }
+    envelope_.swap(merged_);
+  }
+
+  // The candidates of build() evaluated at one m, in the same order and with the same
+  // arithmetic: the first minimum is the entry's value.
+  Choice choose(int i, int l, int64_t m) const {
+    Choice best;
+    double best_time = kInfinity;
+    if (i == c_.length) {
+      if (m >= c_.x_at(i)) best.step = Step::Loss;
+      return best;
+    }
+    if (detail::forward_all_allowed(restricted_, c_.length, i, l)) {
+      for (int k = 0; k < c_.options(i); ++k) {
+        if (m < c_.forward_all_need(i, l, k)) continue;
+        const double cost = c_.forward_backward_time(i, k);
+        const double time = l > i ? cost + value(i + 1, l, m - c_.saved_at(i, k)) : cost;
+        if (time < best_time) {
+          best_time = time;
+          best = Choice{Step::ForwardAll, k, 0};
+        }
+      }
+    }
+    double prefix = 0.0;
+    int64_t forward = detail::first_forward(c_, i);
+    for (int j = i + 1; j <= l; ++j) {
+      prefix += c_.time[static_cast<size_t>(j - 1)];
+      if (m < detail::forward_input_need(c_, i, j, l, forward)) continue;
+      const double time = (prefix + value(j, l, m - c_.x_at(j))) + value(i, j - 1, m);
+      if (time < best_time) {
+        best_time = time;
+        best = Choice{Step::ForwardInput, 0, j};
+      }
+    }
+    return best;
+  }
+
+  Costs c_;
+  int64_t memory_;
+  bool restricted_;
+  int64_t max_work_;
+  size_t max_steps_;
+  size_t n_;
+  bool completed_ = true;
+  int64_t work_ = 0;
+  std::vector<Breakpoint> pool_;  // every entry's steps, entry (i, l) in [begin_, end_)
+  std::vector<size_t> begin_, end_;
+  std::vector<Breakpoint> envelope_, candidate_, merged_;  // scratch of build()
+};
+
+}  // namespace
+
+ExactSolution solve_exact(const Chain& chain, int64_t budget_bytes, int64_t max_work,
+                          const OptimalOptions& options) {
+  chain.validate();
+  ExactSolution solution;
+  const int64_t memory = budget_bytes - chain.input_bytes;
+  if (memory < 0) return solution;
+  const ExactProgram program(chain, memory, options.forward_all_only_before_backward, max_work);
+  solution.work = program.work();
+  if (!program.completed()) {
+    solution.status = ExactSolution::Status::OverWorkLimit;
+  } else if (program.feasible()) {
+    solution.status = ExactSolution::Status::Solved;
+    solution.schedule = program.schedule();
+  }
+  return solution;
+}
+
+std::optional<Schedule> solve_truncated(const Chain& chain, int64_t budget_bytes, int steps,
+                                        const OptimalOptions& options) {
+  chain.validate();
+  if (steps < 1) {
+    throw std::invalid_argument("ckpt::plan::solve_truncated: steps must be at least 1, but got " +
+                                std::to_string(steps) + ".");
+  }
+  const int64_t memory = budget_bytes - chain.input_bytes;
+  if (memory < 0) return std::nullopt;
+  const ExactProgram program(chain, memory, options.forward_all_only_before_backward,
+                             std::numeric_limits<int64_t>::max(), static_cast<size_t>(steps));
+  if (!program.feasible()) return std::nullopt;
+  return program.schedule();
+}
+
+}  // namespace plan
+}  // namespace ckpt
