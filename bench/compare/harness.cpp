@@ -227,9 +227,10 @@ Method* add_method(Methods& methods, BenchRow row, Forward forward) {
   return methods.back().get();
 }
 
-// The plain model, then checkpoint_sequential at each segment count in both variants.
+// The plain model, then checkpoint_sequential at each segment count in both variants, and with
+// `every_count` the non-reentrant one at every other count from 2 to L (for the curve).
 Methods sequential_methods(const std::string& name, torch::nn::Sequential model,
-                           const std::vector<int>& segments) {
+                           const std::vector<int>& segments, bool every_count) {
   const int n = static_cast<int>(model->size());
   Methods methods;
   const auto row = [&](const std::string& method, int s) {
@@ -249,6 +250,11 @@ Methods sequential_methods(const std::string& name, torch::nn::Sequential model,
     add_method(methods, row("ckpt_sequential_reentrant", s), [model, s](const torch::Tensor& x) {
       return checkpoint_sequential(model, s, x, CheckpointOptions().use_reentrant(true));
     });
+  }
+  for (int s = 2; every_count && s <= n; ++s) {
+    if (std::find(segments.begin(), segments.end(), s) != segments.end()) continue;
+    add_method(methods, row("ckpt_sequential", s),
+               [model, s](const torch::Tensor& x) { return checkpoint_sequential(model, s, x); });
   }
   return methods;
 }
@@ -275,7 +281,7 @@ std::vector<std::pair<int64_t, std::string>> planned_budgets(const Methods& meth
 // A PlannedSequential method for one budget, or a row that says why there is none.
 void add_planned_method(Methods& methods, const std::string& name, torch::nn::Sequential model,
                         const plan::Chain& profile, int64_t budget, const std::string& label,
-                        int64_t input_bytes, int64_t min_budget) {
+                        int64_t input_bytes, int64_t min_budget, double plain_time) {
   BenchRow row;
   row.model = name;
   row.method = "ckpt_planned";
@@ -305,9 +311,42 @@ void add_planned_method(Methods& methods, const std::string& name, torch::nn::Se
   row.solver_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   row.predicted_peak_bytes = planned->prediction().peak_bytes - input_bytes;
+  row.predicted_step_ms = planned->prediction().time * 1e3;
+  row.predicted_overhead = planned->prediction().time / plain_time;
   row.forward_count = planned->prediction().forward_count;
   add_method(methods, row,
              [planned](const torch::Tensor& x) mutable { return planned->forward(x); });
+}
+
+// The optimum the planner predicts from the profile at 24 budgets from the smallest feasible one
+// to the plain chain's predicted peak: rows that are not run, for the curve.
+void add_predicted_optimum(Methods& methods, const std::string& name, const plan::Chain& profile,
+                           int64_t input_bytes, double plain_time) {
+  const int64_t none_peak = methods.front()->row.peak_bytes;
+  const int64_t low = plan::min_feasible_budget_bytes(profile);
+  const int64_t high = plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes;
+  constexpr int kPoints = 24;
+  for (int k = 0; k < kPoints; ++k) {
+    const int64_t budget = low + (high - low) * k / (kPoints - 1);
+    const auto schedule = plan::solve_optimal(profile, budget);
+    if (!schedule) continue;
+    const plan::SimulationResult predicted = plan::simulate(profile, *schedule);
+    BenchRow row;
+    row.model = name;
+    row.method = "predicted_optimum";
+    row.setting = "budget=" + mib(budget - input_bytes) + "MiB";
+    row.budget_bytes = budget;
+    row.peak_bytes = -1;
+    row.step_ms = -1;
+    row.predicted_peak_bytes = predicted.peak_bytes - input_bytes;
+    row.predicted_step_ms = predicted.time * 1e3;
+    row.predicted_overhead = predicted.time / plain_time;
+    row.overhead = row.predicted_overhead;
+    row.memory_ratio =
+        static_cast<double>(row.predicted_peak_bytes) / static_cast<double>(none_peak);
+    row.forward_count = predicted.forward_count;
+    add_method(methods, row, nullptr);
+  }
 }
 
 void add_planned_methods(const BenchOptions& options, const std::string& name, Workbench& bench,
@@ -319,11 +358,14 @@ void add_planned_methods(const BenchOptions& options, const std::string& name, W
   const plan::Chain profile = profile_chain(stages, bench.x.detach(), profile_options);
   const int64_t min_budget = plan::min_feasible_budget_bytes(profile);
   const auto input_bytes = static_cast<int64_t>(bench.x.nbytes());
+  const double plain_time = plan::simulate(profile, plan::solve_no_checkpoint(profile)).time;
   for (const auto& [budget, label] : planned_budgets(methods, input_bytes, min_budget)) {
-    add_planned_method(methods, name, bench.model, profile, budget, label, input_bytes, min_budget);
+    add_planned_method(methods, name, bench.model, profile, budget, label, input_bytes, min_budget,
+                       plain_time);
     Method& added = *methods.back();
     if (added.forward) try_warm_and_measure(bench, added, tracker, warmup, options.rss);
   }
+  add_predicted_optimum(methods, name, profile, input_bytes, plain_time);
 }
 
 // Timed steps, interleaved: round r runs every method once, starting at a rotating offset. The
@@ -395,7 +437,7 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
 
   Workbench bench(config, torch::Device(options.device));
   const auto segments = segment_counts(static_cast<int>(bench.model->size()));
-  Methods methods = sequential_methods(name, bench.model, segments);
+  Methods methods = sequential_methods(name, bench.model, segments, options.every_segment_count);
   // Memory phase: every method's warm-up and measured step, with small allocations returned to
   // the system so that RSS follows the live tensors.
   use_small_mmap_threshold();
@@ -510,6 +552,7 @@ std::string markdown_row(const BenchRow& row, const std::vector<BenchRow>& rows)
      << (row.predicted_peak_bytes >= 0 ? mib(row.predicted_peak_bytes) : "—") << " | "
      << prediction_error(row) << " | " << (timed ? fixed(row.step_ms, 2) : "—") << " | "
      << (timed ? fixed(row.step_iqr_ms, 2) : "—") << " | "
+     << (row.predicted_step_ms > 0 ? fixed(row.predicted_step_ms, 2) : "—") << " | "
      << (row.overhead > 0 ? fixed(row.overhead, 3) + "×" : "—") << " | " << python_ratio(row, rows)
      << " | " << note << " |\n";
   return md.str();
@@ -522,10 +565,10 @@ std::string to_markdown(const std::vector<BenchRow>& rows, const BenchOptions& o
   for (const auto& name : models_in(rows)) {
     md << model_heading(name, rows, options);
     md << "| method | setting | fwd | peak MiB | % none | RSS peak MiB | % none (RSS) | predicted "
-          "MiB | pred. error | step ms | IQR ms | overhead | C++ / Python | notes |\n";
-    md << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+          "MiB | pred. error | step ms | IQR ms | pred. ms | overhead | C++ / Python | notes |\n";
+    md << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
     for (const auto& row : rows) {
-      if (row.model == name) md << markdown_row(row, rows);
+      if (row.model == name && row.method != "predicted_optimum") md << markdown_row(row, rows);
     }
     md << "\n";
   }

@@ -19,12 +19,13 @@ struct BenchOptions {
   bool python = true;   // also run torch.utils.checkpoint (skipped if unavailable)
   bool planned = true;  // also run PlannedSequential at the peaks of checkpoint_sequential
   bool quick = false;   // small sizes, few steps: for tests
-  std::string python_executable;  // empty: CKPT_PYTHON at build time, else /usr/bin/python3
-  std::string python_script;      // empty: bench/compare/torch_checkpoint.py of the source tree
-  bool rss = true;                // also measure each step's RSS high-water mark (Linux)
-  bool resnet_batch_norm = true;  // false: the ResNet-like chain without BatchNorm layers
-  std::string device = "cpu";     // where the C++ methods run ("cuda", "cuda:1", ...); peaks on
-                                  // an accelerator come from its caching allocator's statistics
+  std::string python_executable;     // empty: CKPT_PYTHON at build time, else /usr/bin/python3
+  std::string python_script;         // empty: bench/compare/torch_checkpoint.py of the source tree
+  bool rss = true;                   // also measure each step's RSS high-water mark (Linux)
+  bool resnet_batch_norm = true;     // false: the ResNet-like chain without BatchNorm layers
+  std::string device = "cpu";        // where the C++ methods run ("cuda", "cuda:1", ...); peaks on
+                                     // an accelerator come from its caching allocator's statistics
+  bool every_segment_count = false;  // ckpt_sequential at every count 2..L, not only 2, 4, √L, L
 };
 
 struct BenchRow {
@@ -42,9 +43,13 @@ struct BenchRow {
   int64_t budget_bytes = -1;    // planned rows: the budget given to the planner (x_0 included)
   int64_t rss_peak_bytes = -1;  // VmHWM - VmRSS before the step (-1: not measured)
   double rss_memory_ratio = 0;  // rss_peak_bytes / the same language's "none" RSS peak
-  double step_iqr_ms = 0;       // interquartile range of the timed steps
-  double solver_ms = -1;        // planned rows: wall time of solving the profiled chain
-  std::string note;             // e.g. why a planned budget is infeasible
+  // Planned and "predicted_optimum" rows: the simulator's step time from the profile (the sum
+  // of the profiled stage times the schedule runs), and that over the plain chain's.
+  double predicted_step_ms = -1;
+  double predicted_overhead = 0;
+  double step_iqr_ms = 0;  // interquartile range of the timed steps
+  double solver_ms = -1;   // planned rows: wall time of solving the profiled chain
+  std::string note;        // e.g. why a planned budget is infeasible
 };
 
 /// Runs every selected model and method; prints progress to stderr.

@@ -474,6 +474,28 @@ TEST(Cli, BenchQuickRunPrintsTheTables) {
   EXPECT_GT(rows.size(), 10u);
 }
 
+TEST(Cli, BenchPlotDrawsEachModelsCurves) {
+  const std::string path = work_path("bench.svg");
+  const Result result = run("bench --quick --no-python --models mlp --plot " + path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  const std::string svg = read_text(path);
+  EXPECT_NE(svg.find("mlp: step time against peak memory"), std::string::npos);
+  for (const char* series :
+       {"checkpoint_sequential, every segment count", "PlannedSequential, measured",
+        "optimum, predicted from the profile"}) {
+    EXPECT_NE(svg.find(series), std::string::npos) << series;
+  }
+  // Every count from 2 to L: the quick MLP has 16 stages.
+  EXPECT_NE(result.out.find("| ckpt_sequential | segments=7 |"), std::string::npos) << result.out;
+}
+
+TEST(Cli, BenchChecksOutputPathsBeforeAnyWork) {
+  const Result result = run("bench --quick --no-python --plot /nonexistent/bench.svg");
+  EXPECT_EQ(result.code, 2);
+  EXPECT_NE(result.err.find("--plot: the folder '/nonexistent'"), std::string::npos) << result.err;
+  EXPECT_EQ(result.out.find("| none |"), std::string::npos);  // nothing ran
+}
+
 TEST(Cli, BenchRejectsUnknownModel) {
   const Result result = run("bench --models mlp,teapot");
   EXPECT_EQ(result.code, 2);

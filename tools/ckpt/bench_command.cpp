@@ -1,10 +1,13 @@
 #include "bench_command.h"
 
 #include "errors.h"
+#include "output_path.h"
+#include "svg_chart.h"
 #include "units.h"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <stdexcept>
@@ -46,8 +49,101 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       ->type_name("FILE");
   command->add_option("--json", args.json_path, "Write every row as JSON to FILE")
       ->type_name("FILE");
+  command
+      ->add_option("--plot", args.plot_path,
+                   "Draw step time against peak memory per model as an SVG chart in FILE: "
+                   "checkpoint_sequential at every segment count, planned budgets, and the "
+                   "predicted optimum")
+      ->type_name("FILE.svg");
   return command;
 }
+
+#ifdef CKPT_CLI_HAVE_BENCH
+namespace {
+
+bench::BenchOptions bench_options(const BenchArgs& args) {
+  bench::BenchOptions options;
+  options.models = args.models;
+  options.steps = args.steps;
+  options.warmup = args.warmup;
+  options.threads = args.threads;
+  options.quick = args.quick;
+  options.device = args.device;
+  options.python = !args.no_python;
+  options.planned = !args.no_planned;
+  options.python_executable = args.python;
+  options.every_segment_count = !args.plot_path.empty();
+  return options;
+}
+
+void write_json(const std::vector<bench::BenchRow>& rows, const BenchArgs& args) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const bench::BenchRow& row : rows) {
+    list.push_back({{"model", row.model},
+                    {"method", row.method},
+                    {"segments", row.segments},
+                    {"setting", row.setting},
+                    {"budget_bytes", row.budget_bytes},
+                    {"peak_bytes", row.peak_bytes},
+                    {"predicted_peak_bytes", row.predicted_peak_bytes},
+                    {"step_ms", row.step_ms},
+                    {"predicted_step_ms", row.predicted_step_ms},
+                    {"overhead", row.overhead},
+                    {"predicted_overhead", row.predicted_overhead},
+                    {"memory_ratio", row.memory_ratio},
+                    {"rss_memory_ratio", row.rss_memory_ratio},
+                    {"forward_count", row.forward_count}});
+  }
+  std::ofstream file(args.json_path);
+  if (!(file << nlohmann::json{{"rows", list},
+                               {"steps", args.steps},
+                               {"threads", args.threads},
+                               {"quick", args.quick}}
+                    .dump(2)
+             << "\n")) {
+    throw std::runtime_error("--json: cannot write '" + args.json_path + "'");
+  }
+}
+
+// One series of a model's chart: (peak as % of no checkpointing, step time over it), by peak.
+ChartSeries curve(const std::vector<bench::BenchRow>& rows, const std::string& model,
+                  const std::string& method, bool predicted, ChartSeries style) {
+  for (const bench::BenchRow& row : rows) {
+    if (row.model != model || row.method != method) continue;
+    if (predicted && row.predicted_overhead > 0 && row.memory_ratio > 0) {
+      style.points.emplace_back(100 * row.memory_ratio, row.predicted_overhead);
+    } else if (!predicted && row.step_ms > 0 && row.memory_ratio > 0) {
+      style.points.emplace_back(100 * row.memory_ratio, row.overhead);
+    }
+  }
+  std::sort(style.points.begin(), style.points.end());
+  return style;
+}
+
+std::vector<Chart> bench_charts(const std::vector<bench::BenchRow>& rows) {
+  std::vector<Chart> charts;
+  for (const bench::BenchRow& row : rows) {
+    if (row.method != "none") continue;
+    Chart chart;
+    chart.title = row.model + ": step time against peak memory";
+    chart.x_label = "peak memory (% of no checkpointing)";
+    chart.y_label = "step time (x no checkpointing)";
+    chart.y_min = 1.0;
+    chart.series = {
+        curve(rows, row.model, "ckpt_sequential", false,
+              {"checkpoint_sequential, every segment count", "#1f77b4", {}, true, false}),
+        curve(rows, row.model, "ckpt_planned", false,
+              {"PlannedSequential, measured", "#d62728", {}, true, false}),
+        curve(rows, row.model, "predicted_optimum", true,
+              {"optimum, predicted from the profile", "#2ca02c", {}, false, true}),
+    };
+    charts.push_back(std::move(chart));
+  }
+  return charts;
+}
+
+}  // namespace
+#endif
 
 int run_bench(const BenchArgs& args) {
   if (args.steps < 1)
@@ -63,50 +159,20 @@ int run_bench(const BenchArgs& args) {
                        "'; choose among mlp, resnet, transformer, small");
     }
   }
+  check_output_path(args.markdown_path, "--markdown");
+  check_output_path(args.json_path, "--json");
+  check_output_path(args.plot_path, "--plot");
 #ifdef CKPT_CLI_HAVE_BENCH
-  bench::BenchOptions options;
-  options.models = args.models;
-  options.steps = args.steps;
-  options.warmup = args.warmup;
-  options.threads = args.threads;
-  options.quick = args.quick;
-  options.device = args.device;
-  options.python = !args.no_python;
-  options.planned = !args.no_planned;
-  options.python_executable = args.python;
-  const std::vector<bench::BenchRow> rows = bench::run_comparison(options);
-  const std::string markdown = bench::to_markdown(rows, options);
+  const std::vector<bench::BenchRow> rows = bench::run_comparison(bench_options(args));
+  const std::string markdown = bench::to_markdown(rows, bench_options(args));
   std::cout << markdown;
   if (!args.markdown_path.empty()) {
     std::ofstream file(args.markdown_path);
     if (!(file << markdown))
       throw std::runtime_error("--markdown: cannot write '" + args.markdown_path + "'");
   }
-  if (!args.json_path.empty()) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const bench::BenchRow& row : rows) {
-      list.push_back({{"model", row.model},
-                      {"method", row.method},
-                      {"segments", row.segments},
-                      {"setting", row.setting},
-                      {"peak_bytes", row.peak_bytes},
-                      {"predicted_peak_bytes", row.predicted_peak_bytes},
-                      {"step_ms", row.step_ms},
-                      {"overhead", row.overhead},
-                      {"memory_ratio", row.memory_ratio},
-                      {"rss_memory_ratio", row.rss_memory_ratio},
-                      {"forward_count", row.forward_count}});
-    }
-    std::ofstream file(args.json_path);
-    if (!(file << nlohmann::json{{"rows", list},
-                                 {"steps", args.steps},
-                                 {"threads", args.threads},
-                                 {"quick", args.quick}}
-                      .dump(2)
-               << "\n")) {
-      throw std::runtime_error("--json: cannot write '" + args.json_path + "'");
-    }
-  }
+  if (!args.json_path.empty()) write_json(rows, args);
+  if (!args.plot_path.empty()) write_charts(args.plot_path, bench_charts(rows), "--plot");
   return kExitOk;
 #else
   throw std::runtime_error(

@@ -22,6 +22,7 @@ struct BenchArgs {
   std::string device = "cpu";
   std::string markdown_path;
   std::string json_path;
+  std::string plot_path;
 };
 
 /// Adds the `bench` subcommand, whose options fill `args`.

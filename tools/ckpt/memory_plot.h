@@ -1,6 +1,6 @@
 #pragma once
 
-// `ckpt train --plot FILE`: memory over one training step, as a hand-written SVG line chart.
+// `ckpt train --plot FILE`: memory over one training step, as an SVG line chart (svg_chart.h).
 
 #include <cstdint>
 #include <string>
@@ -18,11 +18,9 @@ struct MemorySeries {
   std::vector<std::pair<double, int64_t>> samples;
 };
 
-/// The SVG document: axes in milliseconds and MiB, a legend with each series' peak, one polyline
-/// per series, and a dashed line at each peak.
-std::string memory_plot_svg(const std::vector<MemorySeries>& series, const std::string& title);
-
-/// Writes `memory_plot_svg` to `path`; throws std::runtime_error when the file cannot be written.
+/// Writes the chart to `path` as SVG: axes in milliseconds and MiB, a legend with each series'
+/// peak, one line per series, and a dashed line at each peak. Throws std::runtime_error when the
+/// file cannot be written.
 void write_memory_plot(const std::string& path, const std::vector<MemorySeries>& series,
                        const std::string& title);
 

@@ -1,11 +1,11 @@
 #include "train_args.h"
 
 #include "errors.h"
+#include "output_path.h"
 #include "units.h"
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <limits>
 #include <string>
 #include <thread>
@@ -15,8 +15,6 @@
 namespace ckpt {
 namespace cli {
 namespace {
-
-namespace fs = std::filesystem;
 
 void check_range(int64_t value, int64_t max, const std::string& option, const std::string& why) {
   if (value < 1) {
@@ -87,24 +85,6 @@ void validate_train_args(const TrainArgs& args, const MachineLimits& machine) {
   check_output_path(args.trace_path, "--trace");
   check_output_path(args.json_path, "--json");
   check_output_path(args.chain_path, "--chain");
-}
-
-void check_output_path(const std::string& path, const std::string& option) {
-  if (path.empty()) return;
-  const fs::path file(path);
-  std::error_code error;
-  if (fs::is_directory(file, error)) {
-    throw UsageError(option + ": '" + path + "' is a folder; give a file name");
-  }
-  const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
-  if (!fs::is_directory(folder, error)) {
-    throw UsageError(option + ": the folder '" + folder.string() + "' of '" + path +
-                     "' does not exist");
-  }
-  const bool exists = fs::exists(file, error);
-  if (access((exists ? file : folder).c_str(), W_OK) != 0) {
-    throw UsageError(option + ": '" + (exists ? path : folder.string()) + "' is not writable");
-  }
 }
 
 }  // namespace cli

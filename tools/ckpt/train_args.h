@@ -45,9 +45,5 @@ double min_training_bytes(const TrainArgs& args);
 /// memory than the machine has (with the estimate), or an output path cannot be written.
 void validate_train_args(const TrainArgs& args, const MachineLimits& machine);
 
-/// Throws UsageError when `path` (the value of `option`) cannot be created or overwritten: its
-/// folder is missing or read-only, or it names a folder. Creates nothing.
-void check_output_path(const std::string& path, const std::string& option);
-
 }  // namespace cli
 }  // namespace ckpt

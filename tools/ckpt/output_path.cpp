@@ -1,0 +1,34 @@
+#include "output_path.h"
+
+#include "errors.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include <unistd.h>
+
+namespace ckpt {
+namespace cli {
+
+namespace fs = std::filesystem;
+
+void check_output_path(const std::string& path, const std::string& option) {
+  if (path.empty()) return;
+  const fs::path file(path);
+  std::error_code error;
+  if (fs::is_directory(file, error)) {
+    throw UsageError(option + ": '" + path + "' is a folder; give a file name");
+  }
+  const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder, error)) {
+    throw UsageError(option + ": the folder '" + folder.string() + "' of '" + path +
+                     "' does not exist");
+  }
+  const bool exists = fs::exists(file, error);
+  if (access((exists ? file : folder).c_str(), W_OK) != 0) {
+    throw UsageError(option + ": '" + (exists ? path : folder.string()) + "' is not writable");
+  }
+}
+
+}  // namespace cli
+}  // namespace ckpt
