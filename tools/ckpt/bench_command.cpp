@@ -131,9 +131,9 @@ std::vector<Chart> bench_charts(const std::vector<bench::BenchRow>& rows) {
     chart.y_min = 1.0;
     chart.series = {
         curve(rows, row.model, "ckpt_sequential", false,
-              {"checkpoint_sequential, every segment count", "#1f77b4", {}, true, false}),
+              {"checkpoint_sequential, every segment count", "#1f77b4", {}, true, false, false}),
         curve(rows, row.model, "ckpt_planned", false,
-              {"PlannedSequential, measured", "#d62728", {}, true, false}),
+              {"PlannedSequential, measured", "#d62728", {}, true, false, false}),
         curve(rows, row.model, "predicted_optimum", true,
               {"optimum, predicted from the profile", "#2ca02c", {}, false, true}),
     };

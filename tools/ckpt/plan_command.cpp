@@ -66,95 +66,113 @@ int64_t parse_budget(const std::string& text, int64_t no_checkpoint_peak_bytes,
   }
 }
 
+namespace {
+
+// What `ckpt plan` found, for its two writers.
+struct PlanReport {
+  plan::Chain chain;
+  plan::SimulationResult baseline;  // storing everything
+  int64_t min_budget = 0;
+  int64_t budget_bytes = 0;
+  plan::Plan outcome;
+  std::string message;  // why it is infeasible, with the smallest feasible budget
+};
+
+void check_table_limit(const PlanArgs& args, const plan::Chain& chain) {
+  plan::OptimalOptions options;
+  options.slots = args.slots;
+  const int64_t table_bytes = plan::optimal_table_bytes(chain.size(), options);
+  if (args.solver == "optimal" && table_bytes > options.max_table_bytes) {
+    throw UsageError("--slots " + std::to_string(args.slots) + ": the optimal solver needs " +
+                     format_bytes(table_bytes) + " of tables for " + std::to_string(chain.size()) +
+                     " stages, above its limit of " + format_bytes(options.max_table_bytes) +
+                     "; use fewer --slots");
+  }
+}
+
+void write_json(const PlanReport& r, std::ostream& out) {
+  const bool has_schedule = r.outcome.schedule.has_value();
+  const auto& prediction = r.outcome.prediction;
+  json result;
+  result["feasible"] = r.outcome.feasible;
+  result["solver"] = r.outcome.solver;
+  result["budget_bytes"] = r.budget_bytes;
+  result["stages"] = r.chain.size();
+  result["predicted_time"] = has_schedule ? json(prediction.time) : json(nullptr);
+  result["predicted_peak_bytes"] = has_schedule ? json(prediction.peak_bytes) : json(nullptr);
+  result["forward_count"] = has_schedule ? json(prediction.forward_count) : json(nullptr);
+  result["schedule"] = has_schedule ? schedule_to_json(*r.outcome.schedule) : json::array();
+  result["schedule_text"] = has_schedule ? plan::to_string(*r.outcome.schedule) : "";
+  result["min_feasible_budget_bytes"] = r.min_budget;
+  result["no_checkpoint_time"] = r.baseline.time;
+  result["no_checkpoint_peak_bytes"] = r.baseline.peak_bytes;
+  if (has_schedule && r.baseline.time > 0) {
+    result["overhead"] = prediction.time / r.baseline.time - 1.0;
+  }
+  if (!r.outcome.feasible) result["message"] = r.message;
+  out << result.dump(2) << "\n";
+}
+
+std::string percent_of(double part, double whole, const char* format) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, whole > 0 ? 100.0 * part / whole : 0.0);
+  return text;
+}
+
+void write_text(const PlanReport& r, const PlanArgs& args, std::ostream& out) {
+  out << "chain:      " << args.chain_path << " (" << r.chain.size() << " stages, input "
+      << format_bytes(r.chain.input_bytes) << ")\n";
+  const std::string detail =
+      r.outcome.solver == "optimal"
+          ? " (exact in bytes where it finishes in time, else " + std::to_string(args.slots) +
+                " slots: see docs/memory-model.md, \"What solve_optimal runs\")"
+          : "";
+  out << "solver:     " << r.outcome.solver << detail << "\n";
+  out << "budget:     " << format_bytes(r.budget_bytes) << " (" << r.budget_bytes << " bytes)\n";
+  out << "feasible:   " << (r.outcome.feasible ? "yes" : "no") << "\n";
+  if (r.outcome.schedule) {
+    const auto& prediction = r.outcome.prediction;
+    out << "schedule:   " << plan::to_string(*r.outcome.schedule) << "\n";
+    out << "forwards:   " << prediction.forward_count << " (" << r.chain.size() << " stages, "
+        << prediction.forward_count - r.chain.size() << " recomputed)\n";
+    out << "time:       " << format_seconds(prediction.time) << " per step (no checkpointing "
+        << format_seconds(r.baseline.time) << ", overhead "
+        << percent_of(prediction.time - r.baseline.time, r.baseline.time, "%+.1f%%") << ")\n";
+    out << "peak:       " << format_bytes(prediction.peak_bytes) << " (" << prediction.peak_bytes
+        << " bytes; no checkpointing " << format_bytes(r.baseline.peak_bytes) << ", "
+        << percent_of(static_cast<double>(prediction.peak_bytes),
+                      static_cast<double>(r.baseline.peak_bytes), "%.1f%%")
+        << ")\n";
+  }
+  out << "min budget: " << format_bytes(r.min_budget) << " (" << r.min_budget
+      << " bytes, the smallest budget any persistent schedule fits)\n";
+  if (!r.outcome.feasible) out << "note:       infeasible: " << r.message << "\n";
+}
+
+}  // namespace
+
 int run_plan(const PlanArgs& args, std::ostream& out) {
   if (args.slots < 1) {
     throw UsageError("--slots must be a positive integer, but got " + std::to_string(args.slots));
   }
-  const plan::Chain chain = load_chain_file(args.chain_path);
-  plan::OptimalOptions optimal_options;
-  optimal_options.slots = args.slots;
-  const int64_t table_bytes = plan::optimal_table_bytes(chain.size(), optimal_options);
-  if (args.solver == "optimal" && table_bytes > plan::OptimalOptions{}.max_table_bytes) {
-    throw UsageError("--slots " + std::to_string(args.slots) + ": the optimal solver needs " +
-                     format_bytes(table_bytes) + " of tables for " + std::to_string(chain.size()) +
-                     " stages, above its limit of " +
-                     format_bytes(plan::OptimalOptions{}.max_table_bytes) + "; use fewer --slots");
+  PlanReport report;
+  report.chain = load_chain_file(args.chain_path);
+  check_table_limit(args, report.chain);
+  report.baseline = plan::simulate(report.chain, plan::solve_no_checkpoint(report.chain));
+  report.min_budget = plan::min_feasible_budget_bytes(report.chain);
+  report.budget_bytes = parse_budget(args.budget, report.baseline.peak_bytes, report.min_budget);
+  report.outcome = solve_with(report.chain, report.budget_bytes, args.solver, args.slots);
+  report.message = report.outcome.message;
+  if (!report.outcome.feasible) {
+    report.message += "; the smallest feasible budget for this chain is " +
+                      std::to_string(report.min_budget) + " bytes (" +
+                      format_bytes(report.min_budget) + ")";
   }
-  const plan::SimulationResult baseline = plan::simulate(chain, plan::solve_no_checkpoint(chain));
-  const int64_t min_budget = plan::min_feasible_budget_bytes(chain);
-  const int64_t budget_bytes = parse_budget(args.budget, baseline.peak_bytes, min_budget);
-  const plan::Plan outcome = solve_with(chain, budget_bytes, args.solver, args.slots);
-  const bool has_schedule = outcome.schedule.has_value();
-  std::string message = outcome.message;
-  if (!outcome.feasible) {
-    message += "; the smallest feasible budget for this chain is " + std::to_string(min_budget) +
-               " bytes (" + format_bytes(min_budget) + ")";
-  }
-
   if (args.json) {
-    json result;
-    result["feasible"] = outcome.feasible;
-    result["solver"] = outcome.solver;
-    result["budget_bytes"] = budget_bytes;
-    result["stages"] = chain.size();
-    if (has_schedule) {
-      result["predicted_time"] = outcome.prediction.time;
-      result["predicted_peak_bytes"] = outcome.prediction.peak_bytes;
-      result["forward_count"] = outcome.prediction.forward_count;
-      result["schedule"] = schedule_to_json(*outcome.schedule);
-      result["schedule_text"] = plan::to_string(*outcome.schedule);
-    } else {
-      result["predicted_time"] = nullptr;
-      result["predicted_peak_bytes"] = nullptr;
-      result["forward_count"] = nullptr;
-      result["schedule"] = json::array();
-      result["schedule_text"] = "";
-    }
-    result["min_feasible_budget_bytes"] = min_budget;
-    result["no_checkpoint_time"] = baseline.time;
-    result["no_checkpoint_peak_bytes"] = baseline.peak_bytes;
-    if (has_schedule && baseline.time > 0) {
-      result["overhead"] = outcome.prediction.time / baseline.time - 1.0;
-    }
-    if (!outcome.feasible) result["message"] = message;
-    out << result.dump(2) << "\n";
-    return kExitOk;
+    write_json(report, out);
+  } else {
+    write_text(report, args, out);
   }
-
-  char line[256];
-  out << "chain:      " << args.chain_path << " (" << chain.size() << " stages, input "
-      << format_bytes(chain.input_bytes) << ")\n";
-  std::string detail;
-  if (outcome.solver == "optimal") {
-    detail = " (" + std::to_string(args.slots) + " slots";
-    if (chain.size() > optimal_options.max_exact_stages) {
-      detail += ", stages in " + std::to_string(optimal_options.groups) +
-                " groups: see docs/memory-model.md, \"Long chains\"";
-    }
-    detail += ")";
-  }
-  out << "solver:     " << outcome.solver << detail << "\n";
-  out << "budget:     " << format_bytes(budget_bytes) << " (" << budget_bytes << " bytes)\n";
-  out << "feasible:   " << (outcome.feasible ? "yes" : "no") << "\n";
-  if (has_schedule) {
-    const auto& prediction = outcome.prediction;
-    out << "schedule:   " << plan::to_string(*outcome.schedule) << "\n";
-    out << "forwards:   " << prediction.forward_count << " (" << chain.size() << " stages, "
-        << prediction.forward_count - chain.size() << " recomputed)\n";
-    std::snprintf(line, sizeof line, "%+.1f%%",
-                  baseline.time > 0 ? 100.0 * (prediction.time / baseline.time - 1) : 0.0);
-    out << "time:       " << format_seconds(prediction.time) << " per step (no checkpointing "
-        << format_seconds(baseline.time) << ", overhead " << line << ")\n";
-    std::snprintf(line, sizeof line, "%.1f%%",
-                  100.0 * static_cast<double>(prediction.peak_bytes) /
-                      static_cast<double>(baseline.peak_bytes));
-    out << "peak:       " << format_bytes(prediction.peak_bytes) << " (" << prediction.peak_bytes
-        << " bytes; no checkpointing " << format_bytes(baseline.peak_bytes) << ", " << line
-        << ")\n";
-  }
-  out << "min budget: " << format_bytes(min_budget) << " (" << min_budget
-      << " bytes, the smallest budget any persistent schedule fits)\n";
-  if (!outcome.feasible) out << "note:       infeasible: " << message << "\n";
   return kExitOk;
 }
 

@@ -118,11 +118,13 @@ void draw_axes(std::ostringstream& svg, const Chart& chart, const Frame& f) {
 }
 
 void draw_series(std::ostringstream& svg, const ChartSeries& s, const Frame& f) {
-  svg << "<polyline fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.5\""
-      << (s.dashed ? " stroke-dasharray=\"4 4\" stroke-opacity=\"0.6\"" : "")
-      << " stroke-linejoin=\"round\" points=\"";
-  for (const auto& [x, y] : s.points) svg << number(f.px(x)) << "," << number(f.py(y)) << " ";
-  svg << "\"/>\n";
+  if (s.line) {
+    svg << "<polyline fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.5\""
+        << (s.dashed ? " stroke-dasharray=\"4 4\" stroke-opacity=\"0.6\"" : "")
+        << " stroke-linejoin=\"round\" points=\"";
+    for (const auto& [x, y] : s.points) svg << number(f.px(x)) << "," << number(f.py(y)) << " ";
+    svg << "\"/>\n";
+  }
   if (!s.markers) return;
   for (const auto& [x, y] : s.points) {
     svg << "<circle cx=\"" << number(f.px(x)) << "\" cy=\"" << number(f.py(y))

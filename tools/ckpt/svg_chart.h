@@ -17,6 +17,7 @@ struct ChartSeries {
   std::vector<std::pair<double, double>> points;  // (x, y), drawn in this order
   bool markers = false;                           // a dot at each point
   bool dashed = false;
+  bool line = true;  // false: the dots alone
 };
 
 /// A chart: its title, axis labels, and series. The axes start at 0 unless `y_min` says

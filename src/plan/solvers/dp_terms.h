@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -107,6 +108,42 @@ struct Choice {
   int option = 0;
   int j = 0;
 };
+
+// The choice of entry (i, l) at memory m: its cases evaluated in the order and with the
+// arithmetic the solvers build their entries with, so the first minimum is the entry's value.
+// `value(i, l, m)` reads an entry of shorter interval.
+template <class Value>
+Choice best_choice(const Costs& c, bool restricted, int i, int l, int64_t m, const Value& value) {
+  Choice best;
+  double best_time = std::numeric_limits<double>::infinity();
+  if (i == c.length) {
+    if (m >= c.x_at(i)) best.step = Step::Loss;
+    return best;
+  }
+  if (forward_all_allowed(restricted, c.length, i, l)) {
+    for (int k = 0; k < c.options(i); ++k) {
+      if (m < c.forward_all_need(i, l, k)) continue;
+      const double cost = c.forward_backward_time(i, k);
+      const double time = l > i ? cost + value(i + 1, l, m - c.saved_at(i, k)) : cost;
+      if (time < best_time) {
+        best_time = time;
+        best = Choice{Step::ForwardAll, k, 0};
+      }
+    }
+  }
+  double prefix = 0.0;
+  int64_t forward = first_forward(c, i);
+  for (int j = i + 1; j <= l; ++j) {
+    prefix += c.time[static_cast<size_t>(j - 1)];
+    if (m < forward_input_need(c, i, j, l, forward)) continue;
+    const double time = (prefix + value(j, l, m - c.x_at(j))) + value(i, j - 1, m);
+    if (time < best_time) {
+      best_time = time;
+      best = Choice{Step::ForwardInput, 0, j};
+    }
+  }
+  return best;
+}
 
 // Appends the ops of entry (i, l) at memory m: `choose(i, l, m)` gives each entry's Choice, and
 // sub-problems get m less what the choice keeps (in `c`'s unit).

@@ -163,38 +163,9 @@ class ExactProgram {
     envelope_.swap(merged_);
   }
 
-  // The candidates of build() evaluated at one m, in the same order and with the same
-  // arithmetic: the first minimum is the entry's value.
   Choice choose(int i, int l, int64_t m) const {
-    Choice best;
-    double best_time = kInfinity;
-    if (i == c_.length) {
-      if (m >= c_.x_at(i)) best.step = Step::Loss;
-      return best;
-    }
-    if (detail::forward_all_allowed(restricted_, c_.length, i, l)) {
-      for (int k = 0; k < c_.options(i); ++k) {
-        if (m < c_.forward_all_need(i, l, k)) continue;
-        const double cost = c_.forward_backward_time(i, k);
-        const double time = l > i ? cost + value(i + 1, l, m - c_.saved_at(i, k)) : cost;
-        if (time < best_time) {
-          best_time = time;
-          best = Choice{Step::ForwardAll, k, 0};
-        }
-      }
-    }
-    double prefix = 0.0;
-    int64_t forward = detail::first_forward(c_, i);
-    for (int j = i + 1; j <= l; ++j) {
-      prefix += c_.time[static_cast<size_t>(j - 1)];
-      if (m < detail::forward_input_need(c_, i, j, l, forward)) continue;
-      const double time = (prefix + value(j, l, m - c_.x_at(j))) + value(i, j - 1, m);
-      if (time < best_time) {
-        best_time = time;
-        best = Choice{Step::ForwardInput, 0, j};
-      }
-    }
-    return best;
+    return detail::best_choice(c_, restricted_, i, l, m,
+                               [this](int a, int b, int64_t at) { return value(a, b, at); });
   }
 
   Costs c_;

@@ -283,39 +283,8 @@ void OptimalTable::build() {
 }
 
 detail::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
-  // Re-evaluates the candidates of build() for one m, in the same order and with the same
-  // arithmetic, so the first minimum is the choice build() kept.
-  const Costs& c = *units_;
-  Choice best;
-  double best_time = kInfinity;
-  const int length = chain_.size();
-  if (i == length) {
-    if (m >= c.x_at(length)) best.step = Step::Loss;
-    return best;
-  }
-  if (forward_all_allowed(options_.forward_all_only_before_backward, length, i, l)) {
-    for (int k = 0; k < c.options(i); ++k) {
-      if (m < c.forward_all_need(i, l, k)) continue;
-      const double cost = c.forward_backward_time(i, k);
-      const double value = l > i ? cost + row(i + 1, l)[m - c.saved_at(i, k)] : cost;
-      if (value < best_time) {
-        best_time = value;
-        best = Choice{Step::ForwardAll, k, 0};
-      }
-    }
-  }
-  double prefix = 0.0;
-  int64_t forward = detail::first_forward(c, i);
-  for (int j = i + 1; j <= l; ++j) {
-    prefix += c.time[static_cast<size_t>(j - 1)];
-    if (m < detail::forward_input_need(c, i, j, l, forward)) continue;
-    const double value = (prefix + row(j, l)[m - c.x_at(j)]) + row(i, j - 1)[m];
-    if (value < best_time) {
-      best_time = value;
-      best = Choice{Step::ForwardInput, 0, j};
-    }
-  }
-  return best;
+  return detail::best_choice(*units_, options_.forward_all_only_before_backward, i, l, m,
+                             [this](int a, int b, int64_t at) { return row(a, b)[at]; });
 }
 
 void OptimalTable::check_budget(const char* function, int64_t budget_bytes) const {
