@@ -126,6 +126,36 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::
                              std::max<int64_t>(forward_tmp, 0), std::max<int64_t>(backward_tmp, 0)};
 }
 
+struct NoGradForward {
+  at::Tensor output;
+  int64_t tmp_bytes = 0;  // above the output
+  double time = 0.0;      // median
+};
+
+// The forward of forward_none and forward_input, repeatedly: its temporaries and its own time,
+// which is below the grad-enabled forward's (no autograd graph is built).
+NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Tensor& x,
+                                      const ProfileOptions& options, MemoryTracker& tracker) {
+  const at::NoGradGuard no_grad;
+  const c10::Device device = x.device();
+  NoGradForward result;
+  std::vector<double> times;
+  for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
+    result.output = at::Tensor();
+    tracker.reset_peak();
+    const int64_t before = tracker.current_bytes();
+    compat::synchronize(device);
+    const auto start = Clock::now();
+    result.output = stage.forward<at::Tensor>(x);
+    const double time = seconds_since(start, device);
+    result.tmp_bytes =
+        std::max(result.tmp_bytes, tracker.peak_bytes() - before - storage_bytes(result.output));
+    if (r >= options.warmup()) times.push_back(time);
+  }
+  result.time = median(times);
+  return result;
+}
+
 void check_can_profile(const std::vector<torch::nn::AnyModule>& stages,
                        const at::Tensor& sample_input, const char* function) {
   TORCH_CHECK(!stages.empty(), function, ": the chain is empty.");
@@ -199,16 +229,11 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
       if (checkpointed.saved_bytes < full.saved_bytes)
         measured.alternatives.push_back(checkpointed);
     }
-    int64_t forward_none_tmp = 0;
-    at::Tensor output;
-    {
-      const at::NoGradGuard no_grad;
-      tracker.reset_peak();
-      const int64_t before = tracker.current_bytes();
-      output = stage.forward<at::Tensor>(x);
-      forward_none_tmp = tracker.peak_bytes() - before - storage_bytes(output);
-    }
-    measured.forward_time = full.forward_time;
+    const NoGradForward no_grad = measure_no_grad_forward(stage, x, options, tracker);
+    const at::Tensor& output = no_grad.output;
+    const int64_t forward_none_tmp = no_grad.tmp_bytes;
+    measured.forward_time = no_grad.time;
+    measured.forward_all_time = full.forward_time;
     measured.backward_time = full.backward_time;
     measured.output_bytes = storage_bytes(output);
     measured.saved_bytes = std::max(full.saved_bytes, measured.output_bytes);

@@ -50,9 +50,9 @@ StorageOption Stage::option(int k) const {
                                 ". Use an option listed by option_count().");
   }
   if (k == 0) {
-    return StorageOption{forward_time, backward_time, saved_bytes,
-                         forward_all_tmp_bytes >= 0 ? forward_all_tmp_bytes : forward_tmp_bytes,
-                         backward_tmp_bytes};
+    return StorageOption{
+        forward_all_time >= 0 ? forward_all_time : forward_time, backward_time, saved_bytes,
+        forward_all_tmp_bytes >= 0 ? forward_all_tmp_bytes : forward_tmp_bytes, backward_tmp_bytes};
   }
   return alternatives[static_cast<size_t>(k - 1)];
 }
@@ -115,7 +115,10 @@ void Chain::validate() const {
   for (size_t i = 0; ok && i < stages.size(); ++i) {
     const Stage& stage = stages[i];
     ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 &&
-         stage.forward_all_tmp_bytes >= -1 && option_ok(stage.option(0), stage.output_bytes);
+         stage.forward_all_tmp_bytes >= -1 && std::isfinite(stage.forward_time) &&
+         stage.forward_time >= 0 &&
+         (stage.forward_all_time == -1.0 || stage.forward_all_time >= 0) &&
+         option_ok(stage.option(0), stage.output_bytes);
     for (const StorageOption& option : stage.alternatives) {
       ok = ok && option_ok(option, stage.output_bytes);
     }
@@ -137,6 +140,13 @@ void Chain::validate() const {
                                   "forward_all_tmp_bytes must be >= 0 bytes, or -1 for \"the same "
                                   "as forward_tmp_bytes\", but got " +
                                   std::to_string(stage.forward_all_tmp_bytes) + ".");
+    }
+    check_time(stage.forward_time, name + "forward_time");
+    if (!(stage.forward_all_time == -1.0 || stage.forward_all_time >= 0)) {
+      throw std::invalid_argument(std::string(kValidate) + name +
+                                  "forward_all_time must be >= 0 seconds, or -1 for \"the same "
+                                  "as forward_time\", but got " +
+                                  std::to_string(stage.forward_all_time) + ".");
     }
     for (int k = 0; k < stage.option_count(); ++k) {
       const std::string prefix =

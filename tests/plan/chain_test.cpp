@@ -72,6 +72,17 @@ TEST(ChainTest, RejectsNegativeOrNonFiniteTimes) {
   chain = two_stage_chain();
   chain.stages[1].backward_time = INFINITY;
   expect_invalid([&] { chain.validate(); }, {"stages[1].backward_time"});
+  chain = two_stage_chain();
+  chain.stages[0].forward_all_time = -2.0;
+  expect_invalid([&] { chain.validate(); }, {"stages[0].forward_all_time", "or -1"});
+  chain = two_stage_chain();
+  chain.stages[0].forward_all_time = std::nan("");
+  expect_invalid([&] { chain.validate(); }, {"stages[0].forward_all_time"});
+  // With forward_all_time set, the no-grad forward_time is still checked.
+  chain = two_stage_chain();
+  chain.stages[0].forward_all_time = 1.5;
+  chain.stages[0].forward_time = INFINITY;
+  expect_invalid([&] { chain.validate(); }, {"stages[0].forward_time"});
 }
 
 TEST(ChainTest, RejectsSavedBytesSmallerThanOutput) {
@@ -145,6 +156,12 @@ TEST(ChainTest, OptionZeroIsTheStageItself) {
   EXPECT_EQ(own.backward_tmp_bytes, 7);
   EXPECT_EQ(stage.option(1).saved_bytes, 21);
   expect_invalid([&] { stage.option(2); }, {"ckpt::plan::Stage::option", "[0, 2)", "but got 2"});
+  // The grad-enabled forward's own time, where it is set: Fall takes it, the no-grad forwards
+  // keep forward_time.
+  chain.stages[0].forward_all_time = 1.25;
+  EXPECT_EQ(chain.stages[0].option(0).forward_time, 1.25);
+  EXPECT_EQ(chain.stages[0].forward_time, 1.0);
+  chain.validate();
 }
 
 TEST(ChainTest, ActivationBytesIndexesInputThenOutputs) {

@@ -49,12 +49,13 @@ class ReferenceAccounting {
   int64_t size_of_x(int i) const {
     return i == 0 ? chain_.input_bytes : chain_.stages[static_cast<size_t>(i - 1)].output_bytes;
   }
-  // Option 0 is the stage's own fields, its forward temporaries forward_all_tmp_bytes when set;
+  // Option 0 is the stage's own fields, its forward temporaries forward_all_tmp_bytes and its
+  // forward time forward_all_time when set;
   // options 1..K are the alternatives (read here, not through Stage::option).
   static StorageOption option_fields(const Stage& stage, int k) {
     if (k > 0) return stage.alternatives[static_cast<size_t>(k - 1)];
     StorageOption own;
-    own.forward_time = stage.forward_time;
+    own.forward_time = stage.forward_all_time >= 0 ? stage.forward_all_time : stage.forward_time;
     own.backward_time = stage.backward_time;
     own.saved_bytes = stage.saved_bytes;
     own.forward_tmp_bytes =

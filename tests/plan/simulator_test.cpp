@@ -71,6 +71,24 @@ TEST(SimulatorTest, CheckpointedScheduleByHand) {
   EXPECT_EQ(result.final_bytes, 20);
 }
 
+// The same schedule with grad-enabled forwards slower than the no-grad ones: Fck0 and Fn1 take
+// forward_time, Fall0 and Fall1 forward_all_time.
+TEST(SimulatorTest, ForwardAllTakesTheGradEnabledForwardTime) {
+  Chain chain = two_stage_chain();
+  chain.stages[0].forward_all_time = 1.5;
+  chain.stages[1].forward_all_time = 2.5;
+  const Schedule schedule = ops({{kFck, 0, 0},
+                                 {kFn, 1, 0},
+                                 {kLoss, 2, 0},
+                                 {kFall, 0, 0},
+                                 {kFall, 1, 0},
+                                 {kB, 1, 0},
+                                 {kB, 0, 0}});
+  const SimulationResult result = simulate(chain, schedule);
+  ASSERT_TRUE(result.valid) << result.error;
+  EXPECT_EQ(result.time, 1.0 + 2.0 + 1.5 + 2.5 + 3.0 + 2.0);
+}
+
 TEST(SimulatorTest, ForwardNoneKeepsCheckpointsAndFreesTheRest) {
   Chain chain = homogeneous_chain(3, 1.0, 1.0, 10, 10);
   // Fck0 keeps x0 (always kept) -> x1; Fn1 frees x1 -> x2; Fn2 frees x2 -> x3.

@@ -29,8 +29,8 @@ struct StorageOption {
 /// Measured costs of stage i, which maps x_i to x_{i+1}. The field names are the JSON ones of
 /// `ckpt plan --chain FILE.json`.
 struct Stage {
-  /// Time of one forward of the stage (used by every forward mode unless an alternative says
-  /// otherwise for `forward_all`).
+  /// Time of one forward of the stage (used by every forward mode unless `forward_all_time` or
+  /// an alternative says otherwise for `forward_all`).
   double forward_time = 0.0;
   /// Time of the backward of the stage.
   double backward_time = 0.0;
@@ -52,6 +52,10 @@ struct Stage {
   /// forward's (what a no-grad forward frees, such as attention scores, a grad-enabled one may
   /// keep, and then it is in `saved_bytes`). -1: the same as `forward_tmp_bytes`. Default: -1
   int64_t forward_all_tmp_bytes = -1;
+  /// Time of the grad-enabled forward of option 0, when it differs from the no-grad forwards'
+  /// (`forward_time`, which `forward_none` and `forward_input` take): a grad-enabled forward
+  /// also builds the autograd graph. -1: the same as `forward_time`. Default: -1
+  double forward_all_time = -1.0;
 
   /// Number of full-storage options: 1 + alternatives.size().
   int option_count() const { return 1 + static_cast<int>(alternatives.size()); }

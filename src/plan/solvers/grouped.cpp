@@ -31,11 +31,13 @@ std::vector<int> group_borders(int length, int groups) {
 Stage group_stage(const Chain& chain, int first, int end) {
   Stage group;
   int64_t saved = 0, forward_tmp = 0, forward_all_tmp = 0, backward_tmp = 0;
+  double forward_all_time = 0.0;
   const int64_t outer = chain.activation_bytes(first) + chain.activation_bytes(end);
   for (int i = first; i < end; ++i) {
     const Stage& stage = chain.stages[static_cast<size_t>(i)];
     const StorageOption full = stage.option(0);
     group.forward_time += stage.forward_time;
+    forward_all_time += full.forward_time;
     group.backward_time += full.backward_time;
     saved += full.saved_bytes;
     // A no-grad forward holds x_i, x_{i+1} and the stage's temporaries.
@@ -50,6 +52,7 @@ Stage group_stage(const Chain& chain, int first, int end) {
   group.saved_bytes = std::max(saved, group.output_bytes);
   group.forward_tmp_bytes = std::max<int64_t>(forward_tmp, 0);
   group.forward_all_tmp_bytes = forward_all_tmp;
+  group.forward_all_time = forward_all_time;
   group.backward_tmp_bytes = backward_tmp;
   return group;
 }

@@ -333,7 +333,8 @@ namespace {
 // option 0 is each stage's fastest and the schedule fits.
 std::optional<Schedule> store_everything_if_fastest(const Chain& chain, int64_t budget_bytes) {
   for (const Stage& stage : chain.stages) {
-    const double plain = stage.forward_time + stage.backward_time;
+    const StorageOption own = stage.option(0);
+    const double plain = own.forward_time + own.backward_time;
     for (const StorageOption& option : stage.alternatives) {
       if (option.forward_time + option.backward_time < plain) return std::nullopt;
     }
