@@ -32,7 +32,7 @@ test::ReferenceScore score(const Chain& chain, const Schedule& schedule) {
 }
 
 // Sizes of 1 byte to 8 MiB, not multiples of anything: every rounding shows. Integer times, so
-// that sums in any order are exact; a third of the stages take longer with grad enabled.
+// that sums in any order are exact; about two thirds of the stages take longer with grad enabled.
 Chain random_byte_chain(std::mt19937& rng, int stages, int alternatives) {
   Chain chain = test::random_chain(rng, stages, 8 << 20, alternatives);
   std::uniform_int_distribution<int> extra(0, 2);
