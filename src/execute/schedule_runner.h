@@ -3,8 +3,8 @@
 // Runs one forward/backward of a chain under a schedule: the state between the two passes, kept
 // by the autograd node that stands for the chain in the graph.
 
-#include <ckpt/plan/schedule.h>
 #include <ckpt/execute/planned_sequential_impl.h>
+#include <ckpt/plan/schedule.h>
 
 #include "chains/stage_graph.h"
 #include "region/autocast_state.h"

@@ -51,18 +51,23 @@ TEST(SimulatorTest, NoCheckpointTimeAndPeakByHand) {
   EXPECT_EQ(result.final_bytes, 20);
 }
 
+// Checkpoint x0, recompute both stages after the loss.
+Schedule checkpointed_schedule() {
+  return ops({{kFck, 0, 0},
+              {kFn, 1, 0},
+              {kLoss, 2, 0},
+              {kFall, 0, 0},
+              {kFall, 1, 0},
+              {kB, 1, 0},
+              {kB, 0, 0}});
+}
+
 TEST(SimulatorTest, CheckpointedScheduleByHand) {
   const Chain chain = two_stage_chain();
   // Fck0: 10+20+5=35 -> 30 (x0, x1 kept); Fn1: 30+40=70 -> 50 (x1 freed); L: 50+40=90 -> 50
   // (x2 freed, δ2 kept); Fall0: 50+30+5=85 -> 80; Fall1: 80+50=130 -> 130;
   // B1: 130+20+1=151 -> 60; B0: 60+10+7=77 -> 20.
-  const Schedule schedule = ops({{kFck, 0, 0},
-                                 {kFn, 1, 0},
-                                 {kLoss, 2, 0},
-                                 {kFall, 0, 0},
-                                 {kFall, 1, 0},
-                                 {kB, 1, 0},
-                                 {kB, 0, 0}});
+  const Schedule schedule = checkpointed_schedule();
   const SimulationResult result = simulate(chain, schedule);
   ASSERT_TRUE(result.valid) << result.error;
   EXPECT_EQ(result.time, 1.0 + 2.0 + 1.0 + 2.0 + 3.0 + 2.0);
@@ -77,13 +82,7 @@ TEST(SimulatorTest, ForwardAllTakesTheGradEnabledForwardTime) {
   Chain chain = two_stage_chain();
   chain.stages[0].forward_all_time = 1.5;
   chain.stages[1].forward_all_time = 2.5;
-  const Schedule schedule = ops({{kFck, 0, 0},
-                                 {kFn, 1, 0},
-                                 {kLoss, 2, 0},
-                                 {kFall, 0, 0},
-                                 {kFall, 1, 0},
-                                 {kB, 1, 0},
-                                 {kB, 0, 0}});
+  const Schedule schedule = checkpointed_schedule();
   const SimulationResult result = simulate(chain, schedule);
   ASSERT_TRUE(result.valid) << result.error;
   EXPECT_EQ(result.time, 1.0 + 2.0 + 1.5 + 2.5 + 3.0 + 2.0);

@@ -119,22 +119,14 @@ std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, 
   // The group sizes are estimates: ask the grouped table for smaller budgets until the expanded
   // schedule fits on the real chain (the fastest that fits, with the largest budget that does).
   const OptimalTable table(grouped, std::max(budget_bytes, grouped.input_bytes), options);
-  int64_t low = table.min_feasible_budget_bytes(), high = budget_bytes;
-  while (low <= high) {
-    const int64_t asked = low + (high - low) / 2;
-    const std::optional<Schedule> schedule = table.solve(asked);
-    const SimulationResult result =
-        schedule ? simulate(chain, expand(*schedule, first, chain.size())) : SimulationResult{};
-    if (result.valid && result.peak_bytes <= budget_bytes) {
-      if (result.time < best_time) {
-        best = expand(*schedule, first, chain.size());
-        best_time = result.time;
-      }
-      low = asked + 1;
-    } else {
-      high = asked - 1;
-    }
-  }
+  detail::search_asks(
+      chain, budget_bytes, table.min_feasible_budget_bytes(), budget_bytes,
+      [&](int64_t asked) -> std::optional<Schedule> {
+        const std::optional<Schedule> schedule = table.solve(asked);
+        if (!schedule) return std::nullopt;
+        return expand(*schedule, first, chain.size());
+      },
+      best, best_time);
   return best;
 }
 

@@ -356,23 +356,11 @@ std::optional<Schedule> solve_refined(const Chain& chain, int64_t budget_bytes,
       std::min<Int128>(budget_bytes + slack, std::max(budget_bytes, Chain::kMaxTotalBytes)));
   const OptimalTable table(chain, top, options);
   if (budget_bytes < table.min_feasible_budget_bytes()) return std::nullopt;
-  std::optional<Schedule> best = table.solve(budget_bytes);  // fits: sizes were rounded up
-  double best_time = simulate(chain, *best).time;
-  int64_t low = budget_bytes + 1, high = top;
-  while (low <= high) {
-    const int64_t asked = low + (high - low) / 2;
-    std::optional<Schedule> schedule = table.solve(asked);
-    const SimulationResult result = schedule ? simulate(chain, *schedule) : SimulationResult{};
-    if (!result.valid || result.peak_bytes > budget_bytes) {
-      high = asked - 1;
-      continue;
-    }
-    if (result.time < best_time) {
-      best = std::move(schedule);
-      best_time = result.time;
-    }
-    low = asked + 1;
-  }
+  Schedule best = *table.solve(budget_bytes);  // fits: sizes were rounded up
+  double best_time = simulate(chain, best).time;
+  detail::search_asks(
+      chain, budget_bytes, budget_bytes + 1, top, [&](int64_t asked) { return table.solve(asked); },
+      best, best_time);
   return best;
 }
 
@@ -432,6 +420,25 @@ Schedule solve_min_memory(const Chain& chain, const OptimalOptions& options) {
 }
 
 namespace detail {
+
+void search_asks(const Chain& chain, int64_t budget_bytes, int64_t low, int64_t high,
+                 const std::function<std::optional<Schedule>(int64_t)>& answer, Schedule& best,
+                 double& best_time) {
+  while (low <= high) {
+    const int64_t asked = low + (high - low) / 2;
+    std::optional<Schedule> schedule = answer(asked);
+    const SimulationResult result = schedule ? simulate(chain, *schedule) : SimulationResult{};
+    if (!result.valid || result.peak_bytes > budget_bytes) {
+      high = asked - 1;
+      continue;
+    }
+    if (result.time < best_time) {
+      best = std::move(*schedule);
+      best_time = result.time;
+    }
+    low = asked + 1;
+  }
+}
 
 MinMemoryPlan min_memory_plan(const char* function, const Chain& chain,
                               const OptimalOptions& options) {
