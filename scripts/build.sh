@@ -7,12 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/libtorch.sh
 ckpt_family_settings
-launcher=()
-if command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  export CCACHE_BASEDIR="$PWD"  # relative paths in the cache: every clone shares it
-fi
 log="$CKPT_BUILD_DIR.log"
-cmake -S . -B "$CKPT_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+cmake -S . -B "$CKPT_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   "${CKPT_CMAKE_ARGS[@]}" "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
 cmake --build "$CKPT_BUILD_DIR" -j "$(nproc)"

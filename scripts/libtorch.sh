@@ -34,4 +34,15 @@ ckpt_family_settings() {
       CKPT_CMAKE_ARGS=("-DCMAKE_PREFIX_PATH=$(cd "$CKPT_LIBTORCH" && pwd)") ;;
   esac
   CKPT_CMAKE_ARGS+=("-DCKPT_PYTHON=$CKPT_PYTHON")
+  ckpt_compiler_cache
+}
+
+# ccache, when installed: paths relative to the clone, so that every clone shares the cache, and
+# the sloppiness that lets it cache files built with the tests' precompiled header (without it,
+# ccache refuses each of them and every fresh clone recompiles the whole test suite).
+ckpt_compiler_cache() {
+  command -v ccache >/dev/null || return 0
+  CKPT_CMAKE_ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="$PWD"
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 }

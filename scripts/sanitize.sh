@@ -11,16 +11,11 @@ bash scripts/setup.sh
 source scripts/libtorch.sh
 ckpt_family_settings
 here="$PWD/tests/sanitizers"
-launcher=()
-if command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  export CCACHE_BASEDIR="$PWD"
-fi
 
 # Instrumented code makes GCC's flow analysis see "maybe uninitialized" values in LibTorch's
 # headers (c10::intrusive_ptr moves) that the normal build doesn't: those warnings are off here.
 configure() {  # DIR FLAGS
-  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "${CKPT_CMAKE_ARGS[@]}" -DCKPT_BUILD_BENCH=OFF \
     -DCMAKE_CXX_FLAGS="$2 -fno-omit-frame-pointer -Wno-maybe-uninitialized" \
     -DCMAKE_EXE_LINKER_FLAGS="$2" -DCMAKE_SHARED_LINKER_FLAGS="$2" > "$1.log" 2>&1 ||
