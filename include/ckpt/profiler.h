@@ -22,6 +22,11 @@ struct ProfileOptions {
   /// the forward and recomputes in its backward, and offer it to the planner as storage option
   /// 1 where it keeps less. Default: true
   TORCH_ARG(bool, checkpointed_option) = true;
+  /// Scale every stage's times by one factor, so that the plain chain's predicted step equals
+  /// the median of `repeats` measured plain training steps of the whole chain. Stages timed one
+  /// by one miss what a step shares between them and add what isolating each costs; the factor
+  /// makes predicted step times measured ones, and leaves every plan as it was. Default: true
+  TORCH_ARG(bool, calibrate_to_step) = true;
 };
 
 /// Measures each stage of a chain on a sample input: forward and backward time (median, seconds)

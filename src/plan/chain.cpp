@@ -168,6 +168,25 @@ void Chain::validate() const {
   }
 }
 
+Chain scale_times(Chain chain, double factor) {
+  if (!(factor > 0 && std::isfinite(factor))) {
+    throw std::invalid_argument(
+        "ckpt::plan::scale_times: the factor must be positive and finite, "
+        "but got " +
+        std::to_string(factor) + ".");
+  }
+  for (Stage& stage : chain.stages) {
+    stage.forward_time *= factor;
+    stage.backward_time *= factor;
+    if (stage.forward_all_time >= 0) stage.forward_all_time *= factor;
+    for (StorageOption& option : stage.alternatives) {
+      option.forward_time *= factor;
+      option.backward_time *= factor;
+    }
+  }
+  return chain;
+}
+
 Chain homogeneous_chain(int stages, double forward_time, double backward_time,
                         int64_t activation_bytes, int64_t saved_bytes) {
   if (stages < 1) {

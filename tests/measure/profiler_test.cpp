@@ -46,4 +46,43 @@ TEST(ProfilerTest, LeavesRngBuffersAndGradientsAsTheyWere) {
   EXPECT_FALSE(linear->weight.grad().defined());
 }
 
+// A weight used by two stages gets one gradient buffer while profiling, so its own gradient is
+// what comes back (restoring it twice used to leave the buffer of the other stage behind).
+TEST(ProfilerTest, LeavesTheGradientOfATiedWeightAsItWas) {
+  torch::manual_seed(0);
+  torch::nn::Linear shared(8, 8);
+  std::vector<torch::nn::AnyModule> stages = {torch::nn::AnyModule(shared),
+                                              torch::nn::AnyModule(torch::nn::Tanh()),
+                                              torch::nn::AnyModule(shared)};
+  const auto input = torch::randn({4, 8});
+  shared->weight.mutable_grad() = torch::randn({8, 8});
+  const auto grad_before = shared->weight.grad().clone();
+  ckpt::profile_chain(stages, input, ckpt::ProfileOptions().repeats(1));
+  EXPECT_TRUE(torch::equal(shared->weight.grad(), grad_before));
+  ckpt::measure_no_checkpoint_peak(stages, input);
+  EXPECT_TRUE(torch::equal(shared->weight.grad(), grad_before));
+}
+
+// Calibrating to a measured step scales the times only: every size is what the uncalibrated
+// profile measures, and each stage keeps its times' proportions up to timing noise.
+TEST(ProfilerTest, CalibrationScalesTimesAndLeavesSizes) {
+  torch::manual_seed(0);
+  std::vector<torch::nn::AnyModule> stages = {torch::nn::AnyModule(torch::nn::Linear(32, 64)),
+                                              torch::nn::AnyModule(torch::nn::GELU()),
+                                              torch::nn::AnyModule(torch::nn::Linear(64, 32))};
+  const auto x = torch::randn({16, 32});
+  const auto plain =
+      ckpt::profile_chain(stages, x, ckpt::ProfileOptions().calibrate_to_step(false));
+  const auto calibrated = ckpt::profile_chain(stages, x);
+  ASSERT_EQ(plain.size(), calibrated.size());
+  for (int i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(calibrated.stages[i].output_bytes, plain.stages[i].output_bytes);
+    EXPECT_EQ(calibrated.stages[i].saved_bytes, plain.stages[i].saved_bytes);
+    EXPECT_EQ(calibrated.stages[i].backward_tmp_bytes, plain.stages[i].backward_tmp_bytes);
+    EXPECT_GT(calibrated.stages[i].forward_time, 0);
+    EXPECT_GT(calibrated.stages[i].backward_time, 0);
+  }
+  calibrated.validate();
+}
+
 }  // namespace

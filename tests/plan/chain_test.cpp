@@ -37,6 +37,31 @@ TEST(ChainTest, ValidChainPasses) {
   EXPECT_NO_THROW(two_stage_chain().validate());
 }
 
+TEST(ChainTest, ScaleTimesScalesEveryTimeAndKeepsThePlans) {
+  Chain chain = two_stage_chain();
+  chain.stages[0].forward_all_time = 1.5;
+  chain.stages[1].alternatives.push_back(StorageOption{0.25, 0.5, 45, 0, 0});
+  const Chain scaled = scale_times(chain, 4.0);
+  EXPECT_EQ(scaled.stages[0].forward_time, 4.0 * chain.stages[0].forward_time);
+  EXPECT_EQ(scaled.stages[0].forward_all_time, 6.0);
+  EXPECT_EQ(scaled.stages[1].forward_all_time, -1.0);  // still "the same as forward_time"
+  EXPECT_EQ(scaled.stages[1].backward_time, 4.0 * chain.stages[1].backward_time);
+  EXPECT_EQ(scaled.stages[1].alternatives[0].forward_time, 1.0);
+  EXPECT_EQ(scaled.stages[1].alternatives[0].backward_time, 2.0);
+  EXPECT_EQ(scaled.stages[1].alternatives[0].saved_bytes, 45);
+  const int64_t low = min_feasible_budget_bytes(chain);
+  const int64_t high = simulate(chain, solve_no_checkpoint(chain)).peak_bytes;
+  for (int64_t budget = low; budget <= high; ++budget) {
+    const auto plan = solve_optimal(chain, budget);
+    const auto scaled_plan = solve_optimal(scaled, budget);
+    ASSERT_TRUE(plan && scaled_plan);
+    EXPECT_EQ(to_string(*plan), to_string(*scaled_plan)) << "budget " << budget;
+    EXPECT_DOUBLE_EQ(simulate(scaled, *scaled_plan).time, 4.0 * simulate(chain, *plan).time);
+  }
+  expect_invalid([&] { scale_times(chain, 0.0); }, {"scale_times", "positive", "0.0"});
+  expect_invalid([&] { scale_times(chain, std::nan("")); }, {"positive and finite"});
+}
+
 TEST(ChainTest, RejectsEmptyChain) {
   Chain chain;
   expect_invalid([&] { chain.validate(); },

@@ -87,6 +87,10 @@ struct Chain {
   void validate() const;
 };
 
+/// `chain` with every time (forward, grad-enabled forward, backward, of every option) multiplied
+/// by `factor` (> 0). Plans do not change: a schedule's time scales by the same factor.
+Chain scale_times(Chain chain, double factor);
+
 /// A chain of `stages` identical stages (all times and sizes equal, no temporaries); x_0 has
 /// `activation_bytes` too. Convenient for tests, benchmarks and the Revolve comparison.
 Chain homogeneous_chain(int stages, double forward_time, double backward_time,
