@@ -95,4 +95,17 @@ torch::Tensor checkpoint_sequential(
   return run_segments(chain, segments, input, options);
 }
 
+torch::nn::Sequential join_chains(const std::vector<torch::nn::Sequential>& parts) {
+  torch::nn::Sequential chain;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    TORCH_CHECK(!parts[i].is_empty(), "ckpt::join_chains: part ", i,
+                " is an empty Sequential holder (nullptr). Give every part a Sequential.");
+    size_t j = 0;
+    for (const torch::nn::AnyModule& stage : *parts[i]) {
+      chain->push_back(std::to_string(i) + "_" + std::to_string(j++), stage);
+    }
+  }
+  return chain;
+}
+
 }  // namespace ckpt

@@ -272,3 +272,60 @@ TEST(SequentialBorderTest, SegmentsSupportAutogradGradAndDoubleBackward) {
 }
 
 }  // namespace
+
+// A nested model (blocks, each a chain of two halves) joined into one chain of halves: the same
+// modules in order, so checkpointing it at every segment count gives the nested model's step.
+TEST(JoinChainsTest, JoinedHalvesAreTheNestedModelsStages) {
+  torch::manual_seed(0);
+  std::vector<torch::nn::Sequential> blocks;
+  for (int i = 0; i < 3; ++i) {
+    blocks.push_back(torch::nn::Sequential(torch::nn::Linear(6, 6), torch::nn::Tanh()));
+  }
+  torch::nn::Sequential chain = ckpt::join_chains(blocks);
+  ASSERT_EQ(chain->size(), 6u);
+  EXPECT_EQ(chain->ptr(2), blocks[1]->ptr(0));  // shared, not copied
+  EXPECT_EQ(chain->named_children()[3].key(), "1_1");
+  EXPECT_EQ(chain->parameters().size(), 6u);
+
+  const auto input = torch::randn({5, 6});
+  auto nested = [&](const torch::Tensor& x) {
+    auto h = x;
+    for (auto& block : blocks) h = block->forward(h);
+    return h;
+  };
+  auto x = input.detach().requires_grad_();
+  nested(x).sum().backward();
+  const auto expected_x = x.grad().clone();
+  const auto expected = take_grads(*chain);
+  for (int64_t segments = 1; segments <= 6; ++segments) {
+    chain->zero_grad();
+    auto y = input.detach().requires_grad_();
+    ckpt::checkpoint_sequential(chain, segments, y).sum().backward();
+    EXPECT_TRUE(bit_equal(y.grad(), expected_x)) << segments << " segments";
+    const auto grads = take_grads(*chain);
+    for (size_t k = 0; k < grads.size(); ++k) EXPECT_TRUE(bit_equal(grads[k], expected[k]));
+  }
+  EXPECT_THROW(ckpt::join_chains({blocks[0], torch::nn::Sequential(nullptr)}), c10::Error);
+}
+
+TEST(JoinChainsTest, ChainOfAModuleListOfBlocks) {
+  torch::nn::ModuleList blocks(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4));
+  torch::nn::Sequential chain = ckpt::chain_of<torch::nn::Linear>(blocks);
+  ASSERT_EQ(chain->size(), 2u);
+  EXPECT_EQ(chain->ptr(1), blocks->ptr(1));
+  const auto x = torch::randn({3, 4});
+  EXPECT_TRUE(bit_equal(chain->forward(x), blocks[1]->as<torch::nn::Linear>()->forward(
+                                               blocks[0]->as<torch::nn::Linear>()->forward(x))));
+  EXPECT_EQ(ckpt::chain_of<torch::nn::LinearImpl>(blocks)->size(), 2u);
+
+  blocks->push_back(torch::nn::ReLU());
+  try {
+    ckpt::chain_of<torch::nn::Linear>(blocks);
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("block 2 of the ModuleList is a torch::nn::ReLU"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("LinearImpl"), std::string::npos) << message;
+  }
+}
