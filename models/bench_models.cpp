@@ -1,5 +1,6 @@
 #include "bench_models.h"
 
+#include <ckpt/sequential.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -100,18 +101,17 @@ class HeadImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Head);
 
-// A pre-LayerNorm transformer block with explicit multi-head attention (the same ops as the
-// Python twin, rather than nn::MultiheadAttention, whose C++ and Python paths differ).
-class TransformerBlockImpl : public torch::nn::Module {
+// The attention half of a pre-LayerNorm transformer block, x + out(attention(ln1(x))), with
+// explicit multi-head attention (the same ops as the Python twin, rather than
+// nn::MultiheadAttention, whose C++ and Python paths differ). The residual stream is the one
+// tensor between the two halves, so a block is a chain of two stages.
+class AttentionHalfImpl : public torch::nn::Module {
  public:
-  TransformerBlockImpl(int64_t d_model, int64_t heads, int64_t ff)
+  AttentionHalfImpl(int64_t d_model, int64_t heads)
       : heads_(heads),
         ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
         qkv_(register_module("qkv", torch::nn::Linear(d_model, 3 * d_model))),
-        out_(register_module("out", torch::nn::Linear(d_model, d_model))),
-        ln2_(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
-        ff1_(register_module("ff1", torch::nn::Linear(d_model, ff))),
-        ff2_(register_module("ff2", torch::nn::Linear(ff, d_model))) {}
+        out_(register_module("out", torch::nn::Linear(d_model, d_model))) {}
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t b = x.size(0), s = x.size(1), d = x.size(2), dh = d / heads_;
     auto qkv = qkv_(ln1_(x)).view({b, s, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
@@ -119,18 +119,35 @@ class TransformerBlockImpl : public torch::nn::Module {
     auto scores =
         torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
     auto context = torch::matmul(torch::softmax(scores, -1), v).transpose(1, 2).reshape({b, s, d});
-    auto h = x + out_(context);
-    return h + ff2_(torch::gelu(ff1_(ln2_(h))));
+    return x + out_(context);
   }
 
  private:
   int64_t heads_;
   torch::nn::LayerNorm ln1_;
   torch::nn::Linear qkv_, out_;
+};
+TORCH_MODULE(AttentionHalf);
+
+// The MLP half of the block: x + ff2(gelu(ff1(ln2(x)))).
+class FeedForwardHalfImpl : public torch::nn::Module {
+ public:
+  FeedForwardHalfImpl(int64_t d_model, int64_t ff)
+      : ln2_(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
+        ff1_(register_module("ff1", torch::nn::Linear(d_model, ff))),
+        ff2_(register_module("ff2", torch::nn::Linear(ff, d_model))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return x + ff2_(torch::gelu(ff1_(ln2_(x)))); }
+
+ private:
   torch::nn::LayerNorm ln2_;
   torch::nn::Linear ff1_, ff2_;
 };
-TORCH_MODULE(TransformerBlock);
+TORCH_MODULE(FeedForwardHalf);
+
+// A transformer block as the chain of its halves.
+torch::nn::Sequential transformer_block(int64_t d_model, int64_t heads, int64_t ff) {
+  return torch::nn::Sequential(AttentionHalf(d_model, heads), FeedForwardHalf(d_model, ff));
+}
 
 }  // namespace
 
@@ -150,8 +167,9 @@ std::string describe(const ModelConfig& c) {
       << " (resolution halves per stage), head; input " << c.batch << "x3x" << c.image << "x"
       << c.image;
   } else {
-    d << c.depth << " pre-LN blocks, d=" << c.d_model << ", " << c.heads << " heads, FF " << c.ff
-      << ", GELU; input " << c.batch << "x" << c.seq << "x" << c.d_model;
+    d << c.depth << " pre-LN blocks (" << 2 * c.depth
+      << " stages: attention and MLP halves), d=" << c.d_model << ", " << c.heads << " heads, FF "
+      << c.ff << ", GELU; input " << c.batch << "x" << c.seq << "x" << c.d_model;
   }
   return d.str();
 }
@@ -208,8 +226,10 @@ torch::nn::Sequential build_model(const ModelConfig& c) {
     }
     model->push_back(Head(in));
   } else {
+    std::vector<torch::nn::Sequential> blocks;
     for (int64_t i = 0; i < c.depth; ++i)
-      model->push_back(TransformerBlock(c.d_model, c.heads, c.ff));
+      blocks.push_back(transformer_block(c.d_model, c.heads, c.ff));
+    model = join_chains(blocks);  // 2 x depth stages: the planner may cut between the halves
   }
   return model;
 }

@@ -33,7 +33,8 @@ struct ModelConfig {
   int64_t image = 0;       // input is batch x 3 x image x image
   bool batch_norm = true;  // false: no BatchNorm layers (conv -> ReLU)
   // transformer: `depth` pre-LayerNorm blocks (explicit 4-head attention, FF of `ff` units with
-  // GELU); input is batch x seq x d_model.
+  // GELU), each two stages: its attention half and its MLP half, joined by the residual stream;
+  // input is batch x seq x d_model.
   int64_t seq = 0;
   int64_t d_model = 0;
   int64_t heads = 0;

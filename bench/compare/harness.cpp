@@ -20,6 +20,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -349,18 +350,21 @@ void add_predicted_optimum(Methods& methods, const std::string& name, const plan
   }
 }
 
-void add_planned_methods(const BenchOptions& options, const std::string& name, Workbench& bench,
-                         MemoryTracker& tracker, int warmup, Methods& methods) {
+// The planner's chain, profiled with the heap of the timing phase, as the steps it predicts are
+// timed: with the memory phase's small mmap threshold, every activation of 64 KiB or more would
+// be a fresh mapping and its page faults (1.4x on the MLP, whose activations are 128 KiB).
+plan::Chain profile_for_planner(const BenchOptions& options, const std::string& name,
+                                Workbench& bench) {
   std::cerr << "ckpt bench: " << name << ": profiling the chain for the planner\n";
   const std::vector<torch::nn::AnyModule> stages(bench.model->begin(), bench.model->end());
   ProfileOptions profile_options;
   if (options.quick) profile_options.repeats(1).warmup(0);
-  // Profiled with the heap of the timing phase, as the steps it predicts are timed: with the
-  // memory phase's small mmap threshold, every activation of 64 KiB or more is a fresh mapping
-  // and its page faults (1.4x on the MLP, whose activations are 128 KiB).
   use_large_mmap_threshold();
-  const plan::Chain profile = profile_chain(stages, bench.x.detach(), profile_options);
-  use_small_mmap_threshold();
+  return profile_chain(stages, bench.x.detach(), profile_options);
+}
+
+void add_planned_methods(const std::string& name, const plan::Chain& profile, Workbench& bench,
+                         MemoryTracker& tracker, int warmup, bool rss, Methods& methods) {
   const int64_t min_budget = plan::min_feasible_budget_bytes(profile);
   const auto input_bytes = static_cast<int64_t>(bench.x.nbytes());
   const double plain_time = plan::simulate(profile, plan::solve_no_checkpoint(profile)).time;
@@ -368,7 +372,7 @@ void add_planned_methods(const BenchOptions& options, const std::string& name, W
     add_planned_method(methods, name, bench.model, profile, budget, label, input_bytes, min_budget,
                        plain_time);
     Method& added = *methods.back();
-    if (added.forward) try_warm_and_measure(bench, added, tracker, warmup, options.rss);
+    if (added.forward) try_warm_and_measure(bench, added, tracker, warmup, rss);
   }
   add_predicted_optimum(methods, name, profile, input_bytes, plain_time);
 }
@@ -443,11 +447,13 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
   Workbench bench(config, torch::Device(options.device));
   const auto segments = segment_counts(static_cast<int>(bench.model->size()));
   Methods methods = sequential_methods(name, bench.model, segments, options.every_segment_count);
+  const std::optional<plan::Chain> profile =
+      options.planned ? std::optional(profile_for_planner(options, name, bench)) : std::nullopt;
   // Memory phase: every method's warm-up and measured step, with small allocations returned to
   // the system so that RSS follows the live tensors.
   use_small_mmap_threshold();
   for (auto& m : methods) try_warm_and_measure(bench, *m, tracker, warmup, options.rss);
-  if (options.planned) add_planned_methods(options, name, bench, tracker, warmup, methods);
+  if (profile) add_planned_methods(name, *profile, bench, tracker, warmup, options.rss, methods);
   time_methods(name, bench, methods, steps);
 
   std::vector<BenchRow> rows;

@@ -78,16 +78,15 @@ class Head(nn.Module):
         return self.linear(x.mean((2, 3)))
 
 
-class TransformerBlock(nn.Module):
-    def __init__(self, d_model, heads, ff):
+class AttentionHalf(nn.Module):
+    """x + out(attention(ln1(x))): the first of a pre-LN block's two stages."""
+
+    def __init__(self, d_model, heads):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.ff1 = nn.Linear(d_model, ff)
-        self.ff2 = nn.Linear(ff, d_model)
 
     def forward(self, x):
         b, s, d = x.shape
@@ -96,8 +95,20 @@ class TransformerBlock(nn.Module):
         q, k, v = qkv[0], qkv[1], qkv[2]
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(dh))
         context = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2).reshape(b, s, d)
-        h = x + self.out(context)
-        return h + self.ff2(torch.nn.functional.gelu(self.ff1(self.ln2(h))))
+        return x + self.out(context)
+
+
+class FeedForwardHalf(nn.Module):
+    """x + ff2(gelu(ff1(ln2(x)))): the second stage of the block."""
+
+    def __init__(self, d_model, ff):
+        super().__init__()
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ff1 = nn.Linear(d_model, ff)
+        self.ff2 = nn.Linear(ff, d_model)
+
+    def forward(self, x):
+        return x + self.ff2(torch.nn.functional.gelu(self.ff1(self.ln2(x))))
 
 
 def build_model(c):
@@ -116,7 +127,9 @@ def build_model(c):
                 cin = cout
         stages.append(Head(cin))
     else:
-        stages = [TransformerBlock(c["d_model"], c["heads"], c["ff"]) for _ in range(c["depth"])]
+        for _ in range(c["depth"]):
+            stages.append(AttentionHalf(c["d_model"], c["heads"]))
+            stages.append(FeedForwardHalf(c["d_model"], c["ff"]))
     return nn.Sequential(*stages)
 
 
