@@ -43,8 +43,9 @@ struct BenchRow {
   int64_t budget_bytes = -1;    // planned rows: the budget given to the planner (x_0 included)
   int64_t rss_peak_bytes = -1;  // VmHWM - VmRSS before the step (-1: not measured)
   double rss_memory_ratio = 0;  // rss_peak_bytes / the same language's "none" RSS peak
-  // Planned and "predicted_optimum" rows: the simulator's step time from the profile (the sum
-  // of the profiled stage times the schedule runs), and that over the plain chain's.
+  // Planned and "predicted_optimum" rows: the simulator's step time from the profile over the
+  // plain chain's (predicted_overhead), and that times the measured plain step of the same timing
+  // phase (predicted_step_ms; the simulator's own time before timing).
   double predicted_step_ms = -1;
   double predicted_overhead = 0;
   double step_iqr_ms = 0;  // interquartile range of the timed steps
