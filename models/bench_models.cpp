@@ -215,16 +215,23 @@ torch::nn::Sequential build_model(const ModelConfig& c) {
   if (c.kind == "mlp") {
     for (int64_t i = 0; i < c.depth; ++i) model->push_back(MlpLayer(c.width));
   } else if (c.kind == "resnet") {
-    model->push_back(Stem(c.channels.front(), c.batch_norm));
+    // The stem, each resolution stage as the chain of its blocks, and the head: one chain of
+    // blocks (a block's interior carries two tensors, its input and its branch, so the chain
+    // cannot be cut inside it).
+    std::vector<torch::nn::Sequential> parts{
+        torch::nn::Sequential(Stem(c.channels.front(), c.batch_norm))};
     int64_t in = c.channels.front();
     for (size_t s = 0; s < c.channels.size(); ++s) {
+      torch::nn::Sequential stage;
       for (int64_t b = 0; b < c.blocks_per_stage; ++b) {
         const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
-        model->push_back(ResidualBlock(in, c.channels[s], stride, c.batch_norm));
+        stage->push_back(ResidualBlock(in, c.channels[s], stride, c.batch_norm));
         in = c.channels[s];
       }
+      parts.push_back(stage);
     }
-    model->push_back(Head(in));
+    parts.push_back(torch::nn::Sequential(Head(in)));
+    model = join_chains(parts);
   } else {
     std::vector<torch::nn::Sequential> blocks;
     for (int64_t i = 0; i < c.depth; ++i)

@@ -117,9 +117,10 @@ struct Workbench {
   }
 
   // One training step without the optimizer: forward, loss, backward (finished on the device).
+  // The chain's output is not held past the loss (the planner's model frees it there; a variable
+  // holding it through the backward would add it to every peak).
   void step(const Method& method) {
-    auto out = method.forward(x);
-    auto loss = out.square().mean();
+    auto loss = method.forward(x).square().mean();
     loss.backward();
     if (x.is_cuda()) torch::cuda::synchronize(x.device().index());
   }

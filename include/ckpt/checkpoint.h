@@ -110,7 +110,7 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
                  call->args),
       site);
   Result result = [&]() -> Result {
-    at::AutoGradMode mode(region.forward_grad_mode());
+    const Region::ForwardScope scope(region);
     return apply_forward(call->fn, call->args);
   }();
 

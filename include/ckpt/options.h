@@ -1,5 +1,7 @@
 #pragma once
 
+#include <ckpt/selective.h>
+
 #include <c10/core/DeviceType.h>
 #include <torch/arg.h>
 
@@ -26,6 +28,10 @@ struct CheckpointOptions {
   /// Check that the recompute produces outputs of the same shapes, dtypes and devices as the
   /// forward, and raise an error naming the first difference otherwise. Default: true
   TORCH_ARG(bool, determinism_check) = true;
+  /// Selective checkpointing: which operators' outputs the region keeps from the forward instead
+  /// of recomputing them (see `SelectivePolicy`, `save_matmuls()`, `save_ops()`). Non-reentrant
+  /// variant only. Default: none (recompute everything)
+  TORCH_ARG(SelectivePolicy, policy);
 };
 
 /// The device type whose RNG state is preserved when the tensor arguments of a region sit on no

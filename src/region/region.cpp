@@ -2,9 +2,11 @@
 
 #include "checkpoint_node.h"
 #include "compat/torch_compat.h"
+#include "dispatch_mode.h"
 #include "graph.h"
 #include "recompute_scope.h"
 #include "region_state.h"
+#include "selective.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -83,7 +85,15 @@ std::vector<at::Tensor> RegionState::run_recompute(
     const std::vector<at::Tensor>* replacement) const {
   const RecomputeScope scope(rng, autocast, modules);
   const at::AutoGradMode grad_mode(true);
-  return recompute(replacement);
+  if (!kept) return recompute(replacement);
+  ReplayMode replay(options.policy(), *kept);
+  std::vector<at::Tensor> recomputed;
+  {
+    const DispatchModeGuard guard(replay);
+    recomputed = recompute(replacement);
+  }
+  replay.check_all_used();
+  return recomputed;
 }
 
 void RegionState::check_not_released() const {
@@ -100,6 +110,7 @@ void RegionState::release() {
   modules.clear();
   versions.clear();
   rng.reset();
+  kept.reset();
 }
 
 Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
@@ -116,6 +127,13 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
     }
   }
   state.modules = std::move(modules);
+  if (options.policy()) {
+    TORCH_CHECK(!options.use_reentrant(),
+                "ckpt::checkpoint: a selective checkpointing policy needs the non-reentrant "
+                "variant: the reentrant one runs its forward without autograd, so there is no "
+                "graph to hand kept outputs to. Drop use_reentrant(true), or the policy.");
+    state.kept = std::make_unique<KeptOutputs>();
+  }
   const c10::DeviceType device_type = infer_device_type(inputs);
   if (options.preserve_rng_state()) state.rng.emplace(inputs, device_type);
   state.autocast = AutocastState::current(device_type);
@@ -125,9 +143,15 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
 
 Region::~Region() = default;
 
-bool Region::forward_grad_mode() const {
-  return !state_->options.use_reentrant();
+Region::ForwardScope::ForwardScope(Region& region)
+    : grad_mode_(!region.state_->options.use_reentrant()) {
+  RegionState& state = *region.state_;
+  if (!state.kept) return;
+  caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept);
+  guard_ = std::make_unique<DispatchModeGuard>(*caching_);
 }
+
+Region::ForwardScope::~ForwardScope() = default;
 
 std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, RecomputeFn recompute) {
   RegionState& state = *state_;

@@ -6,6 +6,7 @@
 
 #include "autocast_state.h"
 #include "rng_state.h"
+#include "selective.h"
 #include "version_snapshot.h"
 
 #include <ATen/core/Tensor.h>
@@ -14,6 +15,7 @@
 #include <c10/util/Optional.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace ckpt {
@@ -42,6 +44,7 @@ struct RegionState {
   std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
   std::vector<size_t> connected;    // which outputs feed the backward node, by its input number
   RecomputeFn recompute;
+  std::unique_ptr<KeptOutputs> kept;  // with a selective policy: what the forward kept
   bool released = false;
 
   /// Raises an error when an input or a parameter the region reads was modified in place since

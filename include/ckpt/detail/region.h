@@ -6,6 +6,7 @@
 #include <ckpt/options.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 
 #include <atomic>
 #include <functional>
@@ -38,10 +39,12 @@ using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::
 
 struct RegionState;
 class RegionMarker;
+class CachingMode;
+class DispatchModeGuard;
 
 /// One checkpointed call. Construct it just before running the function (it stashes the RNG and
-/// autocast state and marks where the region's autograd graph begins), run the function with grad
-/// mode set to `forward_grad_mode()`, then pass the result's tensors to `finish`.
+/// autocast state and marks where the region's autograd graph begins), run the function inside a
+/// `Region::ForwardScope`, then pass the result's tensors to `finish`.
 class Region {
  public:
   /// `modules`: the modules the function calls that ckpt can see (the function itself, or module
@@ -53,8 +56,20 @@ class Region {
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
 
-  /// Grad mode for the forward call: off for the reentrant variant, on otherwise.
-  bool forward_grad_mode() const;
+  /// For the forward call: grad mode off for the reentrant variant and on otherwise, and with a
+  /// selective policy, the operator interception that keeps the outputs it saves.
+  class ForwardScope {
+   public:
+    explicit ForwardScope(Region& region);
+    ~ForwardScope();
+    ForwardScope(const ForwardScope&) = delete;
+    ForwardScope& operator=(const ForwardScope&) = delete;
+
+   private:
+    at::AutoGradMode grad_mode_;
+    std::unique_ptr<CachingMode> caching_;
+    std::unique_ptr<DispatchModeGuard> guard_;
+  };
 
   /// Connects the forward's output tensors to the region's backward node, drops the region's
   /// internal graph, and returns the tensors to hand back to the caller, in the same order.

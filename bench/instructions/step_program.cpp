@@ -1,0 +1,71 @@
+// One bench model trained for a number of steps by one method, nothing else: the program that
+// bench/instructions/count.py runs under callgrind twice (two step counts), so that start-up,
+// model building and planning cancel and the difference is the instructions of the steps alone.
+//
+// usage: step_program MODEL METHOD STEPS [--quick]
+//   MODEL   mlp, resnet, transformer or small (ckpt bench's models)
+//   METHOD  none | sequential:K | sequential_reentrant:K | planned:BUDGET (e.g. planned:100%)
+
+#include "bench_models.h"
+
+#include <ckpt/planned_sequential.h>
+#include <ckpt/sequential.h>
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+
+Forward method_forward(const std::string& method, torch::nn::Sequential model,
+                       const torch::Tensor& sample) {
+  if (method == "none")
+    return [model](const torch::Tensor& x) mutable { return model->forward(x); };
+  const auto colon = method.find(':');
+  const std::string kind = method.substr(0, colon), value = method.substr(colon + 1);
+  if (colon != std::string::npos && (kind == "sequential" || kind == "sequential_reentrant")) {
+    const int64_t segments = std::stoll(value);
+    const auto options = ckpt::CheckpointOptions().use_reentrant(kind == "sequential_reentrant");
+    return [=](const torch::Tensor& x) {
+      return ckpt::checkpoint_sequential(model, segments, x, options);
+    };
+  }
+  if (colon != std::string::npos && kind == "planned") {
+    ckpt::PlannedSequential planned(model, ckpt::Budget::parse(value));
+    planned->plan(sample);
+    std::cerr << "schedule: " << ckpt::plan::to_string(planned->schedule()) << "\n";
+    return [planned](const torch::Tensor& x) mutable { return planned->forward(x); };
+  }
+  throw std::invalid_argument("unknown method '" + method +
+                              "' (none, sequential:K, sequential_reentrant:K, planned:BUDGET)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  if (argc < 4) {
+    std::cerr << "usage: step_program MODEL METHOD STEPS [--quick]\n";
+    return 2;
+  }
+  torch::set_num_threads(1);
+  const bool quick = argc > 4 && std::string(argv[4]) == "--quick";
+  const auto config = ckpt::models::model_config(argv[1], quick);
+  torch::nn::Sequential model = ckpt::models::build_model(config);
+  const torch::Tensor x = ckpt::models::make_input(config).requires_grad_();
+  const Forward forward = method_forward(argv[2], model, x.detach());
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  x.mutable_grad() = torch::zeros_like(x);
+  const int steps = std::stoi(argv[3]);
+  for (int s = 0; s < steps; ++s) {  // the bench's step: forward, mean of squares, backward
+    forward(x).square().mean().backward();
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::cerr << "step_program: " << e.what() << "\n";
+  return 1;
+}

@@ -1,0 +1,44 @@
+#pragma once
+
+// A dispatch mode in C++: while a DispatchModeGuard is alive on a thread, every operator call of
+// that thread that reaches the kernels (below autograd and ADInplaceOrView, above the backends)
+// goes to the mode instead, which decides what runs. This is what PyTorch's TorchDispatchMode
+// does in Python; LibTorch has no C++ form of it, so ckpt builds one on a boxed fallback kernel
+// for DispatchKey::Fake, which LibTorch itself leaves unused (docs/mechanism.md, "Selective
+// checkpointing").
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <optional>
+
+namespace ckpt {
+namespace detail {
+
+class DispatchMode {
+ public:
+  virtual ~DispatchMode() = default;
+  /// One operator call: its arguments are on `stack`; leave its returns there. The mode itself is
+  /// off while it runs (the modes below it, if any, still see what it calls).
+  virtual void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) = 0;
+
+  /// Runs the operator as if this mode were not there.
+  static void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) { op.callBoxed(stack); }
+};
+
+/// Makes `mode` the innermost mode of this thread for its lifetime. Raises an error when the
+/// fallback kernel cannot be installed (another library took DispatchKey::Fake).
+class DispatchModeGuard {
+ public:
+  explicit DispatchModeGuard(DispatchMode& mode);
+  ~DispatchModeGuard();
+  DispatchModeGuard(const DispatchModeGuard&) = delete;
+  DispatchModeGuard& operator=(const DispatchModeGuard&) = delete;
+
+ private:
+  std::optional<c10::impl::IncludeDispatchKeyGuard> include_;
+};
+
+}  // namespace detail
+}  // namespace ckpt

@@ -1,0 +1,233 @@
+// Selective checkpointing: CheckpointOptions().policy(...), save_matmuls(), save_ops(). Every
+// policy gives the plain step's gradients to the bit; an operator the policy saves runs its
+// kernel once per step; the kept memory lies between full recompute and none.
+
+#include <ckpt/memory_tracker.h>
+#include <ckpt/modules.h>
+#include <ckpt/sequential.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "support/support.h"
+
+#include <atomic>
+
+namespace {
+
+using ckpt::test::bit_equal;
+using ckpt::test::take_grads;
+
+// A custom operator whose CPU kernel counts its calls: y = 2x, with its own autograd formula.
+std::atomic<int> scale_kernel_calls{0};
+
+at::Tensor counted_scale_kernel(const at::Tensor& x) {
+  ++scale_kernel_calls;
+  return x * 2;
+}
+
+class CountedScale : public torch::autograd::Function<CountedScale> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("ckpt_test::counted_scale", "")
+                               .typed<at::Tensor(const at::Tensor&)>();
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op.call(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0] * 2};
+  }
+};
+
+at::Tensor counted_scale_autograd(const at::Tensor& x) {
+  return CountedScale::apply(x);
+}
+
+TORCH_LIBRARY(ckpt_test, m) {
+  m.def("counted_scale(Tensor x) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(ckpt_test, CPU, m) {
+  m.impl("counted_scale", counted_scale_kernel);
+}
+TORCH_LIBRARY_IMPL(ckpt_test, Autograd, m) {
+  m.impl("counted_scale", counted_scale_autograd);
+}
+
+struct Block : torch::nn::Module {
+  Block()
+      : fc1(register_module("fc1", torch::nn::Linear(16, 32))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 16))),
+        dropout(register_module("dropout", torch::nn::Dropout(0.3))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    return x + fc2(dropout(torch::gelu(fc1(torch::layer_norm(x, {16})))));
+  }
+  torch::nn::Linear fc1, fc2;
+  torch::nn::Dropout dropout;
+};
+
+struct Step {
+  at::Tensor output, input_grad;
+  std::vector<at::Tensor> grads;
+};
+
+Step run_step(const std::shared_ptr<Block>& block, const at::Tensor& input,
+              const c10::optional<ckpt::CheckpointOptions>& options) {
+  torch::manual_seed(7);
+  auto x = input.detach().requires_grad_();
+  auto y = options ? ckpt::checkpoint(*options, block, x) : block->forward(x);
+  y.square().sum().backward();
+  return {y.detach(), x.grad(), take_grads(*block)};
+}
+
+void expect_same(const Step& a, const Step& b) {
+  EXPECT_TRUE(bit_equal(a.output, b.output));
+  EXPECT_TRUE(bit_equal(a.input_grad, b.input_grad));
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(bit_equal(a.grads[i], b.grads[i])) << i;
+}
+
+TEST(SelectiveTest, EveryPolicyGivesThePlainGradientsToTheBit) {
+  torch::manual_seed(0);
+  auto block = std::make_shared<Block>();
+  const auto input = torch::randn({8, 16});
+  const Step plain = run_step(block, input, c10::nullopt);
+  expect_same(run_step(block, input, ckpt::CheckpointOptions()), plain);
+  expect_same(run_step(block, input, ckpt::CheckpointOptions().policy(ckpt::save_matmuls())),
+              plain);
+  expect_same(
+      run_step(block, input, ckpt::CheckpointOptions().policy(ckpt::save_ops({"aten::gelu"}))),
+      plain);
+  // Everything that can be kept is kept: the recompute reruns views, dropout's random draw and
+  // in-place operators only.
+  const auto keep_all =
+      ckpt::SelectivePolicy([](const ckpt::OpCall&) { return ckpt::CheckpointPolicy::PreferSave; });
+  expect_same(run_step(block, input, ckpt::CheckpointOptions().policy(keep_all)), plain);
+}
+
+TEST(SelectiveTest, ASavedOperatorsKernelRunsOncePerStep) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(8, 8);
+  auto fn = [&](const at::Tensor& x) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("ckpt_test::counted_scale", "")
+                               .typed<at::Tensor(const at::Tensor&)>();
+    return torch::tanh(op.call(linear(x)));
+  };
+  const auto input = torch::randn({4, 8}, torch::requires_grad());
+  auto kernel_calls_per_step = [&](const ckpt::CheckpointOptions& options) {
+    scale_kernel_calls = 0;
+    ckpt::checkpoint(options, fn, input).sum().backward();
+    return scale_kernel_calls.load();
+  };
+  EXPECT_EQ(kernel_calls_per_step(ckpt::CheckpointOptions()), 2);  // forward and recompute
+  EXPECT_EQ(kernel_calls_per_step(
+                ckpt::CheckpointOptions().policy(ckpt::save_ops({"ckpt_test::counted_scale"}))),
+            1);
+  EXPECT_EQ(kernel_calls_per_step(ckpt::CheckpointOptions().policy(ckpt::save_matmuls())), 2);
+}
+
+TEST(SelectiveTest, SaveMatmulsKeepsMoreThanFullRecomputeAndLessThanNone) {
+  torch::manual_seed(0);
+  torch::nn::Sequential mlp;
+  for (int i = 0; i < 4; ++i) {
+    mlp->push_back(torch::nn::Linear(256, 256));
+    mlp->push_back(torch::nn::GELU());
+    mlp->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({256})));
+  }
+  const auto input = torch::randn({64, 256}, torch::requires_grad());
+  ckpt::MemoryTracker tracker;
+  auto kept_after_forward = [&](const c10::optional<ckpt::CheckpointOptions>& options) {
+    const int64_t before = tracker.current_bytes();
+    auto y = options ? ckpt::checkpoint(*options, mlp, input) : mlp->forward(input);
+    const int64_t kept = tracker.current_bytes() - before;
+    y.sum().backward();
+    return kept;
+  };
+  const int64_t none = kept_after_forward(c10::nullopt);
+  const int64_t full = kept_after_forward(ckpt::CheckpointOptions());
+  const int64_t matmuls =
+      kept_after_forward(ckpt::CheckpointOptions().policy(ckpt::save_matmuls()));
+  const int64_t activation = 64 * 256 * 4;
+  EXPECT_EQ(full, activation);                      // the output only
+  EXPECT_EQ(matmuls, activation + 4 * activation);  // and the four matrix products
+  EXPECT_GT(none, matmuls);
+}
+
+TEST(SelectiveTest, WorksWithAutogradGradDoubleBackwardAndNesting) {
+  torch::manual_seed(0);
+  torch::nn::Linear inner(6, 6), outer(6, 6);
+  const auto policy = ckpt::CheckpointOptions().policy(ckpt::save_matmuls());
+  auto fn = [&](const at::Tensor& x) {
+    auto h = torch::tanh(outer(x));
+    return ckpt::checkpoint(
+        policy, [&](const at::Tensor& t) { return torch::sin(inner(t)); }, h);
+  };
+  const auto input = torch::randn({3, 6});
+  auto x = input.detach().requires_grad_();
+  auto plain = torch::sin(inner(torch::tanh(outer(x))));
+  auto plain_grad = torch::autograd::grad({plain.sum()}, {x}, {}, /*retain_graph=*/true,
+                                          /*create_graph=*/true)[0];
+  auto plain_second = torch::autograd::grad({plain_grad.square().sum()}, {x})[0];
+
+  auto y = input.detach().requires_grad_();
+  auto checked = ckpt::checkpoint(policy, fn, y);
+  auto grad = torch::autograd::grad({checked.sum()}, {y}, {}, /*retain_graph=*/true,
+                                    /*create_graph=*/true)[0];
+  EXPECT_TRUE(bit_equal(grad, plain_grad));
+  EXPECT_TRUE(bit_equal(torch::autograd::grad({grad.square().sum()}, {y})[0], plain_second));
+}
+
+TEST(SelectiveTest, HonouredBySequentialAndCheckpointed) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::Tanh(), torch::nn::Linear(8, 8),
+                              torch::nn::Tanh());
+  const auto input = torch::randn({4, 8});
+  auto x = input.detach().requires_grad_();
+  model->forward(x).sum().backward();
+  const auto expected = take_grads(*model);
+  const auto options = ckpt::CheckpointOptions().policy(ckpt::save_matmuls());
+  auto y = input.detach().requires_grad_();
+  ckpt::checkpoint_sequential(model, 2, y, options).sum().backward();
+  EXPECT_TRUE(bit_equal(y.grad(), x.grad()));
+  auto grads = take_grads(*model);
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(bit_equal(grads[i], expected[i]));
+
+  ckpt::Checkpointed wrapped(model, options);
+  auto z = input.detach().requires_grad_();
+  wrapped->forward(z).sum().backward();
+  EXPECT_TRUE(bit_equal(z.grad(), x.grad()));
+  grads = take_grads(*model);
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(bit_equal(grads[i], expected[i]));
+}
+
+TEST(SelectiveTest, ClearErrors) {
+  torch::nn::Linear linear(4, 4);
+  const auto x = torch::randn({2, 4}, torch::requires_grad());
+  const auto keep = [](const char* name) {
+    return ckpt::CheckpointOptions().policy(ckpt::SelectivePolicy([name](const ckpt::OpCall& c) {
+      return c.name() == name ? ckpt::CheckpointPolicy::MustSave
+                              : ckpt::CheckpointPolicy::PreferRecompute;
+    }));
+  };
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::checkpoint(
+          keep("aten::relu_"), [](const at::Tensor& t) { return (t * 2).relu_(); }, x),
+      "MustSave for aten::relu_, which writes into its arguments");
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::checkpoint(
+          keep("aten::bernoulli"),
+          [](const at::Tensor& t) { return t * torch::bernoulli(torch::ones_like(t) / 2); }, x),
+      "which draws random numbers");
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::checkpoint(ckpt::CheckpointOptions().use_reentrant(true).policy(ckpt::save_matmuls()),
+                       linear, x),
+      "needs the non-reentrant variant");
+  // A kept output changed in place later in the forward: the backward says so.
+  auto y = ckpt::checkpoint(
+      keep("aten::addmm"), [&](const at::Tensor& t) { return linear(t).mul_(3).tanh(); }, x);
+  CKPT_EXPECT_THROWS_WITH(y.sum().backward(), "was modified in place later in the forward");
+}
+
+}  // namespace
