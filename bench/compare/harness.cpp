@@ -202,9 +202,11 @@ std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig&
     row.model = config.name;
     const int s = r["segments"].get<int>();
     // Named as the C++ twins are: the default (non-reentrant) variant has no suffix.
-    const bool reentrant = r.value("reentrant", true);
-    row.method =
-        s == 0 ? "python_none" : (reentrant ? "python_sequential_reentrant" : "python_sequential");
+    const std::string variant = r.value("variant", r.value("reentrant", true) ? "reentrant" : "");
+    row.method = s == 0                   ? "python_none"
+                 : variant == "reentrant" ? "python_sequential_reentrant"
+                 : variant == "selective" ? "python_selective"
+                                          : "python_sequential";
     row.setting = s == 0 ? "-" : "segments=" + std::to_string(s);
     row.segments = s;
     row.rss_peak_bytes = r["rss_peak_bytes"].get<int64_t>();
@@ -251,6 +253,9 @@ Methods sequential_methods(const std::string& name, torch::nn::Sequential model,
                [model, s](const torch::Tensor& x) { return checkpoint_sequential(model, s, x); });
     add_method(methods, row("ckpt_sequential_reentrant", s), [model, s](const torch::Tensor& x) {
       return checkpoint_sequential(model, s, x, CheckpointOptions().use_reentrant(true));
+    });
+    add_method(methods, row("ckpt_selective", s), [model, s](const torch::Tensor& x) {
+      return checkpoint_sequential(model, s, x, CheckpointOptions().policy(save_matmuls()));
     });
   }
   for (int s = 2; every_count && s <= n; ++s) {
@@ -549,7 +554,7 @@ std::string prediction_error(const BenchRow& row) {
 std::string python_ratio(const BenchRow& row, const std::vector<BenchRow>& rows) {
   const BenchRow* twin = nullptr;
   if (row.method == "none") twin = find(rows, row.model, "python_none", 0);
-  if (row.method.rfind("ckpt_sequential", 0) == 0) {
+  if (row.method.rfind("ckpt_sequential", 0) == 0 || row.method == "ckpt_selective") {
     twin = find(rows, row.model, python_twin(row.method), row.segments);
   }
   if (!twin || twin->step_ms <= 0 || row.step_ms <= 0) return "—";

@@ -15,6 +15,7 @@ Usage: torch_checkpoint.py --config JSON --segments 2,4,8 [--steps 15] [--warmup
 """
 
 import argparse
+import functools
 import inspect
 import json
 import math
@@ -111,6 +112,21 @@ class FeedForwardHalf(nn.Module):
         return x + self.ff2(torch.nn.functional.gelu(self.ff1(self.ln2(x))))
 
 
+MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+           "aten::convolution", "aten::_convolution", "aten::mkldnn_convolution",
+           "aten::_scaled_dot_product_flash_attention_for_cpu",
+           "aten::_scaled_dot_product_efficient_attention",
+           "aten::_scaled_dot_product_flash_attention"}
+
+
+def save_matmuls(ctx, op, *args, **kwargs):
+    """The policy of ckpt::save_matmuls(): keep the outputs of matrix products, convolutions and
+    attention where they can be kept, recompute the rest."""
+    name = op._schema.name if hasattr(op, "_schema") else str(op)
+    return (tuc.CheckpointPolicy.PREFER_SAVE if name in MATMULS
+            else tuc.CheckpointPolicy.PREFER_RECOMPUTE)
+
+
 def build_model(c):
     torch.manual_seed(0)
     stages = []
@@ -191,14 +207,35 @@ def main():
         p.grad = torch.zeros_like(p)
     n = len(model)
 
-    # A setting is (segments, reentrant); segments 0 is no checkpointing.
+    # A setting is (segments, variant); segments 0 is no checkpointing. The variants: "reentrant",
+    # "non_reentrant", and "selective" (non-reentrant, keeping the matrix products' outputs as
+    # ckpt::save_matmuls() does, through create_selective_checkpoint_contexts).
     def forward(setting):
-        segments, reentrant = setting
+        segments, variant = setting
         if segments == 0:
             return model(x)
+        if variant == "selective":
+            return selective_sequential(segments)
         if not has_use_reentrant:
             return tuc.checkpoint_sequential(model, segments, x)
-        return tuc.checkpoint_sequential(model, segments, x, use_reentrant=reentrant)
+        return tuc.checkpoint_sequential(model, segments, x, use_reentrant=variant == "reentrant")
+
+    def run_stages(first, end):
+        def run(h):
+            for j in range(first, end):
+                h = model[j](h)
+            return h
+        return run
+
+    # checkpoint_sequential's segments, each a selectively checkpointed region.
+    def selective_sequential(segments):
+        size = n // segments
+        h = x
+        for first in range(0, size * (segments - 1), size):
+            h = tuc.checkpoint(run_stages(first, first + size), h, use_reentrant=False,
+                               context_fn=functools.partial(
+                                   tuc.create_selective_checkpoint_contexts, save_matmuls))
+        return run_stages(size * (segments - 1), n)(h)
 
     def step(setting):
         for p in params:
@@ -209,8 +246,10 @@ def main():
 
     has_use_reentrant = "use_reentrant" in inspect.signature(tuc.checkpoint_sequential).parameters
     segment_counts = [int(s) for s in args.segments.split(",") if s]
-    variants = [True, False] if has_use_reentrant else [True]
-    settings = [(0, True)] + [(s, r) for r in variants for s in segment_counts]
+    variants = ["reentrant", "non_reentrant"] if has_use_reentrant else ["reentrant"]
+    if hasattr(tuc, "create_selective_checkpoint_contexts"):
+        variants.append("selective")
+    settings = [(0, "reentrant")] + [(s, v) for v in variants for s in segment_counts]
     results = {}
     # Memory phase: allocations of 64 KiB or more are mmapped and returned when freed, so RSS
     # follows the live tensors (as MALLOC_MMAP_THRESHOLD_=65536 does).
@@ -241,7 +280,8 @@ def main():
     for s in settings:
         times = sorted(results[s]["times"])
         q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
-        rows.append({"segments": s[0], "reentrant": s[1], "step_ms": statistics.median(times), "iqr_ms": q[2] - q[0],
+        rows.append({"segments": s[0], "reentrant": s[1] == "reentrant", "variant": s[1],
+                     "step_ms": statistics.median(times), "iqr_ms": q[2] - q[0],
                      "rss_peak_bytes": results[s]["rss_peak_bytes"],
                      "forward_count": results[s]["forward_count"]})
     json.dump({"torch_version": torch.__version__, "threads": torch.get_num_threads(),

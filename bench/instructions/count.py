@@ -2,9 +2,9 @@
 """Instructions per training step of bench models, counted by callgrind (deterministic, unlike
 step times on a shared machine).
 
-Each method runs twice under `valgrind --tool=callgrind`, for 1 and 1 + STEPS steps (after one
-untimed step each... the first step is in both runs); the difference over STEPS is the count of
-one step, with start-up, model building and planning cancelled. Prints a markdown table with the
+Each method runs twice under `valgrind --tool=callgrind`, for 1 and 1 + STEPS steps (the first
+step, which warms LibTorch up, is in both runs); the difference over STEPS is the count of one
+step, with start-up, model building and planning cancelled. Prints a markdown table with the
 ratio of each method to `none`.
 
 usage: count.py STEP_PROGRAM MODEL METHOD... [--steps N] [--quick]

@@ -9,6 +9,7 @@
 #include "bench_models.h"
 
 #include <ckpt/planned_sequential.h>
+#include <ckpt/profiler.h>
 #include <ckpt/sequential.h>
 
 #include <torch/torch.h>
@@ -36,7 +37,12 @@ Forward method_forward(const std::string& method, torch::nn::Sequential model,
     };
   }
   if (colon != std::string::npos && kind == "planned") {
-    ckpt::PlannedSequential planned(model, ckpt::Budget::parse(value));
+    // One repeat per measurement: under callgrind every profiled step is slow, and the plan at
+    // the budgets counted here (the plain peak) does not depend on the times.
+    const auto profiler = std::make_shared<ckpt::MeasuringProfiler>(
+        ckpt::ProfileOptions().repeats(1).warmup(0).calibrate_to_step(false));
+    ckpt::PlannedSequential planned(model, ckpt::Budget::parse(value),
+                                    ckpt::PlannedSequentialOptions().profiler(profiler));
     planned->plan(sample);
     std::cerr << "schedule: " << ckpt::plan::to_string(planned->schedule()) << "\n";
     return [planned](const torch::Tensor& x) mutable { return planned->forward(x); };
