@@ -32,6 +32,10 @@ struct CheckpointOptions {
   /// of recomputing them (see `SelectivePolicy`, `save_matmuls()`, `save_ops()`). Non-reentrant
   /// variant only. Default: none (recompute everything)
   TORCH_ARG(SelectivePolicy, policy);
+  /// Record the operators the forward and the recompute run (below autograd) and raise an error
+  /// that shows both sequences, aligned at their first difference, when they differ, as
+  /// PyTorch's `debug=True` does. Costs a name per operator. Default: false
+  TORCH_ARG(bool, debug) = false;
 };
 
 /// The device type whose RNG state is preserved when the tensor arguments of a region sit on no

@@ -4,6 +4,7 @@
 #include "compat/torch_compat.h"
 #include "dispatch_mode.h"
 #include "graph.h"
+#include "op_record.h"
 #include "recompute_scope.h"
 #include "region_state.h"
 #include "selective.h"
@@ -13,6 +14,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -85,14 +87,19 @@ std::vector<at::Tensor> RegionState::run_recompute(
     const std::vector<at::Tensor>* replacement) const {
   const RecomputeScope scope(rng, autocast, modules);
   const at::AutoGradMode grad_mode(true);
-  if (!kept) return recompute(replacement);
-  ReplayMode replay(options.policy(), *kept);
+  if (!kept && !options.debug()) return recompute(replacement);
+  std::optional<ReplayMode> replay;
+  std::vector<std::string> recompute_ops;
+  RecordingMode recording(recompute_ops);
   std::vector<at::Tensor> recomputed;
   {
-    const DispatchModeGuard guard(replay);
+    std::optional<DispatchModeGuard> replay_guard, recording_guard;
+    if (kept) replay_guard.emplace(replay.emplace(options.policy(), *kept));
+    if (options.debug()) recording_guard.emplace(recording);
     recomputed = recompute(replacement);
   }
-  replay.check_all_used();
+  if (options.debug()) check_same_operators(forward_ops, recompute_ops);
+  if (replay) replay->check_all_used();
   return recomputed;
 }
 
@@ -111,6 +118,7 @@ void RegionState::release() {
   versions.clear();
   rng.reset();
   kept.reset();
+  forward_ops.clear();
 }
 
 Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
@@ -146,9 +154,14 @@ Region::~Region() = default;
 Region::ForwardScope::ForwardScope(Region& region)
     : grad_mode_(!region.state_->options.use_reentrant()) {
   RegionState& state = *region.state_;
-  if (!state.kept) return;
-  caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept);
-  guard_ = std::make_unique<DispatchModeGuard>(*caching_);
+  if (state.kept) {
+    caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept);
+    caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
+  }
+  if (state.options.debug()) {
+    recording_ = std::make_unique<RecordingMode>(state.forward_ops);
+    recording_guard_ = std::make_unique<DispatchModeGuard>(*recording_);
+  }
 }
 
 Region::ForwardScope::~ForwardScope() = default;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace ckpt {
@@ -44,7 +45,8 @@ struct RegionState {
   std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
   std::vector<size_t> connected;    // which outputs feed the backward node, by its input number
   RecomputeFn recompute;
-  std::unique_ptr<KeptOutputs> kept;  // with a selective policy: what the forward kept
+  std::unique_ptr<KeptOutputs> kept;     // with a selective policy: what the forward kept
+  std::vector<std::string> forward_ops;  // with debug: the operators the forward ran
   bool released = false;
 
   /// Raises an error when an input or a parameter the region reads was modified in place since

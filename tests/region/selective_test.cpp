@@ -231,3 +231,44 @@ TEST(SelectiveTest, ClearErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+// CheckpointOptions().debug(true): a recompute that runs other operators than the forward stops
+// with both sequences side by side; one that runs the same passes and changes nothing.
+TEST(CheckpointDebugTest, ShowsBothOperatorSequencesWhereTheyPart) {
+  torch::nn::Linear linear(4, 4);
+  const auto x = torch::randn({2, 4}, torch::requires_grad());
+  int calls = 0;
+  auto branching = [&](const at::Tensor& t) {
+    auto h = torch::tanh(linear(t));
+    return ++calls == 1 ? h.sin() : h.cos();  // same shapes: only the operators tell
+  };
+  for (const bool reentrant : {false, true}) {
+    calls = 0;
+    const auto options = ckpt::CheckpointOptions().debug(true).use_reentrant(reentrant);
+    auto y = ckpt::checkpoint(options, branching, x);
+    try {
+      y.sum().backward();
+      ADD_FAILURE() << "expected the debug error";
+    } catch (const c10::Error& e) {
+      const std::string message = e.what_without_backtrace();
+      EXPECT_NE(message.find("ran other operators than its forward, from operator #3"),
+                std::string::npos)
+          << message;
+      EXPECT_NE(message.find("> #3"), std::string::npos) << message;
+      EXPECT_NE(message.find("aten::sin"), std::string::npos) << message;
+      EXPECT_NE(message.find("aten::cos"), std::string::npos) << message;
+    }
+  }
+  auto plain = ckpt::checkpoint(
+      ckpt::CheckpointOptions().debug(true).policy(ckpt::save_matmuls()),
+      [&](const at::Tensor& t) { return torch::tanh(linear(t)); }, x);
+  plain.sum().backward();
+  const auto grad = x.grad().clone();
+  x.mutable_grad() = at::Tensor();
+  torch::tanh(linear(x)).sum().backward();
+  EXPECT_TRUE(bit_equal(grad, x.grad()));
+}
+
+}  // namespace

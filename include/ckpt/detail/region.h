@@ -40,6 +40,7 @@ using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::
 struct RegionState;
 class RegionMarker;
 class CachingMode;
+class RecordingMode;
 class DispatchModeGuard;
 
 /// One checkpointed call. Construct it just before running the function (it stashes the RNG and
@@ -68,7 +69,9 @@ class Region {
    private:
     at::AutoGradMode grad_mode_;
     std::unique_ptr<CachingMode> caching_;
-    std::unique_ptr<DispatchModeGuard> guard_;
+    std::unique_ptr<DispatchModeGuard> caching_guard_;
+    std::unique_ptr<RecordingMode> recording_;  // innermost: it sees the calls the cache answers
+    std::unique_ptr<DispatchModeGuard> recording_guard_;
   };
 
   /// Connects the forward's output tensors to the region's backward node, drops the region's
