@@ -12,9 +12,15 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <optional>
+#include <string>
 
 namespace ckpt {
 namespace detail {
+
+/// An operator's name as errors show it: "aten::addmm", "aten::mul.Tensor".
+inline std::string operator_label(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
 
 class DispatchMode {
  public:

@@ -10,8 +10,7 @@ namespace ckpt {
 namespace detail {
 
 void RecordingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::OperatorName& name = op.operator_name();
-  names_.push_back(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
+  names_.push_back(operator_label(op.operator_name()));
   run(op, stack);
 }
 

@@ -12,10 +12,6 @@ namespace ckpt {
 namespace detail {
 namespace {
 
-std::string op_name(const c10::OperatorName& name) {
-  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-}
-
 // Why the outputs of `op` cannot be kept, or nullptr when they can.
 const char* cannot_keep(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
@@ -43,7 +39,7 @@ Keep keeps_outputs(const SelectivePolicy& policy, const c10::OperatorHandle& op,
   if (reason == nullptr) return decision == CheckpointPolicy::MustSave ? Keep::Must : Keep::Prefer;
   TORCH_CHECK(decision != CheckpointPolicy::MustSave,
               "ckpt::checkpoint: the selective policy says MustSave for ",
-              op_name(schema.operator_name()), ", ", reason,
+              operator_label(schema.operator_name()), ", ", reason,
               ", so its outputs cannot be kept. Return PreferSave to recompute it, or "
               "MustRecompute.");
   return Keep::No;
@@ -104,7 +100,7 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
     run(op, stack);
     return;
   }
-  const std::string name = op_name(op.operator_name());
+  const std::string name = operator_label(op.operator_name());
   TORCH_CHECK(next_ < kept_.entries.size(),
               "ckpt::checkpoint: the recompute of a selectively checkpointed region called ", name,
               " after the ", kept_.entries.size(),
@@ -112,8 +108,8 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
               "when it runs again, and the policy must decide the same way for them.");
   const KeptOutputs::Entry& entry = kept_.entries[next_++];
   TORCH_CHECK(entry.op == op.operator_name(), "ckpt::checkpoint: the recompute of a selectively ",
-              "checkpointed region called ", name, " where its forward called ", op_name(entry.op),
-              " (kept call #", next_ - 1,
+              "checkpointed region called ", name, " where its forward called ",
+              operator_label(entry.op), " (kept call #", next_ - 1,
               "). The function must run the same operators when it runs again.");
   if (!unchanged(entry)) {  // modified in place later in the forward: the kept value is stale
     TORCH_CHECK(!entry.must, "ckpt::checkpoint: an output of ", name,
