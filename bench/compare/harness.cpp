@@ -318,7 +318,6 @@ void add_planned_method(Methods& methods, const std::string& name, torch::nn::Se
   row.solver_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   row.predicted_peak_bytes = planned->prediction().peak_bytes - input_bytes;
-  row.predicted_step_ms = planned->prediction().time * 1e3;
   row.predicted_overhead = planned->prediction().time / plain_time;
   row.forward_count = planned->prediction().forward_count;
   add_method(methods, row,
@@ -346,7 +345,6 @@ void add_predicted_optimum(Methods& methods, const std::string& name, const plan
     row.peak_bytes = -1;
     row.step_ms = -1;
     row.predicted_peak_bytes = predicted.peak_bytes - input_bytes;
-    row.predicted_step_ms = predicted.time * 1e3;
     row.predicted_overhead = predicted.time / plain_time;
     row.overhead = row.predicted_overhead;
     row.memory_ratio =

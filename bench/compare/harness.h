@@ -45,7 +45,7 @@ struct BenchRow {
   double rss_memory_ratio = 0;  // rss_peak_bytes / the same language's "none" RSS peak
   // Planned and "predicted_optimum" rows: the simulator's step time from the profile over the
   // plain chain's (predicted_overhead), and that times the measured plain step of the same timing
-  // phase (predicted_step_ms; the simulator's own time before timing).
+  // phase (predicted_step_ms, set with the ratios once every method is timed).
   double predicted_step_ms = -1;
   double predicted_overhead = 0;
   double step_iqr_ms = 0;  // interquartile range of the timed steps

@@ -200,8 +200,8 @@ void run_plain_step(const std::vector<torch::nn::AnyModule>& stages,
 
 // Scales the chain's times so that its plain step, as the simulator predicts it, takes the median
 // measured plain step. Stages timed one by one miss what a step shares between them (warm caches,
-// the allocator's free lists) and add what isolating each of them costs: by 0.9x to 1.4x on the
-// bench models. One factor for the whole chain leaves every plan as it was.
+// the allocator's free lists) and add what isolating each of them costs. One factor for the whole
+// chain leaves every plan as it was.
 plan::Chain calibrated_to_step(plan::Chain chain, const std::vector<torch::nn::AnyModule>& stages,
                                const at::Tensor& sample_input, const ProfileOptions& options) {
   const GradientBuffers grads(modules_of(stages));

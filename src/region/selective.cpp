@@ -3,8 +3,6 @@
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
 
-#include <algorithm>
-#include <sstream>
 #include <string>
 #include <unordered_set>
 
@@ -58,21 +56,16 @@ at::Tensor alias(const at::Tensor& tensor) {
   return tensor.defined() ? tensor.variable_data() : tensor;
 }
 
-c10::IValue kept_value(const c10::IValue& value) {
-  if (value.isTensor()) return alias(value.toTensor());
+// `value` with every tensor in it (a tensor or a list of tensors) replaced by `map(tensor)`.
+template <class Map>
+c10::IValue map_tensors(const c10::IValue& value, Map map) {
+  if (value.isTensor()) return map(value.toTensor());
   if (value.isTensorList()) {
     c10::List<at::Tensor> list;
-    for (const at::Tensor& t : value.toTensorList().vec()) list.push_back(alias(t));
+    for (const at::Tensor& t : value.toTensorList().vec()) list.push_back(map(t));
     return list;
   }
   return value;
-}
-
-void for_each_tensor(const c10::IValue& value, const std::function<void(const at::Tensor&)>& fn) {
-  if (value.isTensor()) fn(value.toTensor());
-  if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList().vec()) fn(t);
-  }
 }
 
 }  // namespace
@@ -84,13 +77,13 @@ void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* sta
   KeptOutputs::Entry entry{op.operator_name(), keep == Keep::Must, {}, {}, {}};
   const size_t count = op.schema().returns().size();
   for (size_t i = stack->size() - count; i < stack->size(); ++i) {
-    const c10::IValue& value = (*stack)[i];
-    entry.returns.push_back(kept_value(value));
-    for_each_tensor(value, [&](const at::Tensor& t) {
-      if (!t.defined() || !t.unsafeGetTensorImpl()->version_counter().enabled()) return;
-      entry.counters.push_back(t.unsafeGetTensorImpl()->version_counter());
-      entry.versions.push_back(t._version());
-    });
+    entry.returns.push_back(map_tensors((*stack)[i], [&](const at::Tensor& t) {
+      if (t.defined() && t.unsafeGetTensorImpl()->version_counter().enabled()) {
+        entry.counters.push_back(t.unsafeGetTensorImpl()->version_counter());
+        entry.versions.push_back(t._version());
+      }
+      return alias(t);
+    }));
   }
   kept_.entries.push_back(std::move(entry));
 }
@@ -122,7 +115,7 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
     return;
   }
   torch::jit::drop(*stack, op.schema().arguments().size());
-  for (const c10::IValue& value : entry.returns) stack->push_back(kept_value(value));
+  for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, alias));
 }
 
 void ReplayMode::check_all_used() const {

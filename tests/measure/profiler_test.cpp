@@ -63,9 +63,10 @@ TEST(ProfilerTest, LeavesTheGradientOfATiedWeightAsItWas) {
   EXPECT_TRUE(torch::equal(shared->weight.grad(), grad_before));
 }
 
-// Calibrating to a measured step scales the times only: every size is what the uncalibrated
-// profile measures, and each stage keeps its times' proportions up to timing noise.
-TEST(ProfilerTest, CalibrationScalesTimesAndLeavesSizes) {
+// Calibrating to a measured step touches the times only: every size is what the uncalibrated
+// profile measures. (That the times scale by one factor is plan::scale_times', tested in
+// ChainTest; the factor itself is a wall-clock ratio, not testable here.)
+TEST(ProfilerTest, CalibrationLeavesSizesAlone) {
   torch::manual_seed(0);
   std::vector<torch::nn::AnyModule> stages = {torch::nn::AnyModule(torch::nn::Linear(32, 64)),
                                               torch::nn::AnyModule(torch::nn::GELU()),
