@@ -49,9 +49,13 @@ struct OpCall {
 ///   - views (their outputs alias their inputs, so a kept one would alias the forward's input);
 ///   - random operators (skipping one in the recompute would shift the random stream that the
 ///     operators after it replay).
-/// An output that is modified in place later in the forward no longer holds what the operator
-/// computed: the recompute runs that operator again under `PreferSave`, and raises an error under
-/// `MustSave`.
+/// An operator that writes in place into the data of a kept output later in the forward (through
+/// the output, a view of it, or an alias autograd does not track, as Linear's bias add does on
+/// 3-d input) makes the region keep a copy taken before the write, so the kept value stays the
+/// one the operator computed. A kept output whose data the recompute writes into is used by that
+/// backward only: a second backward through the region (retain_graph) runs the operator again.
+/// One changed after the forward, where ckpt cannot see it, is recomputed under `PreferSave` and
+/// an error under `MustSave`.
 ///
 /// Example:
 /// ```

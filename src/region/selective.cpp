@@ -3,6 +3,7 @@
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_set>
 
@@ -44,8 +45,9 @@ Keep keeps_outputs(const SelectivePolicy& policy, const c10::OperatorHandle& op,
 }
 
 bool unchanged(const KeptOutputs::Entry& entry) {
-  for (size_t i = 0; i < entry.counters.size(); ++i) {
-    if (entry.counters[i].current_version() != entry.versions[i]) return false;
+  if (entry.stale) return false;
+  for (const KeptOutputs::Watch& watch : entry.watches) {
+    if (watch.checked && watch.counter.current_version() != watch.version) return false;
   }
   return true;
 }
@@ -54,6 +56,11 @@ bool unchanged(const KeptOutputs::Entry& entry) {
 // mode, gives the one handed out a history; the kept one must not hold the forward's graph).
 at::Tensor alias(const at::Tensor& tensor) {
   return tensor.defined() ? tensor.variable_data() : tensor;
+}
+
+const c10::StorageImpl* storage_of(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl()
+                                                  : nullptr;
 }
 
 // `value` with every tensor in it (a tensor or a list of tensors) replaced by `map(tensor)`.
@@ -68,27 +75,75 @@ c10::IValue map_tensors(const c10::IValue& value, Map map) {
   return value;
 }
 
+// The data an operator is about to write into: the storages of its arguments marked as written
+// in its schema (in place and out= arguments).
+std::vector<const c10::StorageImpl*> written_storages(const c10::OperatorHandle& op,
+                                                      const torch::jit::Stack& stack) {
+  std::vector<const c10::StorageImpl*> written;
+  const auto& arguments = op.schema().arguments();
+  const size_t first = stack.size() - arguments.size();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::AliasInfo* info = arguments[i].alias_info();
+    if (info == nullptr || !info->isWrite()) continue;
+    map_tensors(stack[first + i], [&](const at::Tensor& t) {
+      if (const c10::StorageImpl* storage = storage_of(t)) written.push_back(storage);
+      return t;
+    });
+  }
+  return written;
+}
+
+bool contains(const std::vector<const c10::StorageImpl*>& storages,
+              const c10::StorageImpl* storage) {
+  return storage != nullptr &&
+         std::find(storages.begin(), storages.end(), storage) != storages.end();
+}
+
 }  // namespace
 
 void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (op.schema().is_mutable()) copy_before_write(written_storages(op, *stack));
   const Keep keep = keeps_outputs(policy_, op, *stack);
   run(op, stack);
   if (keep == Keep::No) return;
-  KeptOutputs::Entry entry{op.operator_name(), keep == Keep::Must, {}, {}, {}};
+  KeptOutputs::Entry entry{op.operator_name(), keep == Keep::Must, {}, {}, false};
   const size_t count = op.schema().returns().size();
   for (size_t i = stack->size() - count; i < stack->size(); ++i) {
     entry.returns.push_back(map_tensors((*stack)[i], [&](const at::Tensor& t) {
+      KeptOutputs::Watch watch;
+      watch.storage = storage_of(t);
       if (t.defined() && t.unsafeGetTensorImpl()->version_counter().enabled()) {
-        entry.counters.push_back(t.unsafeGetTensorImpl()->version_counter());
-        entry.versions.push_back(t._version());
+        watch.counter = t.unsafeGetTensorImpl()->version_counter();
+        watch.version = t._version();
+        watch.checked = true;
       }
+      entry.watches.push_back(watch);
       return alias(t);
     }));
   }
   kept_.entries.push_back(std::move(entry));
 }
 
+// Each kept tensor whose data is about to be written becomes a copy the entry owns alone.
+void CachingMode::copy_before_write(const std::vector<const c10::StorageImpl*>& written) {
+  if (written.empty()) return;
+  for (KeptOutputs::Entry& entry : kept_.entries) {
+    size_t k = 0;
+    for (c10::IValue& value : entry.returns) {
+      value = map_tensors(value, [&](const at::Tensor& t) {
+        KeptOutputs::Watch& watch = entry.watches[k++];
+        if (!contains(written, watch.storage)) return t;
+        watch = KeptOutputs::Watch{};
+        at::Tensor copy = t.clone(at::MemoryFormat::Preserve);
+        watch.storage = storage_of(copy);
+        return copy;
+      });
+    }
+  }
+}
+
 void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (op.schema().is_mutable()) mark_written(written_storages(op, *stack));
   if (keeps_outputs(policy_, op, *stack) == Keep::No) {
     run(op, stack);
     return;
@@ -99,15 +154,18 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
               " after the ", kept_.entries.size(),
               " kept calls of its forward were used up. The function must run the same operators "
               "when it runs again, and the policy must decide the same way for them.");
-  const KeptOutputs::Entry& entry = kept_.entries[next_++];
+  KeptOutputs::Entry& entry = kept_.entries[next_++];
   TORCH_CHECK(entry.op == op.operator_name(), "ckpt::checkpoint: the recompute of a selectively ",
               "checkpointed region called ", name, " where its forward called ",
               operator_label(entry.op), " (kept call #", next_ - 1,
               "). The function must run the same operators when it runs again.");
-  if (!unchanged(entry)) {  // modified in place later in the forward: the kept value is stale
-    TORCH_CHECK(!entry.must, "ckpt::checkpoint: an output of ", name,
-                " that the selective policy keeps (MustSave) was modified in place later in the "
-                "forward, so the kept value is not the one the operator computed. Recompute ",
+  if (!unchanged(entry)) {
+    // Modified in place after the forward kept it (by the caller, or by an earlier recompute
+    // that was handed it): the kept value is stale.
+    TORCH_CHECK(entry.stale || !entry.must, "ckpt::checkpoint: an output of ", name,
+                " that the selective policy keeps (MustSave) was modified in place after the "
+                "forward kept it, so the kept value is not the one the operator computed. "
+                "Recompute ",
                 name,
                 " (MustRecompute or PreferSave), or make the in-place operation out of "
                 "place.");
@@ -116,6 +174,18 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
   }
   torch::jit::drop(*stack, op.schema().arguments().size());
   for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, alias));
+  handed_out_.push_back(next_ - 1);
+}
+
+// The recompute writes into kept data it was handed (Linear's bias add into the kept product):
+// this backward is fine, a later recompute of the same region must run those operators.
+void ReplayMode::mark_written(const std::vector<const c10::StorageImpl*>& written) {
+  for (size_t index : handed_out_) {
+    KeptOutputs::Entry& entry = kept_.entries[index];
+    for (const KeptOutputs::Watch& watch : entry.watches) {
+      if (contains(written, watch.storage)) entry.stale = true;
+    }
+  }
 }
 
 void ReplayMode::check_all_used() const {

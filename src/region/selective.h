@@ -20,19 +20,31 @@ namespace detail {
 
 /// The outputs one region kept, in the order its forward produced them.
 struct KeptOutputs {
+  /// One tensor of an entry's outputs, and what could change it behind the entry's back.
+  struct Watch {
+    const c10::StorageImpl* storage = nullptr;  // its data (null: undefined or no storage)
+    // The kernel's output tensor's version counter and its version when kept (checked: false
+    // for a copy the entry owns alone).
+    c10::VariableVersion counter{c10::VariableVersion::DISABLED};
+    uint32_t version = 0;
+    bool checked = false;
+  };
   struct Entry {
     c10::OperatorName op;
     bool must = false;                 // MustSave (PreferSave falls back to recomputing)
     std::vector<c10::IValue> returns;  // tensors as fresh aliases, without autograd history
-    // The version counters of the kernel's output tensors, and their versions when kept: an
-    // in-place change later in the forward would make the kept value a different one.
-    std::vector<c10::VariableVersion> counters;
-    std::vector<uint32_t> versions;
+    std::vector<Watch> watches;        // one per tensor of `returns`, in traversal order
+    // A recompute handed these outputs out and then wrote into them in place: a later recompute
+    // (a second backward) runs the operator instead.
+    bool stale = false;
   };
   std::vector<Entry> entries;
 };
 
-/// Keeps the outputs the policy saves (the region's forward).
+/// Keeps the outputs the policy saves (the region's forward). An operator that writes in place
+/// into the data of a kept output (a view of it, or an alias autograd does not track such as
+/// `aten::_unsafe_view`'s, which Linear's bias add writes into) makes the entry keep a copy taken
+/// before the write.
 class CachingMode : public DispatchMode {
  public:
   CachingMode(SelectivePolicy policy, KeptOutputs& kept)
@@ -40,6 +52,8 @@ class CachingMode : public DispatchMode {
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
 
  private:
+  void copy_before_write(const std::vector<const c10::StorageImpl*>& written);
+
   SelectivePolicy policy_;
   KeptOutputs& kept_;
 };
@@ -47,16 +61,18 @@ class CachingMode : public DispatchMode {
 /// Hands the kept outputs back in the same order (the recompute), and runs everything else.
 class ReplayMode : public DispatchMode {
  public:
-  ReplayMode(SelectivePolicy policy, const KeptOutputs& kept)
-      : policy_(std::move(policy)), kept_(kept) {}
+  ReplayMode(SelectivePolicy policy, KeptOutputs& kept) : policy_(std::move(policy)), kept_(kept) {}
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
   /// Raises an error when the recompute used fewer kept outputs than the forward kept.
   void check_all_used() const;
 
  private:
+  void mark_written(const std::vector<const c10::StorageImpl*>& written);
+
   SelectivePolicy policy_;
-  const KeptOutputs& kept_;
+  KeptOutputs& kept_;
   size_t next_ = 0;
+  std::vector<size_t> handed_out_;  // entries whose outputs this recompute handed out
 };
 
 }  // namespace detail
