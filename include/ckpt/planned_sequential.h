@@ -32,7 +32,10 @@ class PlannedSequential : public torch::nn::ModuleHolder<PlannedSequentialImpl> 
 
  private:
   static PlannedSequentialOptions with_measuring_profiler(PlannedSequentialOptions options) {
-    if (!options.profiler()) options.profiler(std::make_shared<MeasuringProfiler>());
+    if (!options.profiler()) {
+      options.profiler(std::make_shared<MeasuringProfiler>(
+          ProfileOptions().selective_option(options.selective_policy())));
+    }
     return options;
   }
 };

@@ -2,6 +2,7 @@
 
 #include <ckpt/execute/planned_sequential_impl.h>
 #include <ckpt/plan/chain.h>
+#include <ckpt/selective.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -22,6 +23,11 @@ struct ProfileOptions {
   /// the forward and recomputes in its backward, and offer it to the planner as storage option
   /// 1 where it keeps less. Default: true
   TORCH_ARG(bool, checkpointed_option) = true;
+  /// Also measure each stage run as a checkpointed region under this selective policy, which
+  /// keeps its output and what the policy saves and recomputes the rest, and offer it to the
+  /// planner as the storage option named "selective" where it keeps less than the plain stage.
+  /// An empty policy offers none. Default: `save_matmuls()`
+  TORCH_ARG(SelectivePolicy, selective_option) = save_matmuls();
   /// Scale every stage's times by one factor, so that the plain chain's predicted step equals
   /// the median of `repeats` measured plain training steps of the whole chain. Stages timed one
   /// by one miss what a step shares between them and add what isolating each costs; the factor
@@ -32,9 +38,9 @@ struct ProfileOptions {
 /// Measures each stage of a chain on a sample input: forward and backward time (median, seconds)
 /// and the sizes of the planner's memory model (input, output, what a grad-enabled forward keeps,
 /// forward temporaries of each forward mode, backward temporaries), counted by the counting
-/// allocator. With `checkpointed_option`, a stage also gets storage option 1 (the stage as a
-/// checkpointed region), which `PlannedSequential` knows how to run. Buffers (BatchNorm
-/// statistics) and the RNG state are left as they were.
+/// allocator. With `checkpointed_option` and `selective_option`, a stage also gets the storage
+/// options named "checkpointed" and "selective", which `PlannedSequential` knows how to run.
+/// Buffers (BatchNorm statistics) and the RNG state are left as they were.
 ///
 /// Example:
 /// ```

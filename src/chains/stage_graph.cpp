@@ -13,15 +13,15 @@ namespace ckpt {
 namespace detail {
 
 StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
-                       bool input_requires_grad, bool checkpointed) {
+                       bool input_requires_grad, const CheckpointOptions* region) {
   const at::AutoGradMode grad_mode(true);
   leaf_ = input.detach();
   if (input_requires_grad) leaf_.requires_grad_(true);
   const RegionMarker marker;
-  if (checkpointed) {
+  if (region != nullptr) {
     auto module = stage;
     output_ = checkpoint_modules(
-        CheckpointOptions(), {module.ptr()},
+        *region, {module.ptr()},
         [module](const at::Tensor& x) mutable { return module.forward<at::Tensor>(x); }, leaf_);
   } else {
     output_ = stage.forward<at::Tensor>(leaf_);

@@ -3,6 +3,8 @@
 // One stage of a chain run with grad on, with its autograd graph kept apart from everything
 // before it, so that its backward can be run on its own (the executor's Fall and B operations).
 
+#include <ckpt/options.h>
+
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/modules/container/any.h>
@@ -13,11 +15,12 @@ namespace detail {
 class StageGraph {
  public:
   /// Runs `stage` on a detached alias of `input` (a leaf that requires grad when
-  /// `input_requires_grad`) and keeps the graph. With `checkpointed` the stage runs as a
-  /// checkpointed region: the graph keeps only its output, and its backward recomputes it
-  /// (storage option 1 of the planner).
+  /// `input_requires_grad`) and keeps the graph. With `region` the stage runs as a checkpointed
+  /// region with those options: the graph keeps its output (and what a selective policy saves),
+  /// and its backward recomputes the rest (the planner's "checkpointed" and "selective" storage
+  /// options).
   StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input, bool input_requires_grad,
-             bool checkpointed = false);
+             const CheckpointOptions* region = nullptr);
 
   const at::Tensor& output() const { return output_; }
 

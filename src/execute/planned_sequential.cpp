@@ -139,6 +139,9 @@ void PlannedSequentialImpl::check_profile(const plan::Chain& profile) const {
 // measured (or predicted from this profile), so it fits, even where the model of a stage's
 // temporaries would predict more.
 void PlannedSequentialImpl::solve(const plan::Chain& profile, int64_t no_checkpoint_peak_bytes) {
+  // First, so that a profile with an option the executor cannot run fails whatever the budget.
+  auto regions = std::make_shared<const detail::StorageRegions>(
+      detail::storage_regions(profile, options.selective_policy()));
   plan::OptimalOptions optimal;
   optimal.slots = options.slots();
   const int64_t minimum = plan::min_feasible_budget_bytes(profile, optimal);
@@ -173,6 +176,7 @@ void PlannedSequentialImpl::solve(const plan::Chain& profile, int64_t no_checkpo
               "ckpt::PlannedSequential: the ", options.solver(), " schedule needs ",
               prediction.peak_bytes, " bytes, more than the budget of ", budget_bytes,
               " bytes. Raise the budget or use the optimal solver.");
+  regions_ = std::move(regions);
   profile_ = profile;
   schedule_ = std::move(schedule);
   prediction_ = std::move(prediction);
@@ -197,7 +201,7 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
     for (auto& stage : stages_) x = stage.forward<torch::Tensor>(x);
     return x;
   }
-  auto runner = std::make_shared<detail::ScheduleRunner>(stages_, schedule_,
+  auto runner = std::make_shared<detail::ScheduleRunner>(stages_, schedule_, regions_,
                                                          options.preserve_rng_state(), observer_);
   torch::Tensor output = runner->forward(input);
   torch::autograd::edge_list next;

@@ -61,10 +61,38 @@ class OpScope {
 
 }  // namespace
 
+StorageRegions storage_regions(const plan::Chain& profile, const SelectivePolicy& selective) {
+  StorageRegions regions;
+  regions.of_stage.resize(profile.stages.size());
+  for (size_t i = 0; i < profile.stages.size(); ++i) {
+    auto& options = regions.of_stage[i];
+    options.emplace_back();  // option 0: the plain stage
+    for (const plan::StorageOption& option : profile.stages[i].alternatives) {
+      if (option.name == "checkpointed") {
+        options.emplace_back(CheckpointOptions());
+      } else if (option.name == "selective") {
+        TORCH_CHECK(static_cast<bool>(selective), "ckpt::PlannedSequential: stage ", i,
+                    " of the profile has a \"selective\" storage option, but "
+                    "PlannedSequentialOptions().selective_policy is empty. Set the policy the "
+                    "profile was measured with.");
+        options.emplace_back(CheckpointOptions().policy(selective));
+      } else {
+        TORCH_CHECK(false, "ckpt::PlannedSequential: storage option ", options.size(), " of stage ",
+                    i, " is named \"", option.name,
+                    "\", which it cannot run. Name the options of a profile \"checkpointed\" or "
+                    "\"selective\" (what ckpt::profile_chain measures).");
+      }
+    }
+  }
+  return regions;
+}
+
 ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::Schedule schedule,
+                               std::shared_ptr<const StorageRegions> regions,
                                bool preserve_rng_state, std::shared_ptr<ExecutionObserver> observer)
     : stages_(std::move(stages)),
       schedule_(std::move(schedule)),
+      regions_(std::move(regions)),
       loss_index_(schedule_.ops.size()),
       preserve_rng_state_(preserve_rng_state),
       observer_(std::move(observer)) {
@@ -156,8 +184,8 @@ void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {
 
   if (op.kind == OpKind::ForwardAll) {
     const bool needs_grad = i > 0 ? is_differentiable(input) : input_requires_grad_;
-    // Option 1 of a stage is the stage run as a checkpointed region (see profile_chain).
-    graphs_[i].emplace(stages_[i], input, needs_grad, /*checkpointed=*/op.option == 1);
+    const auto& region = regions_->of_stage[i].at(static_cast<size_t>(op.option));
+    graphs_[i].emplace(stages_[i], input, needs_grad, region ? &*region : nullptr);
     return;
   }
   at::Tensor output;

@@ -16,6 +16,7 @@
 #include <torch/nn/modules/container/any.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,10 +24,21 @@
 namespace ckpt {
 namespace detail {
 
+/// How stage i runs `forward_all` with storage option k: `of_stage[i][k]` holds the options of
+/// the checkpointed region it runs as, or nothing for the plain stage (option 0).
+struct StorageRegions {
+  std::vector<std::vector<std::optional<CheckpointOptions>>> of_stage;
+};
+
+/// The regions of every storage option of `profile`, from their names ("checkpointed",
+/// "selective"); an option with another name is an error.
+StorageRegions storage_regions(const plan::Chain& profile, const SelectivePolicy& selective);
+
 class ScheduleRunner {
  public:
   ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::Schedule schedule,
-                 bool preserve_rng_state, std::shared_ptr<ExecutionObserver> observer);
+                 std::shared_ptr<const StorageRegions> regions, bool preserve_rng_state,
+                 std::shared_ptr<ExecutionObserver> observer);
 
   /// Runs the operations before the loss and returns the chain's output (x_L).
   at::Tensor forward(const at::Tensor& input);
@@ -44,6 +56,7 @@ class ScheduleRunner {
 
   std::vector<torch::nn::AnyModule> stages_;
   plan::Schedule schedule_;
+  std::shared_ptr<const StorageRegions> regions_;
   size_t loss_index_;
   bool preserve_rng_state_;
   std::shared_ptr<ExecutionObserver> observer_;

@@ -102,7 +102,7 @@ class GradientBuffers {
 // option of the planner. The forward's temporaries are above what it keeps; the backward's are
 // above its inputs and the input gradient it produces.
 plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::Tensor& x,
-                                         bool input_grad, bool checkpointed,
+                                         bool input_grad, const CheckpointOptions* region,
                                          const ProfileOptions& options, MemoryTracker& tracker) {
   const c10::Device device = x.device();
   std::vector<double> forward_times, backward_times;
@@ -112,7 +112,7 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::
     const int64_t before = tracker.current_bytes();
     compat::synchronize(device);
     auto start = Clock::now();
-    detail::StageGraph graph(stage, x, input_grad, checkpointed);
+    detail::StageGraph graph(stage, x, input_grad, region);
     const double forward_time = seconds_since(start, device);
     saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
     forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
@@ -131,8 +131,12 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::
       backward_times.push_back(backward_time);
     }
   }
-  return plan::StorageOption{median(forward_times), median(backward_times), saved,
-                             std::max<int64_t>(forward_tmp, 0), std::max<int64_t>(backward_tmp, 0)};
+  return plan::StorageOption{median(forward_times),
+                             median(backward_times),
+                             saved,
+                             std::max<int64_t>(forward_tmp, 0),
+                             std::max<int64_t>(backward_tmp, 0),
+                             /*name=*/{}};
 }
 
 struct NoGradForward {
@@ -253,13 +257,24 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
     const bool input_grad = i > 0 ? is_differentiable(x) : sample_input.requires_grad();
     plan::Stage measured{};
     const plan::StorageOption full =
-        measure_full_storage(stage, x, input_grad, false, options, tracker);
+        measure_full_storage(stage, x, input_grad, nullptr, options, tracker);
+    // A region option is worth offering only where it keeps less than the plain stage, and the
+    // selective one only where its policy keeps something more than the checkpointed one.
+    int64_t checkpointed_saved = -1;
+    auto offer = [&](const CheckpointOptions& region, const char* name) {
+      plan::StorageOption option =
+          measure_full_storage(stage, x, input_grad, &region, options, tracker);
+      option.name = name;
+      const bool useful =
+          option.saved_bytes < full.saved_bytes && option.saved_bytes > checkpointed_saved;
+      if (useful) measured.alternatives.push_back(option);
+      return option.saved_bytes;
+    };
     if (options.checkpointed_option()) {
-      const plan::StorageOption checkpointed =
-          measure_full_storage(stage, x, input_grad, true, options, tracker);
-      // Worth offering only where it keeps less than running the stage plainly.
-      if (checkpointed.saved_bytes < full.saved_bytes)
-        measured.alternatives.push_back(checkpointed);
+      checkpointed_saved = offer(CheckpointOptions(), "checkpointed");
+    }
+    if (options.selective_option()) {
+      offer(CheckpointOptions().policy(options.selective_option()), "selective");
     }
     const NoGradForward no_grad = measure_no_grad_forward(stage, x, options, tracker);
     const at::Tensor& output = no_grad.output;

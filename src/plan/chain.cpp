@@ -50,9 +50,12 @@ StorageOption Stage::option(int k) const {
                                 ". Use an option listed by option_count().");
   }
   if (k == 0) {
-    return StorageOption{
-        forward_all_time >= 0 ? forward_all_time : forward_time, backward_time, saved_bytes,
-        forward_all_tmp_bytes >= 0 ? forward_all_tmp_bytes : forward_tmp_bytes, backward_tmp_bytes};
+    return StorageOption{forward_all_time >= 0 ? forward_all_time : forward_time,
+                         backward_time,
+                         saved_bytes,
+                         forward_all_tmp_bytes >= 0 ? forward_all_tmp_bytes : forward_tmp_bytes,
+                         backward_tmp_bytes,
+                         /*name=*/{}};
   }
   return alternatives[static_cast<size_t>(k - 1)];
 }

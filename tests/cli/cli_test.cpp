@@ -416,6 +416,36 @@ TEST(Cli, TrainTinyPlannedRunHasIdenticalLossCurves) {
   EXPECT_GT(summary["checkpointed"]["budget_bytes"].get<int64_t>(), 0);
 }
 
+// Selective checkpointing per block (issue 9): the same losses, less memory than no checkpointing
+// and more than full recomputation; the planner's profile offers the "selective" option.
+TEST(Cli, TrainSelectiveKeepsMatrixProductsBetweenNoneAndFullRecompute) {
+  const std::string selective_path = work_path("tiny_selective.json");
+  const std::string full_path = work_path("tiny_full.json");
+  const Result selective =
+      run(kTiny + "--dropout 0.2 --strategy selective --json " + selective_path);
+  ASSERT_EQ(selective.code, 0) << selective.err;
+  const Result full = run(kTiny + "--dropout 0.2 --strategy sequential:4 --json " + full_path);
+  ASSERT_EQ(full.code, 0) << full.err;
+  const json with_policy = json::parse(read_text(selective_path));
+  const json recompute_all = json::parse(read_text(full_path));
+  EXPECT_TRUE(with_policy["identical_losses"].get<bool>()) << selective.out;
+  const int64_t kept = with_policy["checkpointed"]["peak_bytes"].get<int64_t>();
+  EXPECT_LT(kept, with_policy["baseline"]["peak_bytes"].get<int64_t>());
+  EXPECT_GT(kept, recompute_all["checkpointed"]["peak_bytes"].get<int64_t>());
+
+  const std::string planned_path = work_path("tiny_planned_selective.json");
+  const Result planned = run(kTiny + "--strategy budget:60% --json " + planned_path);
+  ASSERT_EQ(planned.code, 0) << planned.err;
+  const json planned_summary = json::parse(read_text(planned_path));
+  int selective_options = 0;
+  for (const json& stage : planned_summary["checkpointed"]["profile"]["stages"]) {
+    for (const json& option : stage.value("alternatives", json::array())) {
+      selective_options += option.value("name", "") == "selective";
+    }
+  }
+  EXPECT_GT(selective_options, 0);
+}
+
 // Issue 11, item 5: a budget below the smallest feasible one names it and the way to ask for it.
 TEST(Cli, TrainBudgetMinRunsAndAnInfeasibleBudgetNamesIt) {
   const std::string json_path = work_path("train_min.json");

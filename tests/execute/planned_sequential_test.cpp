@@ -155,8 +155,64 @@ TEST_F(PlannedSequentialTest, BudgetAtTheMeasuredPeakRunsThePlainChain) {
   EXPECT_LE(planned_peak, plain_peak * 102 / 100) << "plain " << plain_peak;
 }
 
-// Each Block keeps Linear, BatchNorm and dropout activations; as storage option 1 (run as a
-// checkpointed region) it keeps only its output, and its backward recomputes it.
+// The index (1, 2, ...) of the storage option of `stage` named `name`, or -1.
+int option_named(const ckpt::plan::Stage& stage, const std::string& name) {
+  for (size_t k = 0; k < stage.alternatives.size(); ++k) {
+    if (stage.alternatives[k].name == name) return static_cast<int>(k) + 1;
+  }
+  return -1;
+}
+
+// Solves `profile` at `fraction` of the plain peak with every option but `name` removed and that
+// one made as fast as the plain stage (so that the solver picks it), checks that the schedule runs
+// it, and that a step under it equals the plain chain's.
+void expect_option_runs_exactly(ckpt::plan::Chain profile, const std::string& name, double fraction,
+                                torch::nn::Sequential plain, torch::nn::Sequential chain,
+                                const torch::Tensor& x,
+                                ckpt::PlannedSequentialOptions options = {}) {
+  for (auto& stage : profile.stages) {
+    const int k = option_named(stage, name);
+    ASSERT_GT(k, 0) << "no option named " << name;
+    ckpt::plan::StorageOption option = stage.alternatives[static_cast<size_t>(k - 1)];
+    option.forward_time = stage.option(0).forward_time;
+    option.backward_time = stage.backward_time;
+    stage.alternatives = {option};
+  }
+  ckpt::PlannedSequential tight(chain, ckpt::Budget::fraction(fraction), std::move(options));
+  tight->plan(profile);
+  bool uses_option = false;
+  for (const auto& op : tight->schedule().ops) uses_option = uses_option || op.option == 1;
+  EXPECT_TRUE(uses_option) << ckpt::plan::to_string(tight->schedule());
+  expect_step_equals_plain(plain, chain, tight, x);
+}
+
+// Each Block keeps Linear, BatchNorm and dropout activations. As the storage option
+// "checkpointed" it keeps only its output, and its backward recomputes it; as "selective"
+// (save_matmuls) it also keeps the Linear's output, and its backward recomputes the rest.
+TEST_F(PlannedSequentialTest, StageOptionsAreMeasuredBetweenKeepingAllAndNothing) {
+  torch::manual_seed(4);
+  auto chain = make_blocks(6, 64);
+  ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0));
+  probe->plan(torch::randn({32, 64}));
+  for (const auto& stage : probe->profile().stages) {
+    ASSERT_EQ(stage.option_count(), 3);
+    const auto& checkpointed = stage.option(option_named(stage, "checkpointed"));
+    const auto& selective = stage.option(option_named(stage, "selective"));
+    // The selective region keeps the Linear's 32 x 64 output on top of what the other keeps.
+    EXPECT_EQ(selective.saved_bytes - checkpointed.saved_bytes, 32 * 64 * 4);
+    EXPECT_LT(selective.saved_bytes, stage.saved_bytes);
+    EXPECT_GT(checkpointed.backward_time, 0);
+    EXPECT_GT(selective.backward_time, 0);
+  }
+  ckpt::PlannedSequential without(
+      chain, ckpt::Budget::fraction(1.0),
+      ckpt::PlannedSequentialOptions().selective_policy(ckpt::SelectivePolicy()));
+  without->plan(torch::randn({32, 64}));
+  for (const auto& stage : without->profile().stages) {
+    EXPECT_EQ(option_named(stage, "selective"), -1);
+  }
+}
+
 TEST_F(PlannedSequentialTest, CheckpointedStageOptionRunsExactly) {
   torch::manual_seed(4);
   auto plain = make_blocks(6, 64);
@@ -165,21 +221,46 @@ TEST_F(PlannedSequentialTest, CheckpointedStageOptionRunsExactly) {
   auto x = torch::randn({32, 64});
   ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0));
   probe->plan(x);
+  expect_option_runs_exactly(probe->profile(), "checkpointed", 0.6, plain, chain, x);
+}
+
+TEST_F(PlannedSequentialTest, SelectiveStageOptionRunsExactly) {
+  torch::manual_seed(5);
+  auto plain = make_blocks(6, 64);
+  torch::manual_seed(5);
+  auto chain = make_blocks(6, 64);
+  auto x = torch::randn({32, 64});
+  ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0));
+  probe->plan(x);
+  // The executor runs the stages of that option under the policy it is given.
+  int consulted = 0;
+  const auto counting =
+      ckpt::SelectivePolicy([&consulted, matmuls = ckpt::save_matmuls()](const ckpt::OpCall& call) {
+        ++consulted;
+        return matmuls(call);
+      });
+  expect_option_runs_exactly(probe->profile(), "selective", 0.7, plain, chain, x,
+                             ckpt::PlannedSequentialOptions().selective_policy(counting));
+  EXPECT_GT(consulted, 0);
+}
+
+// A profile from elsewhere (a file, a custom profiler) may name an option the executor cannot run.
+TEST_F(PlannedSequentialTest, AnOptionOfUnknownNameIsAClearError) {
+  auto chain = make_blocks(3, 64);
+  ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0));
+  probe->plan(torch::randn({32, 64}));
   auto profile = probe->profile();
-  for (const auto& stage : profile.stages) {
-    ASSERT_EQ(stage.option_count(), 2);
-    EXPECT_LT(stage.alternatives[0].saved_bytes, stage.saved_bytes);
-    EXPECT_GT(stage.alternatives[0].backward_time, 0);
+  profile.stages[1].alternatives.at(0).name = "offloaded";
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(0.5));
+  try {
+    planned->plan(profile);
+    FAIL() << "planned with an option it cannot run";
+  } catch (const c10::Error& error) {
+    const std::string message = error.what_without_backtrace();
+    EXPECT_NE(message.find("storage option 1 of stage 1 is named \"offloaded\""), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("\"checkpointed\" or \"selective\""), std::string::npos) << message;
   }
-  // On this homogeneous chain option 1 ties with checkpointing the input (one extra forward
-  // either way); pretend its recompute is free so that the solver picks it.
-  for (auto& stage : profile.stages) stage.alternatives[0].backward_time = stage.backward_time;
-  ckpt::PlannedSequential tight(chain, ckpt::Budget::fraction(0.6));
-  tight->plan(profile);
-  bool uses_option = false;
-  for (const auto& op : tight->schedule().ops) uses_option = uses_option || op.option == 1;
-  EXPECT_TRUE(uses_option) << ckpt::plan::to_string(tight->schedule());
-  expect_step_equals_plain(plain, chain, tight, x);
 }
 
 // Threads planning side by side once measured each other's memory (a process-wide tracker) and

@@ -40,7 +40,7 @@ TEST(ChainTest, ValidChainPasses) {
 TEST(ChainTest, ScaleTimesScalesEveryTimeAndKeepsThePlans) {
   Chain chain = two_stage_chain();
   chain.stages[0].forward_all_time = 1.5;
-  chain.stages[1].alternatives.push_back(StorageOption{0.25, 0.5, 45, 0, 0});
+  chain.stages[1].alternatives.push_back(StorageOption{0.25, 0.5, 45, 0, 0, {}});
   const Chain scaled = scale_times(chain, 4.0);
   EXPECT_EQ(scaled.stages[0].forward_time, 4.0 * chain.stages[0].forward_time);
   EXPECT_EQ(scaled.stages[0].forward_all_time, 6.0);
@@ -119,10 +119,10 @@ TEST(ChainTest, RejectsSavedBytesSmallerThanOutput) {
 
 TEST(ChainTest, RejectsInvalidAlternative) {
   Chain chain = two_stage_chain();
-  chain.stages[0].alternatives.push_back(StorageOption{1.0, 1.0, 19, 0, 0});
+  chain.stages[0].alternatives.push_back(StorageOption{1.0, 1.0, 19, 0, 0, {}});
   expect_invalid([&] { chain.validate(); },
                  {"stages[0].alternatives[0].saved_bytes", "but got 19"});
-  chain.stages[0].alternatives[0] = StorageOption{-1.0, 1.0, 25, 0, 0};
+  chain.stages[0].alternatives[0] = StorageOption{-1.0, 1.0, 25, 0, 0, {}};
   expect_invalid([&] { chain.validate(); }, {"stages[0].alternatives[0].forward_time"});
 }
 
@@ -170,7 +170,7 @@ TEST(ChainTest, ChainAtTheSizeLimitPlansExactly) {
 
 TEST(ChainTest, OptionZeroIsTheStageItself) {
   Chain chain = two_stage_chain();
-  chain.stages[0].alternatives.push_back(StorageOption{4.0, 5.0, 21, 2, 3});
+  chain.stages[0].alternatives.push_back(StorageOption{4.0, 5.0, 21, 2, 3, {}});
   const Stage& stage = chain.stages[0];
   EXPECT_EQ(stage.option_count(), 2);
   const StorageOption own = stage.option(0);

@@ -209,7 +209,7 @@ TEST(OptimalSolverTest, UsesCheaperAlternativeWhenMemoryIsTight) {
   Chain chain;
   chain.input_bytes = 10;
   chain.stages.push_back(Stage{1.0, 1.0, 10, 10, 0, 0, {}});
-  chain.stages.push_back(Stage{1.0, 1.0, 10, 100, 0, 0, {StorageOption{1.0, 2.0, 20, 0, 0}}});
+  chain.stages.push_back(Stage{1.0, 1.0, 10, 100, 0, 0, {StorageOption{1.0, 2.0, 20, 0, 0, {}}}});
   chain.stages.push_back(Stage{1.0, 1.0, 10, 10, 0, 0, {}});
   const int64_t top = simulate(chain, solve_no_checkpoint(chain)).peak_bytes;
   const auto roomy = solve_optimal(chain, top, OptimalOptions{static_cast<int>(top), false});

@@ -41,7 +41,7 @@ inline Chain random_chain(std::mt19937& rng, int stages, int max_bytes, int alte
     for (int k = 0; k < alternatives; ++k) {
       stage.alternatives.push_back(
           StorageOption{static_cast<double>(time(rng)), static_cast<double>(time(rng)),
-                        stage.output_bytes + tmp(rng), tmp(rng), tmp(rng)});
+                        stage.output_bytes + tmp(rng), tmp(rng), tmp(rng), {}});
     }
     chain.stages.push_back(stage);
   }

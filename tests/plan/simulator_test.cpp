@@ -132,7 +132,7 @@ TEST(SimulatorTest, ForwardAllUsesItsOwnTemporariesWhenGiven) {
 
 TEST(SimulatorTest, AlternativeOptionsUseTheirOwnCosts) {
   Chain chain = two_stage_chain();
-  chain.stages[1].alternatives.push_back(StorageOption{5.0, 7.0, 40, 3, 2});
+  chain.stages[1].alternatives.push_back(StorageOption{5.0, 7.0, 40, 3, 2, {}});
   const Schedule schedule =
       ops({{kFall, 0, 0}, {kFall, 1, 1}, {kLoss, 2, 0}, {kB, 1, 1}, {kB, 0, 0}});
   const SimulationResult result = simulate(chain, schedule);
@@ -151,7 +151,7 @@ TEST(SimulatorTest, RejectsBadOptions) {
   expect_rejected(two_stage_chain(), ops({{kFall, 0, 1}}), 0, "option must be in [0, 1)");
   expect_rejected(two_stage_chain(), ops({{kFn, 0, 1}}), 0, "option must be 0");
   Chain chain = two_stage_chain();
-  chain.stages[1].alternatives.push_back(StorageOption{1.0, 1.0, 45, 0, 0});
+  chain.stages[1].alternatives.push_back(StorageOption{1.0, 1.0, 45, 0, 0, {}});
   expect_rejected(chain, ops({{kFall, 0, 0}, {kFall, 1, 1}, {kLoss, 2, 0}, {kB, 1, 0}}), 3,
                   "option must match the forward_all");
 }

@@ -110,6 +110,11 @@ plan::Chain chain_from_json(const json& document, const std::string& source) {
         storage.saved_bytes = reader.bytes(option, "saved_bytes", option_path, false);
         storage.forward_tmp_bytes = reader.bytes(option, "forward_tmp_bytes", option_path, true);
         storage.backward_tmp_bytes = reader.bytes(option, "backward_tmp_bytes", option_path, true);
+        const auto name = option.find("name");
+        if (name != option.end()) {
+          if (!name->is_string()) reader.fail(option_path + ".name", "must be a string");
+          storage.name = name->get<std::string>();
+        }
         if (storage.saved_bytes < stage.output_bytes) {
           reader.fail(option_path + ".saved_bytes",
                       "must be >= the stage's output_bytes (" + std::to_string(stage.output_bytes) +
@@ -170,11 +175,13 @@ json chain_to_json(const plan::Chain& chain) {
     if (!stage.alternatives.empty()) {
       json alternatives = json::array();
       for (const plan::StorageOption& option : stage.alternatives) {
-        alternatives.push_back({{"forward_time", option.forward_time},
-                                {"backward_time", option.backward_time},
-                                {"saved_bytes", option.saved_bytes},
-                                {"forward_tmp_bytes", option.forward_tmp_bytes},
-                                {"backward_tmp_bytes", option.backward_tmp_bytes}});
+        json written = {{"forward_time", option.forward_time},
+                        {"backward_time", option.backward_time},
+                        {"saved_bytes", option.saved_bytes},
+                        {"forward_tmp_bytes", option.forward_tmp_bytes},
+                        {"backward_tmp_bytes", option.backward_tmp_bytes}};
+        if (!option.name.empty()) written["name"] = option.name;
+        alternatives.push_back(written);
       }
       object["alternatives"] = alternatives;
     }

@@ -57,7 +57,7 @@ class SigintGuard {
 };
 
 struct Strategy {
-  enum class Kind { None, Sequential, Budget } kind = Kind::None;
+  enum class Kind { None, Sequential, Selective, Budget } kind = Kind::None;
   int64_t segments = 0;
   Budget budget = Budget::minimum();
   std::string text;
@@ -70,12 +70,14 @@ Strategy parse_strategy(const std::string& text, int64_t stage_count) {
   const std::string name = text.substr(0, colon);
   const std::string value = colon == std::string::npos ? "" : text.substr(colon + 1);
   if (name == "none" && colon == std::string::npos) return strategy;
-  if (name == "sequential") {
-    strategy.kind = Strategy::Kind::Sequential;
-    if (value.empty()) {
+  if (name == "sequential" || name == "selective") {
+    strategy.kind = name == "sequential" ? Strategy::Kind::Sequential : Strategy::Kind::Selective;
+    if (value.empty() && name == "sequential") {
       throw UsageError("--strategy sequential:K needs a number of segments K, e.g. sequential:4");
     }
-    strategy.segments = parse_positive_int(value, "--strategy sequential:K: K");
+    // selective alone: every stage is its own region, as selective recompute runs per layer.
+    strategy.segments =
+        value.empty() ? stage_count : parse_positive_int(value, "--strategy " + name + ":K: K");
     if (strategy.segments > stage_count) {
       throw UsageError("--strategy " + text + ": K must be between 1 and the number of stages (" +
                        std::to_string(stage_count) + " = layers + 2), but got " + value);
@@ -97,8 +99,9 @@ Strategy parse_strategy(const std::string& text, int64_t stage_count) {
     return strategy;
   }
   throw UsageError("unknown strategy '" + text +
-                   "'; use none, sequential:K (K segments) or budget:B (B bytes such as 64MiB, "
-                   "or a percentage of the no-checkpoint peak such as 40%)");
+                   "'; use none, sequential:K (K segments), selective or selective:K (K "
+                   "segments that keep matrix products) or budget:B (B bytes such as 64MiB, or a "
+                   "percentage of the no-checkpoint peak such as 40%)");
 }
 
 struct RunResult {
@@ -215,9 +218,12 @@ Forward prepare_strategy(const TrainArgs& args, const Corpus& corpus, const Stra
     write_chain(args.chain_path, ckpt::profile_chain(stages, profiling_batch(args, corpus)));
   }
   if (result.recorder) set_probe(chain, result.recorder.get());
-  if (strategy.kind == Strategy::Kind::Sequential) {
-    return [&chain, segments = strategy.segments](const torch::Tensor& x) {
-      return ckpt::checkpoint_sequential(chain, segments, x);
+  if (strategy.kind == Strategy::Kind::Sequential || strategy.kind == Strategy::Kind::Selective) {
+    const CheckpointOptions options = strategy.kind == Strategy::Kind::Selective
+                                          ? CheckpointOptions().policy(save_matmuls())
+                                          : CheckpointOptions();
+    return [&chain, segments = strategy.segments, options](const torch::Tensor& x) {
+      return ckpt::checkpoint_sequential(chain, segments, x, options);
     };
   }
   return [&chain](const torch::Tensor& x) { return chain->forward(x); };
@@ -395,7 +401,8 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
       ->capture_default_str();
   command
       ->add_option("--strategy", args.strategy,
-                   "none | sequential:K | budget:BYTES | budget:PCT% (through the planner)")
+                   "none | sequential:K | selective[:K] (keeps matrix products) | budget:BYTES | "
+                   "budget:PCT% (through the planner)")
       ->type_name("NAME")
       ->capture_default_str();
   command->add_option("--seed", args.seed, "Seed of the weights, batches and dropout")

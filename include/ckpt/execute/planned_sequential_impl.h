@@ -4,6 +4,7 @@
 #include <ckpt/plan/schedule.h>
 #include <ckpt/plan/simulator.h>
 #include <ckpt/plan/spec.h>
+#include <ckpt/selective.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -19,6 +20,9 @@
 #include <vector>
 
 namespace ckpt {
+namespace detail {
+struct StorageRegions;  // how the executor runs each storage option of the profile
+}  // namespace detail
 
 /// A memory budget: bytes ("512MiB"), a percentage of the chain's no-checkpoint peak ("40%"),
 /// or its smallest feasible budget ("min"). The planning layer's type; its parse errors are
@@ -67,6 +71,10 @@ struct PlannedSequentialOptions {
   /// When the budget is below the smallest feasible one, plan for that one with a warning instead
   /// of raising `InfeasibleBudget`. Default: false
   TORCH_ARG(bool, fall_back_to_minimum) = false;
+  /// The policy of the "selective" storage option: a stage the schedule runs that way is a
+  /// checkpointed region under this policy. `ckpt::PlannedSequential` measures the option with
+  /// it; a profiler you supply must measure with the same one. Default: `save_matmuls()`
+  TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();
 };
 
 /// Receives every operation of a schedule as the executor runs it (for traces and plots).
@@ -133,6 +141,7 @@ class PlannedSequentialImpl : public torch::nn::Module {
   Budget budget_;
   bool planned_ = false;
   plan::Chain profile_;
+  std::shared_ptr<const detail::StorageRegions> regions_;  // how each storage option runs
   plan::Schedule schedule_;
   plan::SimulationResult prediction_;
   int64_t budget_bytes_ = 0;

@@ -4,6 +4,7 @@
 // See docs/memory-model.md for how these numbers enter the simulator and the solvers.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace ckpt {
@@ -24,6 +25,11 @@ struct StorageOption {
   int64_t forward_tmp_bytes = 0;
   /// Transient bytes during the backward, above its inputs, the saved bytes and its output.
   int64_t backward_tmp_bytes = 0;
+  /// How an executor runs the stage in this mode. `ckpt::PlannedSequential` knows "checkpointed"
+  /// (a checkpointed region: keeps its output, recomputes everything in the backward) and
+  /// "selective" (a region under a selective policy: keeps its output and what the policy saves,
+  /// recomputes the rest). The solvers and the simulator ignore it.
+  std::string name;
 };
 
 /// Measured costs of stage i, which maps x_i to x_{i+1}. The field names are the JSON ones of
