@@ -14,12 +14,15 @@ namespace {
 // One MLP stage: tanh(linear(x)).
 class MlpLayerImpl : public torch::nn::Module {
  public:
-  explicit MlpLayerImpl(int64_t width)
-      : linear_(register_module("linear", torch::nn::Linear(width, width))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(linear_(x)); }
+  MlpLayerImpl(int64_t width, bool gelu)
+      : linear_(register_module("linear", torch::nn::Linear(width, width))), gelu_(gelu) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return gelu_ ? torch::gelu(linear_(x)) : torch::tanh(linear_(x));
+  }
 
  private:
   torch::nn::Linear linear_;
+  bool gelu_;
 };
 TORCH_MODULE(MlpLayer);
 
@@ -152,13 +155,14 @@ torch::nn::Sequential transformer_block(int64_t d_model, int64_t heads, int64_t 
 }  // namespace
 
 std::vector<std::string> model_names() {
-  return {"mlp", "resnet", "transformer", "small"};
+  return {"mlp", "resnet", "transformer", "small", "small_gelu"};
 }
 
 std::string describe(const ModelConfig& c) {
   std::ostringstream d;
   if (c.kind == "mlp") {
-    d << c.depth << " x (Linear(" << c.width << ", " << c.width << ") + Tanh), batch " << c.batch;
+    d << c.depth << " x (Linear(" << c.width << ", " << c.width << ") + "
+      << (c.activation == "gelu" ? "GELU" : "Tanh") << "), batch " << c.batch;
   } else if (c.kind == "resnet") {
     d << "stem conv 3->" << c.channels.front() << ", " << c.channels.size() << " stages x "
       << c.blocks_per_stage << " residual blocks, channels";
@@ -187,6 +191,12 @@ ModelConfig model_config(const std::string& name, bool quick) {
     c.depth = quick ? 32 : 128;
     c.width = quick ? 8 : 32;
     c.batch = quick ? 4 : 16;
+  } else if (name == "small_gelu") {  // the layer of issue 9's instruction count
+    c.kind = "mlp";
+    c.depth = quick ? 16 : 64;
+    c.width = quick ? 8 : 32;
+    c.batch = quick ? 4 : 8;
+    c.activation = "gelu";
   } else if (name == "resnet") {
     c.kind = "resnet";
     c.channels = quick ? std::vector<int64_t>{4, 8} : std::vector<int64_t>{16, 32, 64, 128};
@@ -203,7 +213,7 @@ ModelConfig model_config(const std::string& name, bool quick) {
     c.batch = quick ? 2 : 4;
   } else {
     throw std::invalid_argument("ckpt bench: unknown model '" + name +
-                                "' (expected mlp, resnet, transformer or small)");
+                                "' (expected mlp, resnet, transformer, small or small_gelu)");
   }
   c.description = describe(c);
   return c;
@@ -213,7 +223,8 @@ torch::nn::Sequential build_model(const ModelConfig& c) {
   torch::manual_seed(0);
   torch::nn::Sequential model;
   if (c.kind == "mlp") {
-    for (int64_t i = 0; i < c.depth; ++i) model->push_back(MlpLayer(c.width));
+    for (int64_t i = 0; i < c.depth; ++i)
+      model->push_back(MlpLayer(c.width, c.activation == "gelu"));
   } else if (c.kind == "resnet") {
     // The stem, each resolution stage as the chain of its blocks, and the head: one chain of
     // blocks (a block's interior carries two tensors, its input and its branch, so the chain
@@ -251,7 +262,8 @@ at::Tensor make_input(const ModelConfig& c) {
 std::string to_json(const ModelConfig& c) {
   std::ostringstream o;
   o << "{\"name\": \"" << c.name << "\", \"kind\": \"" << c.kind << "\", \"batch\": " << c.batch
-    << ", \"depth\": " << c.depth << ", \"width\": " << c.width << ", \"channels\": [";
+    << ", \"depth\": " << c.depth << ", \"width\": " << c.width << ", \"activation\": \""
+    << c.activation << "\", \"channels\": [";
   for (size_t i = 0; i < c.channels.size(); ++i) o << (i ? ", " : "") << c.channels[i];
   o << "], \"blocks_per_stage\": " << c.blocks_per_stage << ", \"image\": " << c.image
     << ", \"batch_norm\": " << (c.batch_norm ? "true" : "false") << ", \"seq\": " << c.seq

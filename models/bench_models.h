@@ -18,12 +18,13 @@ namespace models {
 
 /// Sizes of one benchmark model. Fields that a kind does not use stay at their defaults.
 struct ModelConfig {
-  std::string name;  // "mlp", "resnet", "transformer", "small"
-  std::string kind;  // "mlp" (also "small"), "resnet", "transformer"
+  std::string name;  // "mlp", "resnet", "transformer", "small", "small_gelu"
+  std::string kind;  // "mlp" (also "small" and "small_gelu"), "resnet", "transformer"
   int64_t batch = 1;
-  // mlp / small: `depth` stages of Linear(width, width) + Tanh.
+  // mlp / small / small_gelu: `depth` stages of Linear(width, width) + `activation`.
   int64_t depth = 0;
   int64_t width = 0;
+  std::string activation = "tanh";  // or "gelu"
   // resnet: a stem conv (3 -> channels[0]) + BatchNorm + ReLU, then for each entry of `channels`
   // `blocks_per_stage` residual blocks (the first block of every stage but the first halves the
   // resolution with a strided conv and a 1x1 projection), then a head (global average pool +

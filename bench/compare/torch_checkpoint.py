@@ -29,12 +29,13 @@ import torch.utils.checkpoint as tuc
 
 
 class MlpLayer(nn.Module):
-    def __init__(self, width):
+    def __init__(self, width, activation):
         super().__init__()
         self.linear = nn.Linear(width, width)
+        self.activation = torch.nn.functional.gelu if activation == "gelu" else torch.tanh
 
     def forward(self, x):
-        return torch.tanh(self.linear(x))
+        return self.activation(self.linear(x))
 
 
 def norm(channels, batch_norm):
@@ -131,7 +132,7 @@ def build_model(c):
     torch.manual_seed(0)
     stages = []
     if c["kind"] == "mlp":
-        stages = [MlpLayer(c["width"]) for _ in range(c["depth"])]
+        stages = [MlpLayer(c["width"], c.get("activation", "tanh")) for _ in range(c["depth"])]
     elif c["kind"] == "resnet":
         ch = c["channels"]
         bn = c.get("batch_norm", True)
