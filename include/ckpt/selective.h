@@ -54,8 +54,9 @@ struct OpCall {
 /// 3-d input) makes the region keep a copy taken before the write, so the kept value stays the
 /// one the operator computed. A kept output whose data the recompute writes into is used by that
 /// backward only: a second backward through the region (retain_graph) runs the operator again.
-/// One changed after the forward, where ckpt cannot see it, is recomputed under `PreferSave` and
-/// an error under `MustSave`.
+/// One the caller changes after the region, through the region's output (which shares the version
+/// counter of the tensor the region computed), is recomputed under `PreferSave` and an error
+/// under `MustSave`.
 ///
 /// Example:
 /// ```

@@ -203,7 +203,14 @@ std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> out
   auto node = compat::make_node<NonReentrantBackward>(state_, std::move(boundary));
   for (size_t slot = 0; slot < state.connected.size(); ++slot) {
     at::Tensor& output = outputs[state.connected[slot]];
-    output = fresh_alias(output);
+    at::Tensor alias = fresh_alias(output);
+    // A write into the returned tensor must reach the version counter of the one the region
+    // computed: where that is a kept output (or a view of one), the recompute then sees it.
+    if (state.kept) {
+      alias.unsafeGetTensorImpl()->set_version_counter(
+          output.unsafeGetTensorImpl()->version_counter());
+    }
+    output = std::move(alias);
     torch::autograd::impl::set_gradient_edge(
         output, torch::autograd::Edge(node, node->add_input_metadata(output)));
   }

@@ -194,6 +194,32 @@ TEST(SelectiveTest, ASecondBackwardRecomputesWhatTheFirstWroteInto) {
   EXPECT_TRUE(bit_equal(second, expected));
 }
 
+// The region returns a kept output and computes from it too; the caller then writes into the
+// returned tensor. The recompute must not hand the written value to the operators after it.
+TEST(SelectiveTest, AWriteIntoAReturnedKeptOutputIsSeen) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(8, 8);
+  const auto input = torch::randn({4, 8});
+  auto fn = [&](const at::Tensor& t) {
+    auto h = linear(t);  // aten::addmm, kept
+    return std::make_tuple(h, torch::tanh(h));
+  };
+  auto step = [&](const c10::optional<ckpt::CheckpointOptions>& options) {
+    auto x = input.detach().requires_grad_();
+    auto [h, y] = options ? ckpt::checkpoint(*options, fn, x) : fn(x);
+    h.mul_(5);  // legal in plain autograd: addmm's backward does not read its output
+    (y.square().sum() + h.sum()).backward();
+    return Step{y.detach(), x.grad(), take_grads(*linear)};
+  };
+  const Step plain = step(c10::nullopt);
+  expect_same(step(ckpt::CheckpointOptions().policy(ckpt::save_ops({"aten::addmm"}))), plain);
+  auto must = ckpt::CheckpointOptions().policy(ckpt::SelectivePolicy([](const ckpt::OpCall& c) {
+    return c.name() == "aten::addmm" ? ckpt::CheckpointPolicy::MustSave
+                                     : ckpt::CheckpointPolicy::PreferRecompute;
+  }));
+  CKPT_EXPECT_THROWS_WITH(step(must), "was modified in place after the forward kept it");
+}
+
 TEST(SelectiveTest, ASavedOperatorsKernelRunsOncePerStep) {
   torch::manual_seed(0);
   torch::nn::Linear linear(8, 8);
