@@ -155,7 +155,7 @@ torch::nn::Sequential transformer_block(int64_t d_model, int64_t heads, int64_t 
 }  // namespace
 
 std::vector<std::string> model_names() {
-  return {"mlp", "resnet", "transformer", "small", "small_gelu"};
+  return {"mlp", "resnet", "transformer", "small"};
 }
 
 std::string describe(const ModelConfig& c) {

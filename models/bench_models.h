@@ -49,7 +49,7 @@ ModelConfig model_config(const std::string& name, bool quick);
 /// One line describing the configuration (kept in ModelConfig::description).
 std::string describe(const ModelConfig& config);
 
-/// The names of every model, in table order.
+/// The models of the benchmark tables, in table order (`small_gelu` is for `step_program` only).
 std::vector<std::string> model_names();
 
 /// Builds the chain with deterministic weights (seeded).

@@ -5,6 +5,9 @@
 // usage: step_program MODEL METHOD STEPS [--quick]
 //   MODEL   mlp, resnet, transformer or small (ckpt bench's models)
 //   METHOD  none | sequential:K | sequential_reentrant:K | planned:BUDGET (e.g. planned:100%)
+//           | selective:K (K segments under save_matmuls()) | intercepted:K (K segments under a
+//           policy that keeps nothing: the dispatch modes' interception alone; prints how many
+//           operator calls the policy saw)
 
 #include "bench_models.h"
 
@@ -23,15 +26,25 @@ namespace {
 
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
+int64_t g_policy_calls = 0;  // operator calls the "intercepted" method's policy saw
+
 Forward method_forward(const std::string& method, torch::nn::Sequential model,
                        const torch::Tensor& sample) {
   if (method == "none")
     return [model](const torch::Tensor& x) mutable { return model->forward(x); };
   const auto colon = method.find(':');
   const std::string kind = method.substr(0, colon), value = method.substr(colon + 1);
-  if (colon != std::string::npos && (kind == "sequential" || kind == "sequential_reentrant")) {
+  if (colon != std::string::npos && (kind == "sequential" || kind == "sequential_reentrant" ||
+                                     kind == "selective" || kind == "intercepted")) {
     const int64_t segments = std::stoll(value);
-    const auto options = ckpt::CheckpointOptions().use_reentrant(kind == "sequential_reentrant");
+    auto options = ckpt::CheckpointOptions().use_reentrant(kind == "sequential_reentrant");
+    if (kind == "selective") options.policy(ckpt::save_matmuls());
+    if (kind == "intercepted") {
+      options.policy(ckpt::SelectivePolicy([](const ckpt::OpCall&) {
+        ++g_policy_calls;
+        return ckpt::CheckpointPolicy::PreferRecompute;
+      }));
+    }
     return [=](const torch::Tensor& x) {
       return ckpt::checkpoint_sequential(model, segments, x, options);
     };
@@ -47,8 +60,10 @@ Forward method_forward(const std::string& method, torch::nn::Sequential model,
     std::cerr << "schedule: " << ckpt::plan::to_string(planned->schedule()) << "\n";
     return [planned](const torch::Tensor& x) mutable { return planned->forward(x); };
   }
-  throw std::invalid_argument("unknown method '" + method +
-                              "' (none, sequential:K, sequential_reentrant:K, planned:BUDGET)");
+  throw std::invalid_argument(
+      "unknown method '" + method +
+      "' (none, sequential:K, sequential_reentrant:K, selective:K, intercepted:K, "
+      "planned:BUDGET)");
 }
 
 }  // namespace
@@ -70,6 +85,7 @@ int main(int argc, char** argv) try {
   for (int s = 0; s < steps; ++s) {  // the bench's step: forward, mean of squares, backward
     forward(x).square().mean().backward();
   }
+  if (g_policy_calls > 0) std::cerr << "policy calls per step: " << g_policy_calls / steps << "\n";
   return 0;
 } catch (const std::exception& e) {
   std::cerr << "step_program: " << e.what() << "\n";
