@@ -213,25 +213,33 @@ TEST_F(PlannedSequentialTest, StageOptionsAreMeasuredBetweenKeepingAllAndNothing
   }
 }
 
+// Two chains of 6 blocks with the same weights, an input, and the chain's measured profile.
+struct ProfiledTwins {
+  torch::nn::Sequential plain, chain;
+  torch::Tensor x;
+  ckpt::plan::Chain profile;
+};
+
+ProfiledTwins profiled_twins(uint64_t seed) {
+  ProfiledTwins twins;
+  torch::manual_seed(seed);
+  twins.plain = make_blocks(6, 64);
+  torch::manual_seed(seed);
+  twins.chain = make_blocks(6, 64);
+  twins.x = torch::randn({32, 64});
+  ckpt::PlannedSequential probe(twins.chain, ckpt::Budget::fraction(1.0));
+  probe->plan(twins.x);
+  twins.profile = probe->profile();
+  return twins;
+}
+
 TEST_F(PlannedSequentialTest, CheckpointedStageOptionRunsExactly) {
-  torch::manual_seed(4);
-  auto plain = make_blocks(6, 64);
-  torch::manual_seed(4);
-  auto chain = make_blocks(6, 64);
-  auto x = torch::randn({32, 64});
-  ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0));
-  probe->plan(x);
-  expect_option_runs_exactly(probe->profile(), "checkpointed", 0.6, plain, chain, x);
+  auto t = profiled_twins(4);
+  expect_option_runs_exactly(t.profile, "checkpointed", 0.6, t.plain, t.chain, t.x);
 }
 
 TEST_F(PlannedSequentialTest, SelectiveStageOptionRunsExactly) {
-  torch::manual_seed(5);
-  auto plain = make_blocks(6, 64);
-  torch::manual_seed(5);
-  auto chain = make_blocks(6, 64);
-  auto x = torch::randn({32, 64});
-  ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0));
-  probe->plan(x);
+  auto t = profiled_twins(5);
   // The executor runs the stages of that option under the policy it is given.
   int consulted = 0;
   const auto counting =
@@ -239,7 +247,7 @@ TEST_F(PlannedSequentialTest, SelectiveStageOptionRunsExactly) {
         ++consulted;
         return matmuls(call);
       });
-  expect_option_runs_exactly(probe->profile(), "selective", 0.7, plain, chain, x,
+  expect_option_runs_exactly(t.profile, "selective", 0.7, t.plain, t.chain, t.x,
                              ckpt::PlannedSequentialOptions().selective_policy(counting));
   EXPECT_GT(consulted, 0);
 }
