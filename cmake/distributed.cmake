@@ -38,6 +38,17 @@ if(CKPT_HAS_DISTRIBUTED)
   target_link_libraries(ckpt_distributed PUBLIC ckpt Threads::Threads)
   set_target_properties(ckpt_distributed PROPERTIES EXPORT_NAME distributed)
   ckpt_set_warnings(ckpt_distributed)
+  # Debian's libtorch-dev 1.13 lacks a header that its c10d reducer.hpp includes: a stand-in.
+  set(_ckpt_context_found OFF)
+  foreach(dir IN LISTS TORCH_INCLUDE_DIRS)
+    if(EXISTS "${dir}/torch/csrc/distributed/autograd/context/context.h")
+      set(_ckpt_context_found ON)
+    endif()
+  endforeach()
+  if(NOT _ckpt_context_found)
+    target_include_directories(ckpt_distributed SYSTEM PRIVATE
+                               ${PROJECT_SOURCE_DIR}/src/compat/missing_headers)
+  endif()
 
   set(_ckpt_nccl_defines "")
   if(TARGET torch_cuda)

@@ -79,10 +79,18 @@ struct HookState {
 // The Reducer's default reduction (divide the bucket by the world size, all-reduce it
 // asynchronously), which also logs what it reduced and for how long, and turns a failed
 // all-reduce (a rank that died, a timeout) into an error that says what happened.
-class LoggingAllReduce : public c10d::CppCommHookInterface<HookState> {
+class LoggingAllReduce : public c10d::CommHookInterface {
  public:
-  explicit LoggingAllReduce(const HookState& state)
-      : c10d::CppCommHookInterface<HookState>(state) {}
+  explicit LoggingAllReduce(HookState state) : state_(std::move(state)) {}
+
+  // The future's value is what the all-reduce produced: the bucket, alone or in a list. (Not
+  // CppCommHookInterface, whose parser Debian's 1.13 keeps out of libtorch_cpu.)
+  at::Tensor parseHookResult(const c10::IValue& result) override {
+    TORCH_INTERNAL_ASSERT(result.isTensor() || result.isTensorList(),
+                          "ckpt::DataParallel: an all-reduce returned neither a tensor nor a list "
+                          "of tensors");
+    return result.isTensor() ? result.toTensor() : result.toTensorVector().at(0);
+  }
 
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     state_.log->count(bucket.getParameters());
@@ -108,6 +116,8 @@ class LoggingAllReduce : public c10d::CppCommHookInterface<HookState> {
   }
 
  private:
+  HookState state_;
+
   static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 };
 
@@ -189,6 +199,10 @@ std::vector<at::Tensor> trained_parameters(const torch::nn::Module& module) {
 }  // namespace
 
 struct DataParallel::State {
+  State(std::shared_ptr<torch::nn::Module> module_, ProcessGroup group_,
+        DataParallelOptions options_)
+      : module(std::move(module_)), group(std::move(group_)), options(options_) {}
+
   std::shared_ptr<torch::nn::Module> module;
   ProcessGroup group;
   DataParallelOptions options;
@@ -203,11 +217,7 @@ struct DataParallel::State {
 
 namespace {
 
-void check_arguments(const std::shared_ptr<torch::nn::Module>& module,
-                     const std::vector<at::Tensor>& params, const DataParallelOptions& options) {
-  TORCH_CHECK(module != nullptr,
-              "ckpt::DataParallel: the module is null. Pass a module, such as "
-              "model.ptr() for a module holder.");
+void check_arguments(const std::vector<at::Tensor>& params, const DataParallelOptions& options) {
   TORCH_CHECK(!params.empty(),
               "ckpt::DataParallel: the module has no parameter that requires "
               "grad, so there is nothing to train in parallel.");
@@ -233,14 +243,13 @@ void broadcast_state(const torch::nn::Module& module, const ProcessGroup& group,
 
 DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup group,
                            DataParallelOptions options)
-    : state_(std::make_unique<State>(State{
-          std::move(module), std::move(group), options, {}, nullptr, nullptr, {}, nullptr, true})) {
+    : state_(std::make_unique<State>(std::move(module), std::move(group), options)) {
   State& state = *state_;
   TORCH_CHECK(state.module != nullptr,
               "ckpt::DataParallel: the module is null. Pass a module, "
               "such as model.ptr() for a module holder.");
   state.params = trained_parameters(*state.module);
-  check_arguments(state.module, state.params, options);
+  check_arguments(state.params, options);
   broadcast_state(*state.module, state.group, state.params);
   state.log = std::make_shared<ReductionLog>(state.params);
   state.arrivals = std::make_shared<Arrivals>(state.params);

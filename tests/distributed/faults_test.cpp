@@ -74,7 +74,9 @@ TEST(DataParallelFaults, RankKilledMidStepStopsTheOthersWithAnError) {
   ASSERT_EQ(outcomes[1].signal, SIGKILL) << describe(outcomes);
   EXPECT_FALSE(outcomes[0].timed_out) << describe(outcomes);
   EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
-  EXPECT_TRUE(contains(outcomes[0].message, "all-reduce")) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message,
+                       "ckpt::DataParallel: on rank 0, the all-reduce of gradient bucket"))
+      << describe(outcomes);
   EXPECT_LT(outcomes[0].seconds, 60) << describe(outcomes);
 }
 
