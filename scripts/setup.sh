@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev             # tests
   libbenchmark-dev                      # micro-benchmarks
   libcli11-dev nlohmann-json3-dev       # the ckpt program
+  libgloo-dev                           # Gloo's headers, for ckpt::distributed (c10d)
   python3-venv python3-numpy            # the wheel's virtual environment; parity tests
 )
 case "$CKPT_FAMILY" in

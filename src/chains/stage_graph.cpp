@@ -17,7 +17,6 @@ StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
   const at::AutoGradMode grad_mode(true);
   leaf_ = input.detach();
   if (input_requires_grad) leaf_.requires_grad_(true);
-  const RegionMarker marker;
   if (region != nullptr) {
     auto module = stage;
     output_ = checkpoint_modules(
@@ -27,7 +26,7 @@ StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
     output_ = stage.forward<at::Tensor>(leaf_);
   }
   if (!output_.requires_grad()) return;
-  boundary_ = find_boundary_edges({torch::autograd::impl::gradient_edge(output_)}, marker);
+  boundary_ = find_boundary_edges({torch::autograd::impl::gradient_edge(output_)}, marker_);
   for (const auto& edge : boundary_) {
     // Stages built from modules reach only leaves (their input and parameters). A non-leaf tensor
     // from outside the stage would make the stage's backward run the graph before it.
@@ -38,6 +37,44 @@ StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
                 "), and is neither the stage's input nor a parameter. Pass it to the stage as a "
                 "parameter or buffer, or detach it.");
   }
+}
+
+void LeafGradients::add(const torch::autograd::Edge& edge, const at::Tensor& grad) {
+  if (!grad.defined()) return;
+  auto found = slots_.find(edge.function.get());
+  if (found == slots_.end()) {
+    found = slots_.emplace(edge.function.get(), Slot{edge, early_accumulation(edge), {}}).first;
+  }
+  Slot& slot = found->second;
+  if (slot.early) {
+    slot.early(grad);
+  } else {
+    // Out of place: the engine's gradient may alias a tensor still in use.
+    slot.sum = slot.sum.defined() ? slot.sum + grad : grad;
+  }
+}
+
+at::Tensor LeafGradients::take(const torch::autograd::Node* accumulator) {
+  const auto found = slots_.find(accumulator);
+  if (found == slots_.end()) return {};
+  at::Tensor sum = std::move(found->second.sum);
+  slots_.erase(found);
+  return sum;
+}
+
+void LeafGradients::accumulate_rest() {
+  torch::autograd::edge_list roots;
+  torch::autograd::variable_list grads;
+  for (auto& item : slots_) {
+    if (!item.second.sum.defined()) continue;
+    roots.push_back(item.second.edge);
+    grads.push_back(std::move(item.second.sum));
+  }
+  slots_.clear();
+  if (roots.empty()) return;
+  torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false,
+                                                        /*create_graph=*/false,
+                                                        /*accumulate_grad=*/true, {});
 }
 
 at::Tensor StageGraph::backward(at::Tensor grad_output, bool accumulate_parameters) {
@@ -55,10 +92,49 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, bool accumulate_paramete
                                   {torch::autograd::impl::gradient_edge(leaf_)})[0];
     }
   }
+  release();
+  return input_grad;
+}
+
+at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
+  at::Tensor input_grad;
+  if (output_.requires_grad() && grad_output.defined()) {
+    const torch::autograd::edge_list roots = {torch::autograd::impl::gradient_edge(output_)};
+    const Node* input_node = leaf_.requires_grad()
+                                 ? torch::autograd::impl::gradient_edge(leaf_).function.get()
+                                 : nullptr;
+    // The border edges end at sinks for the engine's run: the leaves' accumulators (and the
+    // tensor hooks on them) run once, when the chain hands over the sums.
+    edge_list targets(boundary_.size());
+    edge_list sinks;
+    for (size_t k = 0; k < boundary_.size(); ++k) {
+      std::function<void(const at::Tensor&)> receive;
+      if (boundary_[k].function.get() == input_node) {
+        receive = [&input_grad](const at::Tensor& grad) {
+          if (grad.defined()) input_grad = input_grad.defined() ? input_grad + grad : grad;
+        };
+      } else {
+        receive = [&leaves, edge = boundary_[k]](const at::Tensor& grad) {
+          leaves.add(edge, grad);
+        };
+      }
+      targets[k] = Edge(make_sink(boundary_[k], std::move(receive)), 0);
+      sinks.push_back(targets[k]);
+    }
+    const EdgeRedirect redirect(roots, marker_, BoundaryIndex(boundary_), targets);
+    // accumulate_grad=true makes the engine run the sinks (instead of capturing at them).
+    torch::autograd::Engine::get_default_engine().execute(
+        roots, {std::move(grad_output)}, /*keep_graph=*/false, /*create_graph=*/false,
+        /*accumulate_grad=*/true, sinks);
+  }
+  release();
+  return input_grad;
+}
+
+void StageGraph::release() {
   leaf_.reset();
   output_.reset();
   boundary_.clear();
-  return input_grad;
 }
 
 }  // namespace detail

@@ -5,12 +5,41 @@
 
 #include <ckpt/options.h>
 
+#include "region/graph.h"
+
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/modules/container/any.h>
 
+#include <functional>
+#include <unordered_map>
+
 namespace ckpt {
 namespace detail {
+
+/// The gradients of the leaves (parameters, mostly) that a chain's stages reach in a plain
+/// backward, summed over the stages. A parameter used by several stages (a tied weight) would
+/// otherwise have its accumulator run once per stage, and hooks on it (a data-parallel reducer's)
+/// would fire before its gradient is complete; the chain hands each sum to autograd once, at the
+/// end of its backward. As in a checkpointed region, a gradient buffer that exists already is
+/// accumulated into at once (no second buffer), and the accumulator still runs once after.
+class LeafGradients {
+ public:
+  void add(const torch::autograd::Edge& edge, const at::Tensor& grad);
+  /// The sum for `accumulator`, removed (undefined when it got none, or was accumulated into).
+  at::Tensor take(const torch::autograd::Node* accumulator);
+  /// Runs the accumulators of the leaves not taken (tensors a stage captured) on their sums.
+  void accumulate_rest();
+
+ private:
+  struct Slot {
+    torch::autograd::Edge edge;
+    std::function<void(const at::Tensor&)> early;
+    at::Tensor sum;
+  };
+  std::unordered_map<const torch::autograd::Node*, Slot> slots_;
+};
 
 class StageGraph {
  public:
@@ -30,7 +59,13 @@ class StageGraph {
   /// otherwise (inside `autograd::grad`) only the input's gradient is computed.
   at::Tensor backward(at::Tensor grad_output, bool accumulate_parameters);
 
+  /// The same, with the gradients of parameters (and other leaves) added to `leaves` instead.
+  at::Tensor backward(at::Tensor grad_output, LeafGradients& leaves);
+
  private:
+  void release();
+
+  RegionMarker marker_;  // taken before the stage runs: its nodes are those created after
   at::Tensor leaf_;
   at::Tensor output_;
   torch::autograd::edge_list boundary_;

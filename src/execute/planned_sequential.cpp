@@ -13,17 +13,21 @@
 #include <algorithm>
 #include <mutex>
 #include <sstream>
+#include <unordered_set>
 
 namespace ckpt {
 namespace {
 
 using torch::autograd::variable_list;
 
-// Stands for the whole chain in the autograd graph; its one next edge is the input's.
+// Stands for the whole chain in the autograd graph. Its next edges: the input's (when it needs a
+// gradient), then the accumulators of the chain's parameters, so that each parameter's
+// accumulator runs once per backward with its gradient summed over the stages that use it.
 class PlannedBackward final : public compat::OwningNode {
  public:
-  PlannedBackward(std::shared_ptr<detail::ScheduleRunner> runner, torch::autograd::edge_list next)
-      : OwningNode(std::move(next)), runner_(std::move(runner)) {}
+  PlannedBackward(std::shared_ptr<detail::ScheduleRunner> runner, torch::autograd::edge_list next,
+                  bool has_input)
+      : OwningNode(std::move(next)), runner_(std::move(runner)), has_input_(has_input) {}
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -34,14 +38,21 @@ class PlannedBackward final : public compat::OwningNode {
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "ckpt::PlannedSequential does not support double backward (create_graph=true). "
                 "Use ckpt::checkpoint or checkpoint_sequential for higher-order gradients.");
-    // A plain backward accumulates parameter gradients stage by stage, as autograd would; inside
-    // autograd::grad or backward(inputs=...) only the input's gradient is computed.
+    // A plain backward gives the parameters their gradients; inside autograd::grad or
+    // backward(inputs=...) only the input's gradient is computed.
     const bool accumulate = torch::autograd::Engine::get_default_engine().is_checkpoint_valid();
     auto runner = std::move(runner_);
+    detail::LeafGradients leaves;
     // Hand δ_L over rather than keep it for the whole backward: the schedule frees it early.
-    at::Tensor input_grad = runner->backward(std::move(grads[0]), accumulate);
-    if (num_outputs() == 0) return {};
-    return {input_grad};
+    at::Tensor input_grad = runner->backward(std::move(grads[0]), accumulate ? &leaves : nullptr);
+    variable_list result;
+    result.reserve(num_outputs());
+    if (has_input_) result.push_back(std::move(input_grad));
+    for (size_t k = result.size(); k < num_outputs(); ++k) {
+      result.push_back(leaves.take(next_edge(k).function.get()));
+    }
+    leaves.accumulate_rest();
+    return result;
   }
 
   void release_variables() override {
@@ -55,6 +66,7 @@ class PlannedBackward final : public compat::OwningNode {
   void release_owned() override { runner_.reset(); }
 
   std::shared_ptr<detail::ScheduleRunner> runner_;
+  bool has_input_;
 };
 
 // The planning layer reports a bad solver or budget as std::invalid_argument; the module reports
@@ -206,7 +218,14 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
   torch::Tensor output = runner->forward(input);
   torch::autograd::edge_list next;
   if (input.requires_grad()) next.push_back(torch::autograd::impl::gradient_edge(input));
-  auto node = compat::make_node<PlannedBackward>(std::move(runner), std::move(next));
+  std::unordered_set<const void*> seen;  // a tied weight registered in two stages is one edge
+  for (const auto& parameter : parameters()) {
+    if (parameter.requires_grad() && seen.insert(parameter.unsafeGetTensorImpl()).second) {
+      next.push_back(torch::autograd::impl::gradient_edge(parameter));
+    }
+  }
+  auto node =
+      compat::make_node<PlannedBackward>(std::move(runner), std::move(next), input.requires_grad());
   torch::Tensor result = output.variable_data();
   torch::autograd::impl::set_gradient_edge(
       result, torch::autograd::Edge(node, node->add_input_metadata(result)));

@@ -201,7 +201,7 @@ void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {
   }
 }
 
-at::Tensor ScheduleRunner::backward(at::Tensor grad_output, bool accumulate_parameters) {
+at::Tensor ScheduleRunner::backward(at::Tensor grad_output, LeafGradients* leaves) {
   read_again_.check("ckpt::PlannedSequential", [this](size_t i) { return describe_read_again(i); });
   const CpuRngRestore restore;  // recomputes must not move the caller's random stream
   const int n = static_cast<int>(stages_.size());
@@ -210,7 +210,7 @@ at::Tensor ScheduleRunner::backward(at::Tensor grad_output, bool accumulate_para
   for (size_t k = loss_index_ + 1; k < schedule_.ops.size(); ++k) {
     const plan::Op& op = schedule_.ops[k];
     if (op.kind == OpKind::Backward) {
-      run_backward(op, accumulate_parameters);
+      run_backward(op, leaves);
     } else {
       run_forward(op);
     }
@@ -219,12 +219,14 @@ at::Tensor ScheduleRunner::backward(at::Tensor grad_output, bool accumulate_para
   return std::move(delta_);
 }
 
-void ScheduleRunner::run_backward(const plan::Op& op, bool accumulate_parameters) {
+void ScheduleRunner::run_backward(const plan::Op& op, LeafGradients* leaves) {
   const OpScope scope(observer_.get(), op);
   const int i = op.stage;
   TORCH_INTERNAL_ASSERT(graphs_[i].has_value(), "backward of stage ", i, " without its graph");
   at::Tensor grad_output = std::move(delta_);
-  delta_ = graphs_[i]->backward(std::move(grad_output), accumulate_parameters);
+  delta_ = leaves != nullptr
+               ? graphs_[i]->backward(std::move(grad_output), *leaves)
+               : graphs_[i]->backward(std::move(grad_output), /*accumulate_parameters=*/false);
   graphs_[i].reset();
   if (i > 0) {
     x_[i].reset();

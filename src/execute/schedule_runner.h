@@ -43,13 +43,14 @@ class ScheduleRunner {
   /// Runs the operations before the loss and returns the chain's output (x_L).
   at::Tensor forward(const at::Tensor& input);
   /// Runs the operations after the loss from δ_L; returns δ_0 (undefined if the input needs no
-  /// grad). `accumulate_parameters` as in `StageGraph::backward`.
-  at::Tensor backward(at::Tensor grad_output, bool accumulate_parameters);
+  /// grad). With `leaves` (a plain backward), the gradients of parameters are added to it;
+  /// without, only the input's gradient is computed (as in `StageGraph::backward`).
+  at::Tensor backward(at::Tensor grad_output, LeafGradients* leaves);
 
  private:
   void run_forward(const plan::Op& op);
   void run_stage(const plan::Op& op, const at::Tensor& input);
-  void run_backward(const plan::Op& op, bool accumulate_parameters);
+  void run_backward(const plan::Op& op, LeafGradients* leaves);
   const at::Tensor& available(int i) const;
   void snapshot_read_again(const at::Tensor& input);
   std::string describe_read_again(size_t i) const;

@@ -536,4 +536,33 @@ TEST(SolverSpecTest, ParsesSolversOnceForLibraryAndCli) {
       "positive integer");
 }
 
+// A Linear used by two stages: its accumulator runs once per backward, with the gradient summed
+// over both stages (hooks on it, such as a data-parallel reducer's, see it complete), and the
+// gradient equals the plain chain's.
+TEST_F(PlannedSequentialTest, ParameterSharedByStagesIsAccumulatedOncePerBackward) {
+  torch::nn::Linear shared(16, 16);
+  torch::nn::Sequential chain(torch::nn::Linear(16, 16), torch::nn::Tanh(), shared,
+                              torch::nn::Tanh(), shared, torch::nn::Tanh());
+  const auto x = torch::randn({4, 16});
+  chain->forward(x).sum().backward();
+  const auto expected = take_grads(*chain);
+  int arrivals = 0;
+  shared->weight.register_hook([&arrivals](const torch::Tensor&) { ++arrivals; });
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum());
+  planned->plan(x);
+  for (auto& p : chain->parameters()) p.mutable_grad().reset();
+  arrivals = 0;
+  ASSERT_GT(planned->prediction().forward_count, static_cast<int>(chain->size()));
+  planned(x).sum().backward();
+  EXPECT_EQ(arrivals, 1);
+  const auto actual = take_grads(*chain);  // the shared Linear's twice: the second undefined
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_EQ(actual[i].defined(), expected[i].defined());
+    if (actual[i].defined()) {
+      EXPECT_TRUE(torch::allclose(actual[i], expected[i]));
+    }
+  }
+}
+
 }  // namespace

@@ -17,6 +17,8 @@ LAYERS = {
     "include/ckpt/execute": 4, "src/execute": 4,
     "include/ckpt/profiler.h": 5, "include/ckpt/memory_tracker.h": 5, "src/measure": 5,
     "include/ckpt/planned_sequential.h": 6, "include/ckpt/ckpt.h": 6,
+    # ckpt::distributed: data-parallel training under any strategy, on top of the whole library.
+    "include/ckpt/distributed.h": 6, "src/distributed": 6,
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
@@ -35,7 +37,8 @@ def included_path(name):
     """The repository path of an include of ckpt's own, or None for LibTorch and the standard."""
     if name.startswith("ckpt/"):
         return "include/" + name
-    if name.split("/")[0] in {"compat", "region", "chains", "plan", "execute", "measure"}:
+    if name.split("/")[0] in {"compat", "region", "chains", "plan", "execute", "measure",
+                                  "distributed"}:
         return "src/" + name
     return None
 

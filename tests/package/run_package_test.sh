@@ -13,3 +13,4 @@ cmake -S "$here/consumer" -B "$work/build" -G "$generator" -DCMAKE_BUILD_TYPE=Re
       -DCMAKE_PREFIX_PATH="$work/prefix" -DREADME_CMAKE="$work/readme.cmake" > "$work/configure.log"
 cmake --build "$work/build" > "$work/build.log"
 "$work/build/app"
+if [ -x "$work/build/app_distributed" ]; then "$work/build/app_distributed"; fi

@@ -27,6 +27,14 @@ struct TrainArgs {
   std::string trace_path;
   std::string json_path;
   std::string chain_path;  // where to write the measured chain (the planner's input)
+  // Data-parallel training (train_distributed.h): local ranks, or one rank of an outside group.
+  int64_t ranks = 0;
+  int64_t rank = -1;
+  int64_t world_size = 0;
+  std::string master_addr = "127.0.0.1";
+  int64_t master_port = 29500;
+  bool dropout_given = false;  // a data-parallel run defaults to no dropout
+  std::string dtype = "float32";
 };
 
 /// What the machine offers; the checks compare the options against it.

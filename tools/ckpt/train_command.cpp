@@ -7,7 +7,9 @@
 #include "gpt.h"
 #include "memory_plot.h"
 #include "progress.h"
+#include "train_distributed.h"
 #include "train_recorder.h"
+#include "train_strategy.h"
 #include "units.h"
 
 #include <ckpt/memory_tracker.h>
@@ -430,6 +432,7 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
                    "Write the model's measured chain (stage times and sizes), the input of "
                    "`ckpt plan --chain`")
       ->type_name("FILE.json");
+  add_distributed_options(command, args);
   return command;
 }
 
@@ -545,6 +548,7 @@ void write_trace(const TrainArgs& args, const Strategy& strategy, const BothRuns
 }  // namespace
 
 int run_train(const TrainArgs& args) {
+  if (wants_distributed(args)) return run_train_distributed(args);
   validate_train_args(args, MachineLimits::of_this_machine());
   const Strategy strategy = parse_strategy(args.strategy, args.layers + 2);
   try {
@@ -569,6 +573,21 @@ int run_train(const TrainArgs& args) {
   } catch (const c10::Error& error) {
     throw std::runtime_error(error.what_without_backtrace());
   }
+}
+
+StrategyForward strategy_forward(const TrainArgs& args, const Corpus& corpus,
+                                 torch::nn::Sequential& chain) {
+  struct Prepared {
+    PlannedSequential planned{nullptr};
+    RunResult result;
+    Forward forward;
+  };
+  const Strategy strategy = parse_strategy(args.strategy, args.layers + 2);
+  auto prepared = std::make_shared<Prepared>();
+  prepared->result.label = strategy.text;
+  prepared->forward =
+      prepare_strategy(args, corpus, strategy, chain, prepared->planned, prepared->result);
+  return {[prepared](const torch::Tensor& x) { return prepared->forward(x); }, strategy.text};
 }
 
 }  // namespace cli

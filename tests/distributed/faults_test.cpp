@@ -1,0 +1,214 @@
+// ckpt::ProcessGroup and ckpt::DataParallel when something goes wrong: a rank killed in the
+// middle of a step, a port in use, world sizes that disagree, a rank out of range, a rank that
+// never comes, a parameter whose gradient arrives twice. Every wait is bounded (ranks.h).
+
+#include "ranks.h"
+
+#include <ckpt/checkpoint.h>
+#include <ckpt/distributed.h>
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+
+namespace {
+
+using ckpt::test::describe;
+using ckpt::test::free_port;
+using ckpt::test::run_ranks;
+
+constexpr auto kDeadline = std::chrono::seconds(90);
+
+ckpt::RendezvousOptions options(int rank, int world, int port, int timeout_seconds = 10) {
+  return ckpt::RendezvousOptions().rank(rank).world_size(world).master_port(port).timeout(
+      std::chrono::seconds(timeout_seconds));
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+torch::nn::Sequential make_chain() {
+  torch::manual_seed(3);
+  return torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::Tanh(),
+                               torch::nn::Linear(64, 64), torch::nn::Tanh(),
+                               torch::nn::Linear(64, 8));
+}
+
+// Rank 1 dies by SIGKILL inside the backward pass of step 2, after rank 0's all-reduces of that
+// step have started waiting for it. Rank 0 must stop with an error well within its timeout of
+// 20 s (the dead peer's connection closes at once), not hang.
+TEST(DataParallelFaults, RankKilledMidStepStopsTheOthersWithAnError) {
+  const int port = free_port();
+  const auto outcomes = run_ranks(
+      2,
+      [port](int rank) {
+        const auto group = ckpt::ProcessGroup::join(options(rank, 2, port, 20));
+        auto chain = make_chain();
+        ckpt::DataParallel parallel(chain.ptr(), group);
+        for (int step = 0; step < 3; ++step) {
+          parallel.begin_step();
+          torch::Tensor h =
+              ckpt::checkpoint([&chain](const torch::Tensor& x) { return chain->forward(x); },
+                               torch::randn({4, 32}));
+          if (rank == 1 && step == 2) {
+            h.register_hook([](const torch::Tensor& grad) {
+              std::raise(SIGKILL);
+              return grad;
+            });
+          }
+          h.sum().backward();
+        }
+      },
+      kDeadline);
+  ASSERT_EQ(outcomes[1].signal, SIGKILL) << describe(outcomes);
+  EXPECT_FALSE(outcomes[0].timed_out) << describe(outcomes);
+  EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message,
+                       "ckpt::DataParallel: on rank 0, the all-reduce of gradient bucket"))
+      << describe(outcomes);
+  EXPECT_LT(outcomes[0].seconds, 60) << describe(outcomes);
+}
+
+TEST(ProcessGroupErrors, PortInUseSaysSo) {
+  const auto outcomes = run_ranks(
+      1,
+      [](int) {
+        const int holder = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in address{};
+        address.sin_family = AF_INET;
+        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t length = sizeof address;
+        TORCH_CHECK(bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                        listen(holder, 1) == 0 &&
+                        getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length) == 0,
+                    "the test could not hold a port");
+        ckpt::ProcessGroup::join(options(0, 1, ntohs(address.sin_port)));
+      },
+      kDeadline);
+  EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message, "the port is in use")) << describe(outcomes);
+}
+
+TEST(ProcessGroupErrors, WorldSizesThatDisagreeSaySo) {
+  const int port = free_port();
+  const auto outcomes = run_ranks(
+      2, [port](int rank) { ckpt::ProcessGroup::join(options(rank, rank == 0 ? 2 : 3, port)); },
+      kDeadline);
+  // Rank 0 always sees the mismatch. Rank 1 sees it too, unless rank 0 has already stopped
+  // (and closed its store) when rank 1 reads rank 0's world size: then it says so.
+  EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message,
+                       "rank 1 was given a world size of 3, but rank 0 was "
+                       "given 2. Start every process of the group with the "
+                       "same world size"))
+      << describe(outcomes);
+  EXPECT_EQ(outcomes[1].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[1].message, "same world size") ||
+              contains(outcomes[1].message, "Rank 0 has probably stopped with an error"))
+      << describe(outcomes);
+}
+
+TEST(ProcessGroupErrors, RankOutOfRangeSaysSo) {
+  const auto outcomes = run_ranks(
+      1, [](int) { ckpt::ProcessGroup::join(options(2, 2, free_port())); }, kDeadline);
+  EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message, "rank 2 is out of range for a world of size 2"))
+      << describe(outcomes);
+  EXPECT_LT(outcomes[0].seconds, 5) << describe(outcomes);
+}
+
+TEST(ProcessGroupErrors, RankThatNeverComesTimesOutNamingIt) {
+  const int port = free_port();
+  const auto outcomes = run_ranks(
+      1, [port](int) { ckpt::ProcessGroup::join(options(0, 3, port, 2)); }, kDeadline);
+  EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message, "these ranks did not join: 1 2")) << describe(outcomes);
+  EXPECT_LT(outcomes[0].seconds, 30) << describe(outcomes);
+}
+
+TEST(ProcessGroupErrors, EnvironmentAsTorchrunSetsIt) {
+  const auto outcomes = run_ranks(
+      1,
+      [](int) {
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", "29611", 1);
+        setenv("RANK", "1", 1);
+        setenv("WORLD_SIZE", "4", 1);
+        const auto read = ckpt::RendezvousOptions::from_environment();
+        TORCH_CHECK(read.master_addr() == "127.0.0.1" && read.master_port() == 29611 &&
+                        read.rank() == 1 && read.world_size() == 4,
+                    "the environment was misread");
+        unsetenv("WORLD_SIZE");
+        ckpt::RendezvousOptions::from_environment();
+      },
+      kDeadline);
+  EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message, "WORLD_SIZE is not set")) << describe(outcomes);
+}
+
+// Under use_reentrant(true), a Linear used in two regions accumulates its gradient in each
+// region's own backward: the second arrival must raise ckpt's error, not reduce half a gradient.
+TEST(DataParallelErrors, ReentrantRegionsSharingAParameterSayWhy) {
+  const int port = free_port();
+  const auto outcomes = run_ranks(
+      2,
+      [port](int rank) {
+        const auto group = ckpt::ProcessGroup::join(options(rank, 2, port));
+        torch::manual_seed(1);
+        torch::nn::Linear first(8, 8);
+        torch::nn::Linear shared(8, 8);
+        torch::nn::Sequential model(first, shared, shared);
+        ckpt::DataParallel parallel(model.ptr(), group);
+        const auto reentrant = ckpt::CheckpointOptions().use_reentrant(true);
+        parallel.begin_step();
+        torch::Tensor h = first(torch::randn({2, 8}));
+        h = ckpt::checkpoint(
+            reentrant, [&](const torch::Tensor& x) { return shared(x); }, h);
+        h = ckpt::checkpoint(
+            reentrant, [&](const torch::Tensor& x) { return shared(x); }, h);
+        h.sum().backward();
+      },
+      kDeadline);
+  for (const auto& outcome : outcomes) {
+    EXPECT_EQ(outcome.exit_code, 1) << describe(outcomes);
+    EXPECT_TRUE(contains(outcome.message, "received its gradient a second time"))
+        << describe(outcomes);
+  }
+}
+
+// scripts/gpu-check.sh runs this one: a world of one rank on NCCL.
+TEST(DataParallelNccl, OneRankTrainsOnTheGpu_CUDA) {
+  if (!ckpt::backend_available(ckpt::Backend::Nccl)) GTEST_SKIP() << "built without NCCL";
+  const auto outcomes = run_ranks(
+      1,
+      [](int) {
+        if (!torch::cuda::is_available()) std::_Exit(77);
+        const auto group = ckpt::ProcessGroup::join(
+            ckpt::RendezvousOptions().master_port(0).world_size(1), ckpt::Backend::Nccl);
+        auto chain = make_chain();
+        chain->to(torch::kCUDA);
+        ckpt::DataParallel parallel(chain.ptr(), group);
+        parallel.begin_step();
+        ckpt::checkpoint([&chain](const torch::Tensor& x) { return chain->forward(x); },
+                         torch::randn({4, 32}, torch::kCUDA))
+            .sum()
+            .backward();
+        for (const int64_t count : parallel.reductions()) TORCH_CHECK(count == 1, "not reduced");
+      },
+      kDeadline);
+  if (outcomes[0].exit_code == 77) GTEST_SKIP() << "no CUDA device";
+  EXPECT_TRUE(outcomes[0].ok()) << describe(outcomes);
+}
+
+}  // namespace

@@ -1,0 +1,30 @@
+#pragma once
+
+// The forward pass of `ckpt train --strategy` on a GPT chain, for the data-parallel driver
+// (train_distributed.cpp), which trains the same strategies as train_command.cpp.
+
+#include "corpus.h"
+#include "train_args.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <functional>
+#include <string>
+
+namespace ckpt {
+namespace cli {
+
+/// A strategy, ready to run.
+struct StrategyForward {
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::string text;  // the strategy as given, such as "sequential:4"
+};
+
+/// Parses `args.strategy` (UsageError when it is invalid) and prepares it on `chain`; a planned
+/// strategy is profiled on a batch of `args.batch` sequences. `chain` must outlive the result.
+StrategyForward strategy_forward(const TrainArgs& args, const Corpus& corpus,
+                                 torch::nn::Sequential& chain);
+
+}  // namespace cli
+}  // namespace ckpt
