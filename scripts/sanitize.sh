@@ -31,7 +31,10 @@ ASAN_OPTIONS=detect_leaks=0 cmake --build build-asan -j "$(nproc)"
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_odr_violation=0"
   export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-  OMP_NUM_THREADS=1 ctest --output-on-failure -j "$(nproc)" -E '^Package\.' "$@"
+  # Not yet here: ckpt::distributed's tests (ranks as forked processes over sockets, Gloo's
+  # threads), which have not been run under the sanitizers; they run in the normal suites.
+  OMP_NUM_THREADS=1 ctest --output-on-failure -j "$(nproc)" \
+    -E '^Package\.|^Distributed\.|^CliRanks\.|^ProcessGroup|DataParallel' "$@"
 )
 
 echo "=== ThreadSanitizer (build-tsan/)"
