@@ -33,6 +33,19 @@ namespace cli {
 using models::GptConfig;
 using models::make_gpt;
 using models::set_probe;
+
+GptConfig gpt_config(const TrainArgs& args, const Corpus& corpus) {
+  GptConfig config;
+  config.vocab = static_cast<int64_t>(corpus.vocabulary.size());
+  config.layers = args.layers;
+  config.width = args.width;
+  config.heads = args.heads;
+  config.context = args.context;
+  config.dropout = args.dropout;
+  config.tied = !args.untied;
+  return config;
+}
+
 namespace {
 
 volatile std::sig_atomic_t g_interrupted = 0;
@@ -158,18 +171,6 @@ void write_chain(const std::string& path, const plan::Chain& chain) {
   std::ofstream file(path);
   file << chain_to_json(chain).dump(2) << "\n";
   if (!file) throw std::runtime_error("cannot write the chain to " + path);
-}
-
-GptConfig gpt_config(const TrainArgs& args, const Corpus& corpus) {
-  GptConfig config;
-  config.vocab = static_cast<int64_t>(corpus.vocabulary.size());
-  config.layers = args.layers;
-  config.width = args.width;
-  config.heads = args.heads;
-  config.context = args.context;
-  config.dropout = args.dropout;
-  config.tied = !args.untied;
-  return config;
 }
 
 // A batch from a generator of its own for profiling, so that training sees the same batches.

@@ -135,18 +135,6 @@ torch::Tensor rows_of(const std::vector<int64_t>& values, const TrainArgs& args,
       .clone();
 }
 
-models::GptConfig gpt_config(const TrainArgs& args, const Corpus& corpus) {
-  models::GptConfig config;
-  config.vocab = static_cast<int64_t>(corpus.vocabulary.size());
-  config.layers = args.layers;
-  config.width = args.width;
-  config.heads = args.heads;
-  config.context = args.context;
-  config.dropout = args.dropout;
-  config.tied = !args.untied;
-  return config;
-}
-
 // Trains `args.steps` steps with the seeds of `ckpt train`: data-parallel over `group` under the
 // strategy, or (no group) alone on the whole batch without checkpointing.
 RankRun train(const TrainArgs& args, const Corpus& corpus, const ProcessGroup* group,

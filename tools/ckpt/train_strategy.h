@@ -4,6 +4,7 @@
 // (train_distributed.cpp), which trains the same strategies as train_command.cpp.
 
 #include "corpus.h"
+#include "gpt.h"
 #include "train_args.h"
 
 #include <ATen/core/Tensor.h>
@@ -14,6 +15,9 @@
 
 namespace ckpt {
 namespace cli {
+
+/// The GPT that `ckpt train` builds from its options and the corpus's vocabulary.
+models::GptConfig gpt_config(const TrainArgs& args, const Corpus& corpus);
 
 /// A strategy, ready to run.
 struct StrategyForward {
