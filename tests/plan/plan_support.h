@@ -39,9 +39,12 @@ inline Chain random_chain(std::mt19937& rng, int stages, int max_bytes, int alte
     // Half the stages give their grad-enabled forward its own temporaries.
     if (std::uniform_int_distribution<int>(0, 1)(rng) == 1) stage.forward_all_tmp_bytes = tmp(rng);
     for (int k = 0; k < alternatives; ++k) {
-      stage.alternatives.push_back(
-          StorageOption{static_cast<double>(time(rng)), static_cast<double>(time(rng)),
-                        stage.output_bytes + tmp(rng), tmp(rng), tmp(rng), {}});
+      stage.alternatives.push_back(StorageOption{static_cast<double>(time(rng)),
+                                                 static_cast<double>(time(rng)),
+                                                 stage.output_bytes + tmp(rng),
+                                                 tmp(rng),
+                                                 tmp(rng),
+                                                 {}});
     }
     chain.stages.push_back(stage);
   }
