@@ -13,49 +13,12 @@
 #include <sstream>
 #include <string>
 
+#include "cli_support.h"
+
 namespace {
 
 using nlohmann::json;
-
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string work_path(const std::string& name) {
-  return std::string(CKPT_TEST_WORK_DIR) + "/" + name;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream file(path);
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-// Runs a shell command that sends its stderr to `err_path`.
-Result run_shell(const std::string& command, const std::string& err_path) {
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.out.append(buffer, n);
-  const int status = pclose(pipe);
-  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.err = read_text(err_path);
-  return result;
-}
-
-// Runs `ckpt ARGS` (through sh; `prefix` goes before the binary, e.g. a timeout command).
-Result run(const std::string& args, const std::string& prefix = "") {
-  const std::string err_path = work_path(
-      "stderr_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-  return run_shell(
-      "OMP_NUM_THREADS=1 " + prefix + " " + CKPT_CLI_BINARY + " " + args + " 2>" + err_path,
-      err_path);
-}
+using namespace ckpt_cli_test;
 
 std::string chain(const std::string& name) {
   return std::string(CKPT_SOURCE_DIR) + "/data/chains/" + name;

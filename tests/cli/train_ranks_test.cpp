@@ -12,43 +12,18 @@
 #include <sstream>
 #include <string>
 
+#include "cli_support.h"
+
 namespace {
 
+using ckpt_cli_test::read_text;
+using ckpt_cli_test::Result;
+using ckpt_cli_test::work_path;
 using nlohmann::json;
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string work_path(const std::string& name) {
-  return std::string(CKPT_TEST_WORK_DIR) + "/" + name;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream file(path);
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-// Runs `ckpt ARGS` under `timeout 300`, with stderr in a file of the test's name.
+// `ckpt ARGS` under `timeout 300`.
 Result run(const std::string& args) {
-  const std::string err_path = work_path(
-      "stderr_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-  const std::string command = "OMP_NUM_THREADS=1 timeout 300 " + std::string(CKPT_CLI_BINARY) +
-                              " " + args + " 2>" + err_path;
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.out.append(buffer, n);
-  const int status = pclose(pipe);
-  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.err = read_text(err_path);
-  return result;
+  return ckpt_cli_test::run(args, "timeout 300");
 }
 
 const std::string kTiny =

@@ -46,6 +46,13 @@ GptConfig gpt_config(const TrainArgs& args, const Corpus& corpus) {
   return config;
 }
 
+nlohmann::json config_json(const TrainArgs& args) {
+  return {{"layers", args.layers},   {"width", args.width}, {"heads", args.heads},
+          {"context", args.context}, {"batch", args.batch}, {"steps", args.steps},
+          {"threads", args.threads}, {"seed", args.seed},   {"lr", args.lr},
+          {"dropout", args.dropout}, {"dtype", args.dtype}, {"tied", !args.untied}};
+}
+
 namespace {
 
 volatile std::sig_atomic_t g_interrupted = 0;
@@ -482,21 +489,11 @@ BothRuns train_both(const TrainArgs& args, const Corpus& corpus, const Strategy&
 
 void write_json(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
                 const BothRuns& runs, int instrumented_step) {
+  nlohmann::json config = config_json(args);
+  config["corpus"] = corpus.source;
+  config["vocabulary"] = corpus.vocabulary.size();
   nlohmann::json document = {{"strategy", strategy.text},
-                             {"config",
-                              {{"layers", args.layers},
-                               {"width", args.width},
-                               {"heads", args.heads},
-                               {"context", args.context},
-                               {"batch", args.batch},
-                               {"steps", args.steps},
-                               {"threads", args.threads},
-                               {"seed", args.seed},
-                               {"lr", args.lr},
-                               {"dropout", args.dropout},
-                               {"tied", !args.untied},
-                               {"corpus", corpus.source},
-                               {"vocabulary", corpus.vocabulary.size()}}},
+                             {"config", config},
                              {"baseline", run_json(runs.baseline, instrumented_step)},
                              {"interrupted", runs.interrupted}};
   document["checkpointed"] = nullptr;

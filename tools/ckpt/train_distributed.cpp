@@ -278,23 +278,12 @@ void write_json(const TrainArgs& args, const Report& report) {
   const int64_t largest_peak =
       *std::max_element(report.peak_per_rank.begin(), report.peak_per_rank.end());
   parallel["peak_bytes"] = largest_peak;
+  nlohmann::json config = config_json(args);
+  config["batch_per_rank"] = args.batch / report.ranks;
   const nlohmann::json document = {
       {"strategy", report.strategy},
       {"ranks", report.ranks},
-      {"config",
-       {{"layers", args.layers},
-        {"width", args.width},
-        {"heads", args.heads},
-        {"context", args.context},
-        {"batch", args.batch},
-        {"batch_per_rank", args.batch / report.ranks},
-        {"steps", args.steps},
-        {"threads", args.threads},
-        {"seed", args.seed},
-        {"lr", args.lr},
-        {"dropout", args.dropout},
-        {"dtype", args.dtype},
-        {"tied", !args.untied}}},
+      {"config", config},
       {"baseline", run_json("no checkpoint, 1 process", report.single)},
       {"data_parallel", parallel},
       {"max_loss_difference", max_difference(report.parallel, report.single)},

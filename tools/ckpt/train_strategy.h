@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <nlohmann/json.hpp>
 
 #include <functional>
 #include <string>
@@ -18,6 +19,9 @@ namespace cli {
 
 /// The GPT that `ckpt train` builds from its options and the corpus's vocabulary.
 models::GptConfig gpt_config(const TrainArgs& args, const Corpus& corpus);
+
+/// The options of a run, for the `config` object of `--json`.
+nlohmann::json config_json(const TrainArgs& args);
 
 /// A strategy, ready to run.
 struct StrategyForward {

@@ -1,0 +1,57 @@
+#pragma once
+
+// Running the built `ckpt` program from a GoogleTest program: its exit code, its stdout, and its
+// stderr kept in a file named after the test. Needs CKPT_CLI_BINARY and CKPT_TEST_WORK_DIR.
+
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace ckpt_cli_test {
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+inline std::string work_path(const std::string& name) {
+  return std::string(CKPT_TEST_WORK_DIR) + "/" + name;
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// Runs a shell command that sends its stderr to `err_path`.
+inline Result run_shell(const std::string& command, const std::string& err_path) {
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.out.append(buffer, n);
+  const int status = pclose(pipe);
+  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.err = read_text(err_path);
+  return result;
+}
+
+// Runs `ckpt ARGS` (through sh; `prefix` goes before the binary, e.g. a timeout command).
+inline Result run(const std::string& args, const std::string& prefix = "") {
+  const std::string err_path = work_path(
+      "stderr_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  return run_shell(
+      "OMP_NUM_THREADS=1 " + prefix + " " + CKPT_CLI_BINARY + " " + args + " 2>" + err_path,
+      err_path);
+}
+
+}  // namespace ckpt_cli_test
