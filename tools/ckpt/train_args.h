@@ -19,7 +19,7 @@ struct TrainArgs {
   int64_t threads = 1;
   std::string strategy = "budget:35%";
   uint64_t seed = 1234;
-  double lr = 3e-3;
+  double lr = 6e-4;  // GPT-2's and nanoGPT's, with the same betas and weight decay
   double dropout = 0.1;
   bool untied = false;
   std::string corpus;
