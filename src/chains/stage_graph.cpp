@@ -103,29 +103,25 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
     const Node* input_node = leaf_.requires_grad()
                                  ? torch::autograd::impl::gradient_edge(leaf_).function.get()
                                  : nullptr;
-    // The border edges end at sinks for the engine's run: the leaves' accumulators (and the
-    // tensor hooks on them) run once, when the chain hands over the sums.
-    edge_list targets(boundary_.size());
-    edge_list sinks;
+    // The border's gradients are collected: the leaves' accumulators (and the tensor hooks on
+    // them) run once, when the chain hands over the sums.
+    std::vector<GradientReceiver> receivers(boundary_.size());
     for (size_t k = 0; k < boundary_.size(); ++k) {
-      std::function<void(const at::Tensor&)> receive;
       if (boundary_[k].function.get() == input_node) {
-        receive = [&input_grad](const at::Tensor& grad) {
-          if (grad.defined()) input_grad = input_grad.defined() ? input_grad + grad : grad;
+        receivers[k] = [&input_grad](const at::Tensor& grad) {
+          input_grad = input_grad.defined() ? input_grad + grad : grad;
         };
       } else {
-        receive = [&leaves, edge = boundary_[k]](const at::Tensor& grad) {
+        receivers[k] = [&leaves, edge = boundary_[k]](const at::Tensor& grad) {
           leaves.add(edge, grad);
         };
       }
-      targets[k] = Edge(make_sink(boundary_[k], std::move(receive)), 0);
-      sinks.push_back(targets[k]);
     }
-    const EdgeRedirect redirect(roots, marker_, BoundaryIndex(boundary_), targets);
-    // accumulate_grad=true makes the engine run the sinks (instead of capturing at them).
+    const BorderCapture border(roots, marker_, boundary_, BoundaryIndex(boundary_),
+                               std::move(receivers));
     torch::autograd::Engine::get_default_engine().execute(
         roots, {std::move(grad_output)}, /*keep_graph=*/false, /*create_graph=*/false,
-        /*accumulate_grad=*/true, sinks);
+        /*accumulate_grad=*/true, border.outputs());
   }
   release();
   return input_grad;

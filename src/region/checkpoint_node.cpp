@@ -80,29 +80,22 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   }
   if (roots.empty()) return result;
 
-  // Every needed border edge gets a sink that the engine runs. In a plain backward, a parameter
-  // whose gradient buffer exists is accumulated into in place as soon as its gradient is ready,
-  // and the border edge gets no gradient; its accumulator still runs once in the outer backward
-  // (post-hooks, such as data-parallel reducers', fire once). Other gradients are collected and
-  // returned, so that each reaches its accumulator summed over every use.
+  // Every needed border edge gets a receiver. In a plain backward, a parameter whose gradient
+  // buffer exists is accumulated into in place as soon as its gradient is ready, and the border
+  // edge gets no gradient; its accumulator still runs once in the outer backward (post-hooks,
+  // such as data-parallel reducers', fire once). Other gradients are collected and returned, so
+  // that each reaches its accumulator summed over every use.
   const bool plain_backward = !create_graph && Engine::get_default_engine().is_checkpoint_valid();
-  edge_list targets(boundary_count);
-  edge_list sinks;
+  std::vector<GradientReceiver> receivers(boundary_count);
   for (size_t k : needed) {
-    std::function<void(const at::Tensor&)> receive;
-    if (plain_backward) receive = early_accumulation(boundary_[k]);
-    if (!receive) {
-      receive = [&result, k](const at::Tensor& grad) { add_gradient(result[k], grad); };
+    if (plain_backward) receivers[k] = early_accumulation(boundary_[k]);
+    if (!receivers[k]) {
+      receivers[k] = [&result, k](const at::Tensor& grad) { add_gradient(result[k], grad); };
     }
-    targets[k] = Edge(make_sink(boundary_[k], std::move(receive)), 0);
-    sinks.push_back(targets[k]);
   }
-  {
-    const EdgeRedirect redirect(roots, marker, index, targets);
-    // accumulate_grad=true makes the engine run the sinks (instead of capturing at them).
-    Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph,
-                                         create_graph, /*accumulate_grad=*/true, sinks);
-  }
+  const BorderCapture border(roots, marker, boundary_, index, std::move(receivers));
+  Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph,
+                                       create_graph, /*accumulate_grad=*/true, border.outputs());
   return result;
 }
 

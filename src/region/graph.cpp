@@ -9,6 +9,7 @@
 
 #include <limits>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace ckpt {
@@ -83,8 +84,57 @@ int64_t BoundaryIndex::find(const Edge& edge) const {
   return it == index_.end() ? -1 : it->second;
 }
 
-EdgeRedirect::EdgeRedirect(const edge_list& roots, const RegionMarker& marker,
-                           const BoundaryIndex& index, const edge_list& targets) {
+namespace {
+
+// Where the region's edges into the border end during the engine's run. It has the input
+// metadata of every boundary edge, so the engine validates gradients against it.
+struct BorderTerminal final : compat::OwningNode {
+  explicit BorderTerminal(const edge_list& boundary)
+      // The largest sequence number, as gradient accumulators have.
+      : OwningNode(/*sequence_nr=*/std::numeric_limits<uint64_t>::max()) {
+    for (const auto& edge : boundary) {
+      input_metadata_.push_back(edge.function->input_metadata(edge.input_nr));
+    }
+  }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&&) override { return {}; }
+  std::string name() const override { return "ckpt::BorderTerminal"; }
+
+ private:
+  void release_owned() override {}
+};
+
+}  // namespace
+
+// A post-hook on a node inside the region: takes the gradients it computed for the border.
+class BorderCapture::Hook final : public torch::autograd::FunctionPostHook {
+ public:
+  Hook(BorderCapture& owner, std::vector<std::pair<size_t, size_t>> outputs_to_border)
+      : owner_(owner), outputs_to_border_(std::move(outputs_to_border)) {}
+
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    torch::autograd::variable_list passed_on = outputs;
+    const std::lock_guard<std::mutex> lock(owner_.mutex_);
+    for (const auto& [output, k] : outputs_to_border_) {
+      if (!passed_on[output].defined()) continue;
+      owner_.receivers_[k](passed_on[output]);
+      passed_on[output].reset();
+    }
+    return passed_on;
+  }
+
+ private:
+  BorderCapture& owner_;
+  std::vector<std::pair<size_t, size_t>> outputs_to_border_;  // (output, boundary edge)
+};
+
+BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
+                             const edge_list& boundary, const BoundaryIndex& index,
+                             std::vector<GradientReceiver> receivers)
+    : receivers_(std::move(receivers)),
+      terminal_(compat::make_node<BorderTerminal>(boundary)) {
+  std::unordered_map<Node*, std::vector<std::pair<size_t, size_t>>> captured;
   try {
     walk_region(roots, marker, [&](Node& node, size_t i) {
       Edge& edge = node.next_edges()[i];
@@ -97,51 +147,36 @@ EdgeRedirect::EdgeRedirect(const edge_list& roots, const RegionMarker& marker,
                   "same thing when it runs again: do not branch on global state or on values that "
                   "change between the forward and the backward pass.");
       original_.emplace_back(&node, i, edge);
-      // Writing through next_edges() keeps topological numbers as they are: a sink is a leaf,
-      // so every parent's number stays larger than its children's.
-      edge = targets[static_cast<size_t>(k)];
+      const auto border = static_cast<size_t>(k);
+      if (!receivers_[border]) {
+        edge = Edge();
+        return;
+      }
+      // Writing through next_edges() keeps topological numbers as they are: the terminal is a
+      // leaf, so every parent's number stays larger than its children's.
+      edge = Edge(terminal_, static_cast<uint32_t>(border));
+      captured[&node].emplace_back(i, border);
     });
+    for (auto& [node, outputs_to_border] : captured) {
+      hooks_.emplace_back(node, node->add_post_hook(
+                                    std::make_unique<Hook>(*this, std::move(outputs_to_border))));
+    }
   } catch (...) {
-    for (auto& [node, i, edge] : original_) node->next_edges()[i] = std::move(edge);
+    restore();
     throw;
   }
 }
 
-EdgeRedirect::~EdgeRedirect() {
+BorderCapture::~BorderCapture() { restore(); }
+
+void BorderCapture::restore() noexcept {
+  for (auto& [node, key] : hooks_) node->del_post_hook(key);
+  hooks_.clear();
   for (auto& [node, i, edge] : original_) node->next_edges()[i] = std::move(edge);
+  original_.clear();
 }
 
-namespace {
-
-struct Sink final : compat::OwningNode {
-  Sink(const torch::autograd::InputMetadata& metadata,
-       std::function<void(const at::Tensor&)> receive)
-      // The largest sequence number, as gradient accumulators have: the engine runs the
-      // highest-numbered ready node first, so a sink takes its gradient (and frees it) as soon as
-      // it is complete instead of after the rest of the graph.
-      : OwningNode(/*sequence_nr=*/std::numeric_limits<uint64_t>::max()),
-        receive_(std::move(receive)) {
-    // A copy of the boundary input's metadata, so the engine validates gradients against it.
-    input_metadata_.push_back(metadata);
-  }
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    if (grads[0].defined()) receive_(grads[0]);
-    return {};
-  }
-  std::string name() const override { return "ckpt::BoundarySink"; }
-
- private:
-  void release_owned() override { receive_ = nullptr; }
-
-  std::function<void(const at::Tensor&)> receive_;
-};
-
-}  // namespace
-
-compat::NodePtr make_sink(const Edge& stands_for, std::function<void(const at::Tensor&)> receive) {
-  return compat::make_node<Sink>(stands_for.function->input_metadata(stands_for.input_nr),
-                                 std::move(receive));
-}
+edge_list BorderCapture::outputs() const { return {Edge(terminal_, 0)}; }
 
 std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge) {
   auto* accumulator = dynamic_cast<torch::autograd::AccumulateGrad*>(edge.function.get());

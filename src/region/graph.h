@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -51,25 +52,39 @@ class BoundaryIndex {
   std::map<std::pair<const Node*, uint32_t>, int64_t> index_;
 };
 
-/// For its lifetime, the edges by which the region graph reached from `roots` leaves the region
-/// point at `targets[k]` instead of boundary edge k (an invalid target cuts the edge), so that an
-/// engine run from `roots` stops at the region's border. The original edges are put back on
-/// destruction, because a double-backward graph may still run through these nodes later.
-class EdgeRedirect {
+/// Takes the gradient that reaches one boundary edge (called once per use of the edge's tensor).
+using GradientReceiver = std::function<void(const at::Tensor&)>;
+
+/// For its lifetime, an engine run from `roots` stops at the region's border. The region's edges
+/// into boundary edge k end at one shared terminal node, and each gradient that flows along them
+/// is handed to `receivers[k]` as soon as the node that computed it returns (a post-hook takes it
+/// and leaves an undefined gradient); an empty receiver cuts those edges, so that gradient is not
+/// computed at all. One terminal for the whole border, rather than a node per edge, because the
+/// engine's cost of running a node is that of a small operator. Receivers are called under one
+/// lock. The original edges are put back and the hooks removed on destruction, because a
+/// double-backward graph may still run through these nodes later.
+class BorderCapture {
  public:
-  EdgeRedirect(const edge_list& roots, const RegionMarker& marker, const BoundaryIndex& index,
-               const edge_list& targets);
-  ~EdgeRedirect();
-  EdgeRedirect(const EdgeRedirect&) = delete;
-  EdgeRedirect& operator=(const EdgeRedirect&) = delete;
+  BorderCapture(const edge_list& roots, const RegionMarker& marker, const edge_list& boundary,
+                const BoundaryIndex& index, std::vector<GradientReceiver> receivers);
+  ~BorderCapture();
+  BorderCapture(const BorderCapture&) = delete;
+  BorderCapture& operator=(const BorderCapture&) = delete;
+
+  /// The engine run's outputs: the terminal. Run with accumulate_grad=true, the engine runs it
+  /// (once, after every gradient has reached the border) instead of capturing at it.
+  edge_list outputs() const;
 
  private:
-  std::vector<std::tuple<Node*, size_t, Edge>> original_;
-};
+  class Hook;
+  void restore() noexcept;
 
-/// A node that stands for boundary edge `stands_for` (it has its input metadata) and hands every
-/// gradient the engine delivers to it to `receive`. It has no next edges.
-compat::NodePtr make_sink(const Edge& stands_for, std::function<void(const at::Tensor&)> receive);
+  std::vector<GradientReceiver> receivers_;
+  std::mutex mutex_;
+  compat::NodePtr terminal_;
+  std::vector<std::tuple<Node*, size_t, Edge>> original_;
+  std::vector<std::pair<Node*, uintptr_t>> hooks_;
+};
 
 /// A receiver that adds gradients for `edge` into its parameter's `.grad` ahead of the outer
 /// backward, where that is allowed: the edge ends at a gradient accumulator, the parameter's
