@@ -94,8 +94,8 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
     }
   }
   const BorderCapture border(roots, marker, boundary_, index, std::move(receivers));
-  Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph,
-                                       create_graph, /*accumulate_grad=*/true, border.outputs());
+  Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
+                                       /*accumulate_grad=*/true, border.outputs());
   return result;
 }
 

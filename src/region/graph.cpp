@@ -8,8 +8,6 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <limits>
-#include <set>
-#include <unordered_map>
 #include <unordered_set>
 
 namespace ckpt {
@@ -20,20 +18,21 @@ RegionMarker::RegionMarker()
       thread_id_(at::RecordFunction::currentThreadId()) {}
 
 bool RegionMarker::created_inside(const Node& node) const {
+  // Gradient accumulators (and ckpt's own border nodes) carry the largest sequence number,
+  // whoever creates them, so they are never inside.
   const uint64_t sequence_nr = node.sequence_nr();
-  // Gradient accumulators carry the largest sequence number, whoever creates them.
-  if (sequence_nr == std::numeric_limits<uint64_t>::max()) return false;
-  return sequence_nr >= first_sequence_nr_ && node.thread_id() == thread_id_ &&
-         dynamic_cast<const torch::autograd::AccumulateGrad*>(&node) == nullptr;
+  return sequence_nr != std::numeric_limits<uint64_t>::max() && sequence_nr >= first_sequence_nr_ &&
+         node.thread_id() == thread_id_;
 }
 
 namespace {
 
 // Depth-first walk over the region's nodes; `on_exit(node, index)` is called for each next edge
-// that leaves the region.
+// that leaves the region, the edges of one node one after another.
 template <class OnExit>
 void walk_region(const edge_list& roots, const RegionMarker& marker, OnExit&& on_exit) {
   std::unordered_set<Node*> seen;
+  seen.reserve(64);
   std::vector<Node*> stack;
   for (const auto& root : roots) {
     Node* node = root.function.get();
@@ -59,11 +58,15 @@ void walk_region(const edge_list& roots, const RegionMarker& marker, OnExit&& on
 
 }  // namespace
 
+size_t BoundaryIndex::EdgeHash::operator()(const std::pair<const Node*, uint32_t>& key) const {
+  return std::hash<const Node*>()(key.first) ^ (static_cast<size_t>(key.second) * 0x9e3779b9u);
+}
+
 edge_list find_boundary_edges(const edge_list& roots, const RegionMarker& marker) {
   edge_list boundary;
-  std::set<std::pair<const Node*, uint32_t>> found;
+  BoundaryIndex index;
   auto add = [&](const Edge& edge) {
-    if (found.emplace(edge.function.get(), edge.input_nr).second) boundary.push_back(edge);
+    if (index.insert(edge, boundary.size())) boundary.push_back(edge);
   };
   for (const auto& root : roots) {
     if (root.function != nullptr && !marker.created_inside(*root.function)) add(root);
@@ -73,10 +76,13 @@ edge_list find_boundary_edges(const edge_list& roots, const RegionMarker& marker
 }
 
 BoundaryIndex::BoundaryIndex(const edge_list& boundary) {
-  for (size_t k = 0; k < boundary.size(); ++k) {
-    index_.emplace(std::make_pair(boundary[k].function.get(), boundary[k].input_nr),
-                   static_cast<int64_t>(k));
-  }
+  index_.reserve(boundary.size());
+  for (size_t k = 0; k < boundary.size(); ++k) insert(boundary[k], k);
+}
+
+bool BoundaryIndex::insert(const Edge& edge, size_t k) {
+  return index_.emplace(std::make_pair(edge.function.get(), edge.input_nr), static_cast<int64_t>(k))
+      .second;
 }
 
 int64_t BoundaryIndex::find(const Edge& edge) const {
@@ -92,6 +98,7 @@ struct BorderTerminal final : compat::OwningNode {
   explicit BorderTerminal(const edge_list& boundary)
       // The largest sequence number, as gradient accumulators have.
       : OwningNode(/*sequence_nr=*/std::numeric_limits<uint64_t>::max()) {
+    input_metadata_.reserve(boundary.size());
     for (const auto& edge : boundary) {
       input_metadata_.push_back(edge.function->input_metadata(edge.input_nr));
     }
@@ -132,9 +139,9 @@ class BorderCapture::Hook final : public torch::autograd::FunctionPostHook {
 BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
                              const edge_list& boundary, const BoundaryIndex& index,
                              std::vector<GradientReceiver> receivers)
-    : receivers_(std::move(receivers)),
-      terminal_(compat::make_node<BorderTerminal>(boundary)) {
-  std::unordered_map<Node*, std::vector<std::pair<size_t, size_t>>> captured;
+    : receivers_(std::move(receivers)), terminal_(compat::make_node<BorderTerminal>(boundary)) {
+  // (node, its outputs that reach the border); walk_region reports a node's edges together.
+  std::vector<std::pair<Node*, std::vector<std::pair<size_t, size_t>>>> captured;
   try {
     walk_region(roots, marker, [&](Node& node, size_t i) {
       Edge& edge = node.next_edges()[i];
@@ -155,11 +162,15 @@ BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
       // Writing through next_edges() keeps topological numbers as they are: the terminal is a
       // leaf, so every parent's number stays larger than its children's.
       edge = Edge(terminal_, static_cast<uint32_t>(border));
-      captured[&node].emplace_back(i, border);
+      if (captured.empty() || captured.back().first != &node) {
+        captured.emplace_back(&node, std::vector<std::pair<size_t, size_t>>());
+      }
+      captured.back().second.emplace_back(i, border);
     });
+    hooks_.reserve(captured.size());
     for (auto& [node, outputs_to_border] : captured) {
-      hooks_.emplace_back(node, node->add_post_hook(
-                                    std::make_unique<Hook>(*this, std::move(outputs_to_border))));
+      hooks_.emplace_back(
+          node, node->add_post_hook(std::make_unique<Hook>(*this, std::move(outputs_to_border))));
     }
   } catch (...) {
     restore();
@@ -167,7 +178,9 @@ BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
   }
 }
 
-BorderCapture::~BorderCapture() { restore(); }
+BorderCapture::~BorderCapture() {
+  restore();
+}
 
 void BorderCapture::restore() noexcept {
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
@@ -176,7 +189,9 @@ void BorderCapture::restore() noexcept {
   original_.clear();
 }
 
-edge_list BorderCapture::outputs() const { return {Edge(terminal_, 0)}; }
+edge_list BorderCapture::outputs() const {
+  return {Edge(terminal_, 0)};
+}
 
 std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge) {
   auto* accumulator = dynamic_cast<torch::autograd::AccumulateGrad*>(edge.function.get());

@@ -9,10 +9,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -44,12 +44,18 @@ edge_list find_boundary_edges(const edge_list& roots, const RegionMarker& marker
 /// Index of each boundary edge, by (node, input number).
 class BoundaryIndex {
  public:
+  BoundaryIndex() = default;
   explicit BoundaryIndex(const edge_list& boundary);
+  /// Records `edge` at position k; false (and nothing changes) when it is already there.
+  bool insert(const Edge& edge, size_t k);
   /// The position of `edge` in the boundary, or -1.
   int64_t find(const Edge& edge) const;
 
  private:
-  std::map<std::pair<const Node*, uint32_t>, int64_t> index_;
+  struct EdgeHash {
+    size_t operator()(const std::pair<const Node*, uint32_t>& key) const;
+  };
+  std::unordered_map<std::pair<const Node*, uint32_t>, int64_t, EdgeHash> index_;
 };
 
 /// Takes the gradient that reaches one boundary edge (called once per use of the edge's tensor).
