@@ -34,7 +34,9 @@ class PlannedSequential : public torch::nn::ModuleHolder<PlannedSequentialImpl> 
   static PlannedSequentialOptions with_measuring_profiler(PlannedSequentialOptions options) {
     if (!options.profiler()) {
       options.profiler(std::make_shared<MeasuringProfiler>(
-          ProfileOptions().selective_option(options.selective_policy())));
+          ProfileOptions()
+              .selective_option(options.selective_policy())
+              .count_parameter_gradients(options.count_parameter_gradients())));
     }
     return options;
   }

@@ -33,14 +33,21 @@ struct ProfileOptions {
   /// by one miss what a step shares between them and add what isolating each costs; the factor
   /// makes predicted step times measured ones, and leaves every plan as it was. Default: true
   TORCH_ARG(bool, calibrate_to_step) = true;
+  /// Count the parameter gradients each stage's backward creates (`plan::Stage::gradient_bytes`),
+  /// and measure the plain step's peak starting without gradients: the step after `zero_grad()`,
+  /// which sets them to none (the default since LibTorch 2.0), and any first step. False where
+  /// they exist before every step (`zero_grad(false)`): then they are part of what lives before
+  /// the step, and neither counts them. Default: true
+  TORCH_ARG(bool, count_parameter_gradients) = true;
 };
 
 /// Measures each stage of a chain on a sample input: forward and backward time (median, seconds)
 /// and the sizes of the planner's memory model (input, output, what a grad-enabled forward keeps,
-/// forward temporaries of each forward mode, backward temporaries), counted by the counting
-/// allocator. With `checkpointed_option` and `selective_option`, a stage also gets the storage
-/// options named "checkpointed" and "selective", which `PlannedSequential` knows how to run.
-/// Buffers (BatchNorm statistics) and the RNG state are left as they were.
+/// forward temporaries of each forward mode, backward temporaries, the parameter gradients each
+/// backward creates), counted by the counting allocator. With `checkpointed_option` and
+/// `selective_option`, a stage also gets the storage options named "checkpointed" and "selective",
+/// which `PlannedSequential` knows how to run. Buffers (BatchNorm statistics) and the RNG state are
+/// left as they were.
 ///
 /// Example:
 /// ```
@@ -51,11 +58,13 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
 
 /// Measures the peak memory of one plain training step of the chain on `sample_input` (forward
 /// and backward, nothing checkpointed) above what lived before it, with the counting allocator
-/// (the caching allocator's statistics on an accelerator). Parameter gradients are allocated
-/// beforehand, as in the steady state of training, so they do not count. Buffers and the RNG
-/// state are left as they were.
+/// (the caching allocator's statistics on an accelerator). With
+/// `options.count_parameter_gradients()` the step starts without parameter gradients, so those
+/// its backward creates before the peak count; otherwise they exist beforehand. The gradients,
+/// buffers and RNG state are left as they were.
 int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
-                                   const at::Tensor& sample_input);
+                                   const at::Tensor& sample_input,
+                                   const ProfileOptions& options = {});
 
 /// The profiler `PlannedSequential` plans with: `profile_chain` and `measure_no_checkpoint_peak`.
 class MeasuringProfiler : public ChainProfiler {

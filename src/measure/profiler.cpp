@@ -15,6 +15,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 
 namespace ckpt {
@@ -96,6 +97,47 @@ class GradientBuffers {
  private:
   std::vector<at::Tensor> params_, saved_;
 };
+
+// Takes every parameter's `.grad` away for its lifetime, as `zero_grad()` leaves them, and puts
+// them back afterwards: a plain step then creates its gradients as training does.
+class NoGradients {
+ public:
+  explicit NoGradients(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+    std::unordered_set<const c10::TensorImpl*> seen;
+    for (const auto& module : modules) {
+      for (auto& p : module->parameters()) {
+        // Every parameter, so that those without a gradient have none afterwards either; a
+        // shared one once, so that its own gradient is what comes back.
+        if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+        params_.push_back(p);
+        saved_.push_back(p.grad());
+        p.mutable_grad().reset();
+      }
+    }
+  }
+  ~NoGradients() {
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = saved_[i];
+  }
+  NoGradients(const NoGradients&) = delete;
+  NoGradients& operator=(const NoGradients&) = delete;
+
+ private:
+  std::vector<at::Tensor> params_, saved_;
+};
+
+// The bytes of the parameter gradients each stage's backward creates (Stage::gradient_bytes): a
+// parameter shared by several stages counts in the last, whose backward runs first.
+std::vector<int64_t> gradient_bytes_per_stage(const std::vector<torch::nn::AnyModule>& stages) {
+  std::vector<int64_t> bytes(stages.size(), 0);
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (size_t i = stages.size(); i-- > 0;) {
+    for (const auto& p : stages[i].ptr()->parameters()) {
+      if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      bytes[i] += static_cast<int64_t>(p.numel()) * static_cast<int64_t>(p.element_size());
+    }
+  }
+  return bytes;
+}
 
 // Runs the stage with grad enabled (plainly, or as a checkpointed region) and its backward,
 // repeatedly: median times, what the forward keeps, and the temporaries of both, as one storage
@@ -226,12 +268,18 @@ plan::Chain calibrated_to_step(plan::Chain chain, const std::vector<torch::nn::A
 }  // namespace
 
 int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
-                                   const at::Tensor& sample_input) {
+                                   const at::Tensor& sample_input, const ProfileOptions& options) {
   check_can_profile(stages, sample_input, "ckpt::measure_no_checkpoint_peak");
   MemoryTracker tracker = tracker_for(sample_input.device());
   const GeneratorStates generators(sample_input.device());
   const detail::BufferGuard buffers(modules_of(stages), /*active=*/true);
-  const GradientBuffers grads(modules_of(stages));
+  std::optional<NoGradients> created;
+  std::optional<GradientBuffers> existing;
+  if (options.count_parameter_gradients()) {
+    created.emplace(modules_of(stages));
+  } else {
+    existing.emplace(modules_of(stages));
+  }
   tracker.reset_peak();
   const int64_t before = tracker.current_bytes();
   run_plain_step(stages, sample_input);
@@ -250,6 +298,7 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
 
   plan::Chain chain;
   chain.input_bytes = storage_bytes(sample_input);
+  const std::vector<int64_t> gradient_bytes = gradient_bytes_per_stage(stages);
   at::Tensor x = sample_input.detach();
   for (size_t i = 0; i < stages.size(); ++i) {
     auto stage = stages[i];
@@ -287,6 +336,7 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
     measured.forward_tmp_bytes = std::max<int64_t>(forward_none_tmp, 0);
     measured.forward_all_tmp_bytes = full.forward_tmp_bytes;
     measured.backward_tmp_bytes = full.backward_tmp_bytes;
+    if (options.count_parameter_gradients()) measured.gradient_bytes = gradient_bytes[i];
     for (auto& option : measured.alternatives) {
       option.saved_bytes = std::max(option.saved_bytes, measured.output_bytes);
     }
@@ -305,7 +355,7 @@ plan::Chain MeasuringProfiler::profile(const std::vector<torch::nn::AnyModule>& 
 
 int64_t MeasuringProfiler::no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
                                               const at::Tensor& sample_input) {
-  return measure_no_checkpoint_peak(stages, sample_input);
+  return measure_no_checkpoint_peak(stages, sample_input, options_);
 }
 
 }  // namespace ckpt

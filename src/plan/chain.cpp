@@ -98,6 +98,7 @@ Totals totals(const Chain& chain) {
   for (const Stage& stage : chain.stages) {
     totals.add_bytes(stage.output_bytes);
     totals.add_bytes(stage.forward_tmp_bytes);
+    totals.add_bytes(stage.gradient_bytes);
     totals.time += stage.forward_time;
     for (int k = 0; k < stage.option_count(); ++k) {
       const StorageOption option = stage.option(k);
@@ -117,7 +118,7 @@ void Chain::validate() const {
   bool ok = !stages.empty() && input_bytes >= 0;
   for (size_t i = 0; ok && i < stages.size(); ++i) {
     const Stage& stage = stages[i];
-    ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 &&
+    ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 && stage.gradient_bytes >= 0 &&
          stage.forward_all_tmp_bytes >= -1 && std::isfinite(stage.forward_time) &&
          stage.forward_time >= 0 &&
          (stage.forward_all_time == -1.0 || stage.forward_all_time >= 0) &&
@@ -138,6 +139,7 @@ void Chain::validate() const {
     const std::string name = "stages[" + std::to_string(i) + "].";
     check_size(stage.output_bytes, name + "output_bytes");
     check_size(stage.forward_tmp_bytes, name + "forward_tmp_bytes");
+    check_size(stage.gradient_bytes, name + "gradient_bytes");
     if (stage.forward_all_tmp_bytes < -1) {
       throw std::invalid_argument(std::string(kValidate) + name +
                                   "forward_all_tmp_bytes must be >= 0 bytes, or -1 for \"the same "

@@ -193,6 +193,7 @@ class Machine {
     current_ -= x_bytes(i + 1);
     xbar_option_[static_cast<size_t>(i + 1)] = -1;
     current_ -= option.saved_bytes;
+    current_ += stage.gradient_bytes;  // the parameters' gradients stay until the step ends
     if (i >= 1 && x_[static_cast<size_t>(i)]) {
       x_[static_cast<size_t>(i)] = false;
       current_ -= x_bytes(i);

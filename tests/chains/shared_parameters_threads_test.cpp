@@ -92,10 +92,12 @@ TEST_F(SharedParametersThreadsTest, CheckpointSequential) {
 TEST_F(SharedParametersThreadsTest, PlannedSequential) {
   // At the smallest feasible budget, so that stages are recomputed. Profiling measures the whole
   // process: plan before the threads start.
-  ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0));
+  // Activations only: this chain's parameter gradients would outweigh its activations.
+  const auto options = ckpt::PlannedSequentialOptions().count_parameter_gradients(false);
+  ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0), options);
   probe->plan(input);
   ckpt::PlannedSequential planned(
-      chain, ckpt::Budget::bytes(ckpt::plan::min_feasible_budget_bytes(probe->profile())));
+      chain, ckpt::Budget::bytes(ckpt::plan::min_feasible_budget_bytes(probe->profile())), options);
   planned->plan(input);
   ASSERT_GT(planned->prediction().forward_count, static_cast<int>(chain->size()));
   expect_exact_accumulation([&](const torch::Tensor& x) { return planned(x); });

@@ -23,6 +23,14 @@ using ckpt::test::take_grads;
 
 struct PlannedSequentialTest : ckpt::test::SeedingFixture {};
 
+// The chains here are small enough that their parameters' gradients outweigh their activations:
+// with the gradients counted, a budget that forces recomputation would be infeasible. The tests of
+// the executor plan for the activations alone, as for a training loop whose gradient buffers live
+// between steps; MeasuredPeakFollowsThePrediction covers both ways.
+ckpt::PlannedSequentialOptions activations_only() {
+  return ckpt::PlannedSequentialOptions().count_parameter_gradients(false);
+}
+
 torch::nn::Sequential make_chain(int layers = 12, int64_t width = 64) {
   torch::nn::Sequential chain;
   for (int i = 0; i < layers; ++i) {
@@ -82,7 +90,7 @@ void expect_same_step(const std::string& solver, const std::string& budget) {
   torch::manual_seed(2);
   auto chain = make_blocks(10, 32);
   ckpt::PlannedSequential planned(chain, ckpt::Budget::parse(budget),
-                                  ckpt::PlannedSequentialOptions().solver(solver));
+                                  activations_only().solver(solver));
   auto x = torch::randn({16, 32});
   planned->plan(x);
   expect_step_equals_plain(plain, chain, planned, x);
@@ -169,7 +177,7 @@ int option_named(const ckpt::plan::Stage& stage, const std::string& name) {
 void expect_option_runs_exactly(ckpt::plan::Chain profile, const std::string& name, double fraction,
                                 torch::nn::Sequential plain, torch::nn::Sequential chain,
                                 const torch::Tensor& x,
-                                ckpt::PlannedSequentialOptions options = {}) {
+                                ckpt::PlannedSequentialOptions options = activations_only()) {
   for (auto& stage : profile.stages) {
     const int k = option_named(stage, name);
     ASSERT_GT(k, 0) << "no option named " << name;
@@ -231,7 +239,7 @@ ProfiledTwins profiled_twins(uint64_t seed) {
   torch::manual_seed(seed);
   twins.chain = make_blocks(6, 64);
   twins.x = torch::randn({32, 64});
-  ckpt::PlannedSequential probe(twins.chain, ckpt::Budget::fraction(1.0));
+  ckpt::PlannedSequential probe(twins.chain, ckpt::Budget::fraction(1.0), activations_only());
   probe->plan(twins.x);
   twins.profile = probe->profile();
   return twins;
@@ -252,7 +260,7 @@ TEST_F(PlannedSequentialTest, SelectiveStageOptionRunsExactly) {
         return matmuls(call);
       });
   expect_option_runs_exactly(t.profile, "selective", 0.7, t.plain, t.chain, t.x,
-                             ckpt::PlannedSequentialOptions().selective_policy(counting));
+                             activations_only().selective_policy(counting));
   EXPECT_GT(consulted, 0);
 }
 
@@ -290,7 +298,7 @@ TEST_F(PlannedSequentialTest, ConcurrentPlanningGivesThePlanOfPlanningAlone) {
   };
   torch::manual_seed(0);
   auto alone_model = make_chain(8, 64);
-  ckpt::PlannedSequential alone(alone_model, ckpt::Budget::fraction(0.9));
+  ckpt::PlannedSequential alone(alone_model, ckpt::Budget::fraction(0.9), activations_only());
   const auto expected = plan_once(alone);
   std::vector<std::vector<int64_t>> results(8);
   std::vector<std::string> errors(8);
@@ -299,7 +307,7 @@ TEST_F(PlannedSequentialTest, ConcurrentPlanningGivesThePlanOfPlanningAlone) {
     threads.emplace_back([&, t] {
       try {
         auto model = make_chain(8, 64);
-        ckpt::PlannedSequential planned(model, ckpt::Budget::fraction(0.9));
+        ckpt::PlannedSequential planned(model, ckpt::Budget::fraction(0.9), activations_only());
         results[t] = plan_once(planned);
       } catch (const std::exception& e) {
         errors[t] = e.what();
@@ -382,7 +390,7 @@ TEST_F(PlannedSequentialTest, PlansThroughTheProfilerItIsGiven) {
 
 TEST_F(PlannedSequentialTest, WorksWithAutogradGradForTheInput) {
   auto chain = make_chain(6, 16);
-  ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(0.8));
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(0.8), activations_only());
   auto x = torch::randn({4, 16}, torch::requires_grad());
   auto expected = torch::autograd::grad({chain->forward(x).sum()}, {x})[0];
   auto actual = torch::autograd::grad({planned(x).sum()}, {x})[0];
@@ -394,7 +402,7 @@ TEST_F(PlannedSequentialTest, WorksWithAutogradGradForTheInput) {
 // schedule that recomputes frees what it stored as it goes.
 TEST_F(PlannedSequentialTest, SecondBackwardAndDoubleBackwardAreClearErrors) {
   auto chain = make_chain(4, 8);
-  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum());
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
   auto x = torch::randn({2, 8}, torch::requires_grad());
   auto y = planned(x).sum();
   y.backward({}, /*retain_graph=*/true);
@@ -406,7 +414,7 @@ TEST_F(PlannedSequentialTest, SecondBackwardAndDoubleBackwardAreClearErrors) {
 // A recomputed stage would silently use weights updated between forward and backward.
 TEST_F(PlannedSequentialTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
   auto chain = make_chain(8, 16);
-  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum());
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
   auto x = torch::randn({4, 16}, torch::requires_grad());
   planned->plan(x);
   auto out = planned(x).sum();
@@ -427,17 +435,31 @@ TEST_F(PlannedSequentialTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
   EXPECT_THROW(out.backward(), c10::Error);
 }
 
-TEST_F(PlannedSequentialTest, MeasuredPeakFollowsThePrediction) {
+// Budgets from the profile's own no-checkpoint peak down to its smallest feasible budget; each
+// step's measured peak stays within the budget and near the prediction. With `gradients_exist`,
+// the parameters keep their gradient buffers between steps (zero_grad(false)); without, each step
+// starts without them (zero_grad()) and its backward creates them, which the plan counts.
+void expect_measured_peak_follows_prediction(bool gradients_exist) {
+  SCOPED_TRACE(gradients_exist ? "gradients exist" : "gradients created");
   const int64_t batch = 64, width = 256;
   torch::nn::Sequential chain;
   for (int i = 0; i < 16; ++i) {
     chain->push_back(torch::nn::Linear(width, width));
     chain->push_back(torch::nn::Tanh());
   }
-  for (auto& p : chain->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  const auto options = ckpt::PlannedSequentialOptions().count_parameter_gradients(!gradients_exist);
+  const auto zero_grad = [&] {
+    for (auto& p : chain->parameters()) {
+      if (gradients_exist) {
+        p.mutable_grad() = torch::zeros_like(p);
+      } else {
+        p.mutable_grad().reset();
+      }
+    }
+  };
+  zero_grad();
   auto x = torch::randn({batch, width});
-  // Budgets from the profile's own no-checkpoint peak down to its smallest feasible budget.
-  ckpt::PlannedSequential probe(chain, ckpt::Budget::minimum());
+  ckpt::PlannedSequential probe(chain, ckpt::Budget::minimum(), options);
   probe->plan(x);
   const int64_t smallest = probe->budget_bytes();
   const int64_t largest =
@@ -447,8 +469,9 @@ TEST_F(PlannedSequentialTest, MeasuredPeakFollowsThePrediction) {
   for (double fraction : {1.0, 0.6, 0.3, 0.0}) {
     SCOPED_TRACE(fraction);
     const auto budget = smallest + static_cast<int64_t>(fraction * (largest - smallest));
-    ckpt::PlannedSequential planned(chain, ckpt::Budget::bytes(budget));
+    ckpt::PlannedSequential planned(chain, ckpt::Budget::bytes(budget), options);
     planned->plan(x);
+    zero_grad();
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes() - x.nbytes();  // x_0 counts in the model
     {
@@ -464,6 +487,11 @@ TEST_F(PlannedSequentialTest, MeasuredPeakFollowsThePrediction) {
   }
 }
 
+TEST_F(PlannedSequentialTest, MeasuredPeakFollowsThePrediction) {
+  expect_measured_peak_follows_prediction(/*gradients_exist=*/true);
+  expect_measured_peak_follows_prediction(/*gradients_exist=*/false);
+}
+
 // Issue 11, item 7: the executor replayed the RNG but not autocast, so a stage recomputed in
 // the backward (outside autocast) ran in float32 where its forward ran in bfloat16.
 TEST_F(PlannedSequentialTest, RecomputedStagesReplayAutocast) {
@@ -471,7 +499,7 @@ TEST_F(PlannedSequentialTest, RecomputedStagesReplayAutocast) {
   auto plain = make_chain(6, 32);
   torch::manual_seed(6);
   auto chain = make_chain(6, 32);
-  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum());
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
   const auto x = torch::randn({8, 32});
   planned->plan(x);
   ASSERT_GT(planned->prediction().forward_count, 12);  // recomputes

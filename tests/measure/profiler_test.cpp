@@ -63,6 +63,27 @@ TEST(ProfilerTest, LeavesTheGradientOfATiedWeightAsItWas) {
   EXPECT_TRUE(torch::equal(shared->weight.grad(), grad_before));
 }
 
+// Each stage's backward creates its parameters' gradients; a shared one counts once, in the last
+// stage that uses it (its backward runs first). Without counting, every stage has none.
+TEST(ProfilerTest, CountsTheParameterGradientsEachBackwardCreates) {
+  torch::nn::Linear shared(8, 8);
+  torch::nn::Linear own(8, 4);
+  std::vector<torch::nn::AnyModule> stages = {
+      torch::nn::AnyModule(shared), torch::nn::AnyModule(torch::nn::Tanh()),
+      torch::nn::AnyModule(shared), torch::nn::AnyModule(own)};
+  const auto input = torch::randn({4, 8});
+  const auto options = ckpt::ProfileOptions().repeats(1).calibrate_to_step(false);
+  const auto counted = ckpt::profile_chain(stages, input, options);
+  const std::vector<int64_t> expected = {0, 0, (8 * 8 + 8) * 4, (8 * 4 + 4) * 4};
+  for (size_t i = 0; i < stages.size(); ++i) {
+    EXPECT_EQ(counted.stages[i].gradient_bytes, expected[i]) << i;
+  }
+  const auto uncounted = ckpt::profile_chain(
+      stages, input, ckpt::ProfileOptions(options).count_parameter_gradients(false));
+  for (const auto& stage : uncounted.stages) EXPECT_EQ(stage.gradient_bytes, 0);
+  for (const auto& p : shared->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
 // Calibrating to a measured step touches the times only: every size is what the uncalibrated
 // profile measures. (That the times scale by one factor is plan::scale_times', tested in
 // ChainTest; the factor itself is a wall-clock ratio, not testable here.)

@@ -46,6 +46,8 @@ inline Chain random_chain(std::mt19937& rng, int stages, int max_bytes, int alte
                                                  tmp(rng),
                                                  {}});
     }
+    // Most stages have parameters whose gradients the backward creates.
+    stage.gradient_bytes = std::uniform_int_distribution<int64_t>(0, max_bytes / 2)(rng);
     chain.stages.push_back(stage);
   }
   return chain;

@@ -1,8 +1,8 @@
 #pragma once
 
 // A second, independent reading of docs/memory-model.md, for the tests' oracles: it scores a
-// schedule by naming every buffer it holds ("x3", "xbar3", "d3") and summing their sizes, and
-// shares no code with ckpt::plan::simulate. The brute force over persistent schedules uses it,
+// schedule by naming every buffer it holds ("x3", "xbar3", "d3", "grad3") and summing their sizes,
+// and shares no code with ckpt::plan::simulate. The brute force over persistent schedules uses it,
 // so a mistake in the simulator cannot hide one in the solver.
 
 #include "ckpt/plan/chain.h"
@@ -45,6 +45,7 @@ class ReferenceAccounting {
   static std::string x(int i) { return "x" + std::to_string(i); }
   static std::string xbar(int i) { return "xbar" + std::to_string(i); }
   static std::string d(int i) { return "d" + std::to_string(i); }
+  static std::string grad(int i) { return "grad" + std::to_string(i); }
 
   int64_t size_of_x(int i) const {
     return i == 0 ? chain_.input_bytes : chain_.stages[static_cast<size_t>(i - 1)].output_bytes;
@@ -101,6 +102,7 @@ class ReferenceAccounting {
       live_.erase(d(i + 1));
       live_.erase(xbar(i + 1));
       if (i >= 1) live_.erase(x(i));
+      live_[grad(i)] = stage.gradient_bytes;  // the parameters' gradients, until the step ends
       backwarded_.insert(i);
       return;
     }

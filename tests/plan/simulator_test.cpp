@@ -61,6 +61,18 @@ Schedule checkpointed_schedule() {
               {kB, 1, 0},
               {kB, 0, 0}});
 }
+TEST(SimulatorTest, ParameterGradientsStayFromTheirBackwardToTheEnd) {
+  Chain chain = two_stage_chain();
+  chain.stages[1].gradient_bytes = 100;
+  chain.stages[0].gradient_bytes = 1000;
+  const SimulationResult result = simulate(chain, solve_no_checkpoint(chain));
+  ASSERT_TRUE(result.valid) << result.error;
+  // As NoCheckpointTimeAndPeakByHand until B1 (peak 151); then B1 leaves 60 + 100;
+  // B0: 160+10+7=177 -> 20 + 1100.
+  EXPECT_EQ(result.peak_bytes, 177);
+  EXPECT_EQ(result.peak_op_index, 4);
+  EXPECT_EQ(result.final_bytes, 1120);
+}
 
 TEST(SimulatorTest, CheckpointedScheduleByHand) {
   const Chain chain = two_stage_chain();
@@ -238,10 +250,13 @@ TEST(SimulatorTest, AcceptsEverySolversSchedules) {
       ASSERT_TRUE(schedule.has_value());
       schedules.push_back(*schedule);
     }
+    int64_t gradient_bytes = 0;
+    for (const Stage& stage : chain.stages) gradient_bytes += stage.gradient_bytes;
     for (const Schedule& schedule : schedules) {
       const SimulationResult result = simulate(chain, schedule);
       EXPECT_TRUE(result.valid) << result.error << "\n" << to_string(schedule);
-      EXPECT_EQ(result.final_bytes, chain.input_bytes * 2) << to_string(schedule);
+      // x_0, δ_0 and every parameter gradient.
+      EXPECT_EQ(result.final_bytes, chain.input_bytes * 2 + gradient_bytes) << to_string(schedule);
     }
   }
 }

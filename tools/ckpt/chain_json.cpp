@@ -91,6 +91,7 @@ plan::Chain chain_from_json(const json& document, const std::string& source) {
     if (object.contains("forward_all_time")) {
       stage.forward_all_time = reader.time(object, "forward_all_time", path);
     }
+    stage.gradient_bytes = reader.bytes(object, "gradient_bytes", path, true);
     if (stage.saved_bytes < stage.output_bytes) {
       reader.fail(path + ".saved_bytes", "must be >= output_bytes (" +
                                              std::to_string(stage.output_bytes) +
@@ -172,6 +173,7 @@ json chain_to_json(const plan::Chain& chain) {
       object["forward_all_tmp_bytes"] = stage.forward_all_tmp_bytes;
     }
     if (stage.forward_all_time >= 0) object["forward_all_time"] = stage.forward_all_time;
+    if (stage.gradient_bytes > 0) object["gradient_bytes"] = stage.gradient_bytes;
     if (!stage.alternatives.empty()) {
       json alternatives = json::array();
       for (const plan::StorageOption& option : stage.alternatives) {

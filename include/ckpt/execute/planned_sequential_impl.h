@@ -75,6 +75,12 @@ struct PlannedSequentialOptions {
   /// checkpointed region under this policy. `ckpt::PlannedSequential` measures the option with
   /// it; a profiler you supply must measure with the same one. Default: `save_matmuls()`
   TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();
+  /// Whether each step's backward creates the parameter gradients, as after `zero_grad()` (which
+  /// sets them to none, the default since LibTorch 2.0) and in any first step, so that the budget
+  /// counts them. False where they exist before every step (`zero_grad(false)`): the budget is
+  /// then for what the step adds to them. `ckpt::PlannedSequential` measures with it; a profiler
+  /// you supply decides for itself. Default: true
+  TORCH_ARG(bool, count_parameter_gradients) = true;
 };
 
 /// Receives every operation of a schedule as the executor runs it (for traces and plots).

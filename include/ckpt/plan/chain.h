@@ -62,6 +62,11 @@ struct Stage {
   /// (`forward_time`, which `forward_none` and `forward_input` take): a grad-enabled forward
   /// also builds the autograd graph. -1: the same as `forward_time`. Default: -1
   double forward_all_time = -1.0;
+  /// Bytes of the parameter gradients the stage's backward creates: its parameters' `.grad`,
+  /// where the step starts without them (`zero_grad()` sets them to none). They stay until the
+  /// step ends. A parameter shared by several stages counts in the last of them, whose backward
+  /// runs first. 0 where the gradients exist before the step. Default: 0
+  int64_t gradient_bytes = 0;
 
   /// Number of full-storage options: 1 + alternatives.size().
   int option_count() const { return 1 + static_cast<int>(alternatives.size()); }

@@ -29,7 +29,8 @@ struct SimulationResult {
   int peak_op_index = -1;
   /// Number of forward ops (forward_none, forward_input, forward_all).
   int forward_count = 0;
-  /// Bytes held after the last op (x_0 and δ_0 for a complete persistent schedule).
+  /// Bytes held after the last op (x_0, δ_0 and the stages' gradient_bytes for a complete
+  /// persistent schedule).
   int64_t final_bytes = 0;
 };
 

@@ -20,7 +20,10 @@ namespace detail {
 // Sizes and times of a chain in some memory unit (bytes, or slots of the table).
 struct Costs {
   int length = 0;
-  std::vector<int64_t> x;    // |x_i|, i in [0, L+1], x[L+1] = 0
+  std::vector<int64_t> x;  // |x_i|, i in [0, L+1], x[L+1] = 0
+  // Gradients held once stages i..L-1 are backwarded (their gradient_bytes), i in [0, L+1]: the
+  // terms of an entry (i, l) add those of the stages done at that moment.
+  std::vector<int64_t> gradients;
   std::vector<int64_t> tmp;  // no-grad forward temporaries of stage i
   std::vector<double> time;  // no-grad forward time of stage i
   std::vector<std::vector<int64_t>> saved, forward_tmp, backward_tmp;
@@ -28,6 +31,7 @@ struct Costs {
 
   int options(int i) const { return static_cast<int>(saved[static_cast<size_t>(i)].size()); }
   int64_t x_at(int i) const { return x[static_cast<size_t>(i)]; }
+  int64_t gradients_from(int i) const { return gradients[static_cast<size_t>(i)]; }
   int64_t saved_at(int i, int k) const {
     return saved[static_cast<size_t>(i)][static_cast<size_t>(k)];
   }
@@ -37,13 +41,15 @@ struct Costs {
            backward_time[static_cast<size_t>(i)][static_cast<size_t>(k)];
   }
   // Memory needed (outside x_i, with δ_{l+1} held) by Fall_i with option k and by B_i
-  // afterwards: max(forward peak, backward peak). The sub-problem i+1..l comes on top.
+  // afterwards: max(forward peak, backward peak). The sub-problem i+1..l comes on top. Fall_i
+  // runs with the gradients of the stages after l, B_i with those of the stages after i.
   int64_t forward_all_need(int i, int l, int k) const {
     const auto si = static_cast<size_t>(i);
     const auto sk = static_cast<size_t>(k);
     const int64_t kept = saved[si][sk];
-    return std::max(x[static_cast<size_t>(l + 1)] + kept + forward_tmp[si][sk],
-                    x[si + 1] + kept + x[si] + backward_tmp[si][sk]);
+    return std::max(
+        x[static_cast<size_t>(l + 1)] + kept + forward_tmp[si][sk] + gradients_from(l + 1),
+        x[si + 1] + kept + x[si] + backward_tmp[si][sk] + gradients_from(i + 1));
   }
 };
 
@@ -55,6 +61,12 @@ Costs make_costs(const Chain& chain, Convert convert) {
   costs.x.resize(length + 2, 0);
   for (int i = 0; i <= costs.length; ++i) {
     costs.x[static_cast<size_t>(i)] = convert(chain.activation_bytes(i));
+  }
+  costs.gradients.resize(length + 2, 0);
+  int64_t gradient_bytes = 0;
+  for (size_t i = length; i-- > 0;) {
+    gradient_bytes += chain.stages[i].gradient_bytes;
+    costs.gradients[i] = convert(gradient_bytes);
   }
   costs.tmp.resize(length);
   costs.time.resize(length);
@@ -87,11 +99,12 @@ inline bool forward_all_allowed(bool restricted, int length, int i, int l) {
 }
 
 // The memory case (a) needs for Fck_i Fn_{i+1} ... Fn_{j-1} with δ_{l+1} held, given the
-// forward peak of stages i..j-2 (`forward`, updated here for stage j-1); checkpoints x_j.
+// forward peak of stages i..j-2 (`forward`, updated here for stage j-1); checkpoints x_j. The
+// forwards run with the gradients of the stages after l.
 inline int64_t forward_input_need(const Costs& c, int i, int j, int l, int64_t& forward) {
   const auto sj = static_cast<size_t>(j);
   if (j - 1 > i) forward = std::max(forward, c.x[sj - 1] + c.x[sj] + c.tmp[sj - 1]);
-  return std::max(c.x[static_cast<size_t>(l + 1)] + forward, c.x[sj]);
+  return std::max(c.x[static_cast<size_t>(l + 1)] + forward, c.x[sj]) + c.gradients_from(l + 1);
 }
 
 // The forward peak of Fck_i alone, where forward_input_need starts.

@@ -44,9 +44,16 @@ Stage group_stage(const Chain& chain, int first, int end) {
     forward_tmp = std::max(forward_tmp, chain.activation_bytes(i) + stage.output_bytes +
                                             stage.forward_tmp_bytes - outer);
     forward_all_tmp = std::max(forward_all_tmp, full.forward_tmp_bytes);
-    // Inside the group, the backward also holds the gradient of the member's input.
+    // Inside the group, the backward also holds the gradient of the member's input, and the
+    // parameter gradients of the members after it (backwarded before it).
     const int64_t inner_gradient = i > first ? chain.activation_bytes(i) : 0;
-    backward_tmp = std::max(backward_tmp, full.backward_tmp_bytes + inner_gradient);
+    int64_t later_parameters = 0;
+    for (int j = i + 1; j < end; ++j) {
+      later_parameters += chain.stages[static_cast<size_t>(j)].gradient_bytes;
+    }
+    backward_tmp =
+        std::max(backward_tmp, full.backward_tmp_bytes + inner_gradient + later_parameters);
+    group.gradient_bytes += stage.gradient_bytes;
   }
   group.output_bytes = chain.activation_bytes(end);
   group.saved_bytes = std::max(saved, group.output_bytes);
