@@ -74,6 +74,7 @@ Chain chain_from(FuzzedDataProvider& data) {
                            size_from(data)};
       stage.alternatives.push_back(option);
     }
+    if (data.ConsumeBool()) stage.gradient_bytes = size_from(data);
     chain.stages.push_back(stage);
   }
   return chain;
