@@ -39,7 +39,8 @@ ASAN_OPTIONS=detect_leaks=0 cmake --build build-asan -j "$(nproc)"
 
 echo "=== ThreadSanitizer (build-tsan/)"
 configure build-tsan "-fsanitize=thread"
-cmake --build build-tsan -j "$(nproc)" --target ckpt_tests
+# Only the test files that hold these tests are compiled under it (tests/CMakeLists.txt).
+cmake --build build-tsan -j "$(nproc)" --target ckpt_thread_tests
 TSAN_OPTIONS="suppressions=$here/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
-  OMP_NUM_THREADS=1 build-tsan/tests/ckpt_tests \
+  OMP_NUM_THREADS=1 build-tsan/tests/ckpt_thread_tests \
   --gtest_filter='SharedParametersThreads*:*Concurrent*:MemoryTrackerTest.*Thread*'
