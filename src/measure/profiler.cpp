@@ -15,7 +15,6 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <unordered_set>
 
 namespace ckpt {
@@ -71,55 +70,32 @@ bool is_differentiable(const at::Tensor& t) {
   return at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
 }
 
-// Gives every parameter of `modules` a zero gradient buffer for its lifetime (the steady state
-// of training, where backward accumulates in place) and puts the original gradients back
-// afterwards. A parameter shared by several modules (a tied weight) is handled once, so that
+// Swaps every parameter's `.grad` for the state a step starts from, for its lifetime, and puts
+// the original gradients back afterwards. `ZeroBuffers`: the steady state of a loop that keeps
+// its buffers (backward accumulates in place). `None`: as `zero_grad()` leaves them (backward
+// creates them). A parameter shared by several modules (a tied weight) is handled once, so that
 // its own gradient is what comes back.
-class GradientBuffers {
+class SwappedGradients {
  public:
-  explicit GradientBuffers(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  enum class Start { ZeroBuffers, None };
+
+  SwappedGradients(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, Start start) {
     std::unordered_set<const c10::TensorImpl*> seen;
     for (const auto& module : modules) {
       for (auto& p : module->parameters()) {
-        if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-        params_.push_back(p);
-        saved_.push_back(p.grad());
-        p.mutable_grad() = at::zeros_like(p);
-      }
-    }
-  }
-  ~GradientBuffers() {
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = saved_[i];
-  }
-  GradientBuffers(const GradientBuffers&) = delete;
-  GradientBuffers& operator=(const GradientBuffers&) = delete;
-
- private:
-  std::vector<at::Tensor> params_, saved_;
-};
-
-// Takes every parameter's `.grad` away for its lifetime, as `zero_grad()` leaves them, and puts
-// them back afterwards: a plain step then creates its gradients as training does.
-class NoGradients {
- public:
-  explicit NoGradients(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
-    std::unordered_set<const c10::TensorImpl*> seen;
-    for (const auto& module : modules) {
-      for (auto& p : module->parameters()) {
-        // Every parameter, so that those without a gradient have none afterwards either; a
-        // shared one once, so that its own gradient is what comes back.
         if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
         params_.push_back(p);
         saved_.push_back(p.grad());
-        p.mutable_grad().reset();
+        const bool buffer = start == Start::ZeroBuffers && p.requires_grad();
+        p.mutable_grad() = buffer ? at::zeros_like(p) : at::Tensor();
       }
     }
   }
-  ~NoGradients() {
+  ~SwappedGradients() {
     for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = saved_[i];
   }
-  NoGradients(const NoGradients&) = delete;
-  NoGradients& operator=(const NoGradients&) = delete;
+  SwappedGradients(const SwappedGradients&) = delete;
+  SwappedGradients& operator=(const SwappedGradients&) = delete;
 
  private:
   std::vector<at::Tensor> params_, saved_;
@@ -250,7 +226,7 @@ void run_plain_step(const std::vector<torch::nn::AnyModule>& stages,
 // chain leaves every plan as it was.
 plan::Chain calibrated_to_step(plan::Chain chain, const std::vector<torch::nn::AnyModule>& stages,
                                const at::Tensor& sample_input, const ProfileOptions& options) {
-  const GradientBuffers grads(modules_of(stages));
+  const SwappedGradients grads(modules_of(stages), SwappedGradients::Start::ZeroBuffers);
   std::vector<double> times;
   for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
     compat::synchronize(sample_input.device());
@@ -273,13 +249,9 @@ int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stag
   MemoryTracker tracker = tracker_for(sample_input.device());
   const GeneratorStates generators(sample_input.device());
   const detail::BufferGuard buffers(modules_of(stages), /*active=*/true);
-  std::optional<NoGradients> created;
-  std::optional<GradientBuffers> existing;
-  if (options.count_parameter_gradients()) {
-    created.emplace(modules_of(stages));
-  } else {
-    existing.emplace(modules_of(stages));
-  }
+  const SwappedGradients grads(modules_of(stages), options.count_parameter_gradients()
+                                                       ? SwappedGradients::Start::None
+                                                       : SwappedGradients::Start::ZeroBuffers);
   tracker.reset_peak();
   const int64_t before = tracker.current_bytes();
   run_plain_step(stages, sample_input);
@@ -302,7 +274,7 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
   at::Tensor x = sample_input.detach();
   for (size_t i = 0; i < stages.size(); ++i) {
     auto stage = stages[i];
-    const GradientBuffers grads({stage.ptr()});
+    const SwappedGradients grads({stage.ptr()}, SwappedGradients::Start::ZeroBuffers);
     const bool input_grad = i > 0 ? is_differentiable(x) : sample_input.requires_grad();
     plan::Stage measured{};
     const plan::StorageOption full =
