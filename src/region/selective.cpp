@@ -191,8 +191,7 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
     return;
   }
   torch::jit::drop(*stack, op.schema().arguments().size());
-  for (const c10::IValue& value : entry.returns)
-    stack->push_back(map_tensors(value, untracked_alias));
+  for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, untracked_alias));
   handed_out_.push_back(next_ - 1);
 }
 
