@@ -155,7 +155,7 @@ Region::ForwardScope::ForwardScope(Region& region)
     : grad_mode_(!region.state_->options.use_reentrant()) {
   RegionState& state = *region.state_;
   if (state.kept) {
-    caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept, *region.marker_);
+    caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept);
     caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
   }
   if (state.options.debug()) {

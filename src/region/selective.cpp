@@ -2,7 +2,6 @@
 
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <string>
@@ -55,7 +54,7 @@ bool unchanged(const KeptOutputs::Entry& entry) {
 
 // A tensor sharing `tensor`'s data with no autograd history of its own (autograd, above the
 // mode, gives the one handed out a history; the kept one must not hold the forward's graph).
-at::Tensor untracked_alias(const at::Tensor& tensor) {
+at::Tensor alias(const at::Tensor& tensor) {
   return tensor.defined() ? tensor.variable_data() : tensor;
 }
 
@@ -103,7 +102,6 @@ bool contains(const std::vector<const c10::StorageImpl*>& storages,
 }  // namespace
 
 void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  release_producers(op, *stack);
   if (op.schema().is_mutable()) copy_before_write(written_storages(op, *stack));
   const Keep keep = keeps_outputs(policy_, op, *stack);
   run(op, stack);
@@ -120,26 +118,10 @@ void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* sta
         watch.checked = true;
       }
       entry.watches.push_back(watch);
-      return untracked_alias(t);
+      return alias(t);
     }));
   }
   kept_.entries.push_back(std::move(entry));
-}
-
-// The arguments' nodes are complete (autograd, above the mode, recorded them when their
-// operators returned), and nothing runs them backward: the region's outputs get their own node.
-// The node is read from the autograd metadata directly: `grad_fn()` may create one for a view.
-void CachingMode::release_producers(const c10::OperatorHandle& op,
-                                    const torch::jit::Stack& stack) const {
-  const size_t count = op.schema().arguments().size();
-  for (size_t i = stack.size() - count; i < stack.size(); ++i) {
-    map_tensors(stack[i], [&](const at::Tensor& t) {
-      const auto* meta = t.defined() ? torch::autograd::impl::get_autograd_meta(t) : nullptr;
-      Node* node = meta != nullptr ? meta->grad_fn_.get() : nullptr;
-      if (node != nullptr && marker_.created_inside(*node)) node->release_variables();
-      return t;
-    });
-  }
 }
 
 // Each kept tensor whose data is about to be written becomes a copy the entry owns alone.
@@ -191,7 +173,7 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
     return;
   }
   torch::jit::drop(*stack, op.schema().arguments().size());
-  for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, untracked_alias));
+  for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, alias));
   handed_out_.push_back(next_ - 1);
 }
 

@@ -6,7 +6,6 @@
 // above them, records every operator's node as usual.
 
 #include "dispatch_mode.h"
-#include "graph.h"
 
 #include <ckpt/selective.h>
 
@@ -46,25 +45,17 @@ struct KeptOutputs {
 /// into the data of a kept output (a view of it, or an alias autograd does not track such as
 /// `aten::_unsafe_view`'s, which Linear's bias add writes into) makes the entry keep a copy taken
 /// before the write.
-///
-/// The forward's graph only serves to find the region's border, so the tensors its nodes save
-/// are not needed: when an operator consumes a tensor that a node of the region (after `marker`)
-/// computed, that node's saved tensors are freed, as PyTorch's non-reentrant checkpoint drops
-/// them in its pack hook. The forward then holds what a forward without a graph holds, plus the
-/// kept outputs, instead of every activation of the region until it returns.
 class CachingMode : public DispatchMode {
  public:
-  CachingMode(SelectivePolicy policy, KeptOutputs& kept, const RegionMarker& marker)
-      : policy_(std::move(policy)), kept_(kept), marker_(marker) {}
+  CachingMode(SelectivePolicy policy, KeptOutputs& kept)
+      : policy_(std::move(policy)), kept_(kept) {}
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
 
  private:
   void copy_before_write(const std::vector<const c10::StorageImpl*>& written);
-  void release_producers(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
 
   SelectivePolicy policy_;
   KeptOutputs& kept_;
-  const RegionMarker& marker_;
 };
 
 /// Hands the kept outputs back in the same order (the recompute), and runs everything else.

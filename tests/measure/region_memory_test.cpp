@@ -4,7 +4,6 @@
 
 #include <ckpt/checkpoint.h>
 #include <ckpt/memory_tracker.h>
-#include <ckpt/selective.h>
 
 #include "support/support.h"
 
@@ -85,31 +84,6 @@ TEST_P(RegionMemoryTest, BackwardPeakMatchesAPlainBackwardOfTheRecompute) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, RegionMemoryTest, ::testing::Values(false, true),
                          ckpt::test::VariantName());
-
-// Under a selective policy the region's forward frees each node's saved tensors as soon as the
-// next operator consumes its output, as PyTorch's pack hooks drop them: its peak is the kept
-// outputs and a few live activations, not every activation the forward's graph would save.
-TEST(RegionSelectiveMemoryTest, ForwardHoldsTheKeptOutputsNotTheGraphsActivations) {
-  ckpt::MemoryTracker tracker;
-  auto model = make_deep(24);
-  auto x = torch::randn({kBatch, kWidth}, torch::requires_grad());
-  const auto forward_peak = [&](const ckpt::CheckpointOptions& options) {
-    tracker.reset_peak();
-    const int64_t before = tracker.current_bytes();
-    auto y = ckpt::checkpoint(options, model, x);
-    return tracker.peak_bytes() - before;
-  };
-  const ckpt::SelectivePolicy keep_nothing(
-      [](const ckpt::OpCall&) { return ckpt::CheckpointPolicy::PreferRecompute; });
-
-  // Each layer's graph saves tanh's output, which is also the next addmm's saved input.
-  EXPECT_GE(forward_peak(ckpt::CheckpointOptions()), 24 * kActivationBytes);
-  EXPECT_LE(forward_peak(ckpt::CheckpointOptions().policy(keep_nothing)), 4 * kActivationBytes);
-  // save_matmuls() keeps the 24 products.
-  const int64_t matmuls = forward_peak(ckpt::CheckpointOptions().policy(ckpt::save_matmuls()));
-  EXPECT_GE(matmuls, 24 * kActivationBytes);
-  EXPECT_LE(matmuls, 28 * kActivationBytes);
-}
 
 // Port of test_checkpointing_without_reentrant_early_free (GPU memory → counting allocator).
 // Hooks inside the function record live bytes as the backward passes each intermediate.

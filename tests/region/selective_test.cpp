@@ -340,23 +340,6 @@ TEST(SelectiveTest, ClearErrors) {
       "needs the non-reentrant variant");
 }
 
-// Under a policy the forward frees its graph's saved tensors as it goes (docs/mechanism.md), as
-// PyTorch's non-reentrant checkpoint does: a function that runs backward through its own
-// intermediates inside the region needs the region without a policy.
-TEST(SelectiveTest, BackwardInsideTheForwardNeedsNoPolicy) {
-  const auto x = torch::randn({3}, torch::requires_grad());
-  const auto penalised = [](const at::Tensor& t) {
-    const at::Tensor y = t.pow(3);
-    const at::Tensor g = torch::autograd::grad({y.sum()}, {t}, {}, true, true)[0];
-    return (y + g).sum();
-  };
-  const at::Tensor plain = penalised(x);
-  EXPECT_TRUE(bit_equal(ckpt::checkpoint(penalised, x), plain));
-  CKPT_EXPECT_THROWS_WITH(
-      ckpt::checkpoint(ckpt::CheckpointOptions().policy(ckpt::save_matmuls()), penalised, x),
-      "already been freed");
-}
-
 }  // namespace
 
 namespace {
