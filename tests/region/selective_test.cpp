@@ -340,6 +340,26 @@ TEST(SelectiveTest, ClearErrors) {
       "needs the non-reentrant variant");
 }
 
+// A function that runs backward through its own intermediates inside the region (a gradient
+// penalty, a physics-informed loss) works under a policy, as under PyTorch's selective
+// checkpointing: the forward keeps its graph until it returns.
+TEST(SelectiveTest, BackwardInsideTheForwardWorksUnderAPolicy) {
+  const auto x = torch::randn({3}, torch::requires_grad());
+  const auto penalised = [](const at::Tensor& t) {
+    const at::Tensor y = torch::mm(t.view({1, 3}), t.view({3, 1})).pow(3);
+    const at::Tensor g = torch::autograd::grad({y.sum()}, {t}, {}, true, true)[0];
+    return (y.sum() + g.square().sum());
+  };
+  const at::Tensor plain = penalised(x);
+  const at::Tensor plain_grad = torch::autograd::grad({plain}, {x})[0];
+  for (const auto& options :
+       {ckpt::CheckpointOptions().policy(ckpt::save_matmuls()), ckpt::CheckpointOptions()}) {
+    const at::Tensor out = ckpt::checkpoint(options, penalised, x);
+    EXPECT_TRUE(bit_equal(out, plain));
+    EXPECT_TRUE(bit_equal(torch::autograd::grad({out}, {x})[0], plain_grad));
+  }
+}
+
 }  // namespace
 
 namespace {
