@@ -79,6 +79,8 @@ class ProcessGroup {
   /// checks that all agree on the world size and that no rank is taken twice), then creates the
   /// backend. Raises an error saying what was wrong when the port is in use, the rank is out of
   /// range, the world sizes disagree, or the other ranks don't arrive within the timeout.
+  /// Ignores SIGPIPE unless the program handles it (docs/distributed.md: a dying peer would
+  /// otherwise kill this process through Gloo's socket writes).
   static ProcessGroup join(const RendezvousOptions& options, Backend backend = Backend::Gloo);
 
   /// This process's rank.

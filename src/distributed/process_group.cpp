@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <sstream>
@@ -215,8 +216,25 @@ bool backend_available(Backend backend) {
   return backend == Backend::Gloo || compat::nccl_compiled();
 }
 
+namespace {
+
+// A peer that dies closes its sockets, and Gloo writes to them without MSG_NOSIGNAL: with
+// SIGPIPE's default action, that write kills this process instead of failing with EPIPE, which
+// c10d turns into an error naming the collective. Python ignores SIGPIPE at start-up, so
+// torch.distributed never meets it; a C++ program must. A handler the program installed itself
+// is left alone.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
 ProcessGroup ProcessGroup::join(const RendezvousOptions& options, Backend backend) {
   check_options(options);
+  ignore_sigpipe_unless_handled();
   auto impl = std::make_shared<Impl>();
   impl->rank = options.rank();
   impl->world_size = options.world_size();
