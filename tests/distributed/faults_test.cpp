@@ -105,7 +105,7 @@ TEST(ProcessGroupErrors, CollectivesAfterAPeerDiedFailWithAnError) {
 // MSG_NOSIGNAL: at SIGPIPE's default action that kills the writer (seen once in 30 runs of
 // RankKilledMidStepStopsTheOthersWithAnError). join() ignores SIGPIPE, as Python does at
 // start-up, unless the program handles it itself.
-void count_sigpipe(int) {}
+void programs_own_sigpipe_handler(int) {}
 
 TEST(ProcessGroupErrors, JoinIgnoresSigpipeUnlessTheProgramHandlesIt) {
   const auto outcomes = run_ranks(
@@ -119,9 +119,10 @@ TEST(ProcessGroupErrors, JoinIgnoresSigpipeUnlessTheProgramHandlesIt) {
         std::signal(SIGPIPE, SIG_DFL);
         ckpt::ProcessGroup::join(options(0, 1, 0));
         TORCH_CHECK(disposition() == SIG_IGN, "SIGPIPE kept its default action");
-        std::signal(SIGPIPE, count_sigpipe);
+        std::signal(SIGPIPE, programs_own_sigpipe_handler);
         ckpt::ProcessGroup::join(options(0, 1, 0));
-        TORCH_CHECK(disposition() == count_sigpipe, "the program's SIGPIPE handler was replaced");
+        TORCH_CHECK(disposition() == programs_own_sigpipe_handler,
+                    "the program's SIGPIPE handler was replaced");
       },
       kDeadline);
   EXPECT_EQ(outcomes[0].exit_code, 0) << describe(outcomes);
