@@ -53,7 +53,7 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   state_->check_unmodified();
   const bool create_graph = at::GradMode::is_enabled();
   const RegionMarker marker;
-  const variable_list outputs = state_->run_recompute(/*replacement=*/nullptr);
+  variable_list outputs = state_->run_recompute(/*replacement=*/nullptr);
   state_->check_recomputed(outputs);
 
   const BoundaryIndex index(boundary_);
@@ -79,6 +79,9 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
     }
   }
   if (roots.empty()) return result;
+  // Past their gradient edges the recomputed outputs are not needed; the region's backward
+  // should not hold them (PyTorch's recompute keeps only what the graph saved).
+  outputs.clear();
 
   // Every needed border edge gets a receiver. In a plain backward, a parameter whose gradient
   // buffer exists is accumulated into in place as soon as its gradient is ready, and the border

@@ -11,6 +11,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
@@ -94,7 +95,10 @@ std::vector<at::Tensor> RegionState::run_recompute(
   std::vector<at::Tensor> recomputed;
   {
     std::optional<DispatchModeGuard> replay_guard, recording_guard;
-    if (kept) replay_guard.emplace(replay.emplace(options.policy(), *kept));
+    if (kept) {
+      const bool consume = !torch::autograd::get_current_graph_task_keep_graph();
+      replay_guard.emplace(replay.emplace(options.policy(), *kept, consume));
+    }
     if (options.debug()) recording_guard.emplace(recording);
     recomputed = recompute(replacement);
   }

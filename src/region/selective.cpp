@@ -159,6 +159,15 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
               "checkpointed region called ", name, " where its forward called ",
               operator_label(entry.op), " (kept call #", next_ - 1,
               "). The function must run the same operators when it runs again.");
+  if (entry.consumed) {
+    // Only after a backward that kept no graph failed part-way, and is being run again.
+    TORCH_CHECK(!entry.must, "ckpt::checkpoint: the outputs of ", name,
+                " that the selective policy keeps (MustSave) were given up by an earlier "
+                "backward through this region, which did not retain the graph. Pass "
+                "retain_graph=true to the backward if you need to run it again.");
+    run(op, stack);
+    return;
+  }
   if (!unchanged(entry)) {
     // Modified in place after the forward kept it (by the caller, or by an earlier recompute
     // that was handed it): the kept value is stale.
@@ -175,6 +184,10 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
   torch::jit::drop(*stack, op.schema().arguments().size());
   for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, alias));
   handed_out_.push_back(next_ - 1);
+  if (consume_) {
+    entry.returns.clear();
+    entry.consumed = true;
+  }
 }
 
 // The recompute writes into kept data it was handed (Linear's bias add into the kept product):

@@ -37,6 +37,9 @@ struct KeptOutputs {
     // A recompute handed these outputs out and then wrote into them in place: a later recompute
     // (a second backward) runs the operator instead.
     bool stale = false;
+    // A recompute that keeps no graph handed these outputs out and let go of them (`returns` is
+    // empty), so that they live only as long as the recomputed graph needs them.
+    bool consumed = false;
   };
   std::vector<Entry> entries;
 };
@@ -58,10 +61,13 @@ class CachingMode : public DispatchMode {
   KeptOutputs& kept_;
 };
 
-/// Hands the kept outputs back in the same order (the recompute), and runs everything else.
+/// Hands the kept outputs back in the same order (the recompute), and runs everything else. With
+/// `consume` (a backward that keeps no graph, after which the region is released anyway), it
+/// lets go of each kept output as it hands it out, as PyTorch's selective checkpointing does.
 class ReplayMode : public DispatchMode {
  public:
-  ReplayMode(SelectivePolicy policy, KeptOutputs& kept) : policy_(std::move(policy)), kept_(kept) {}
+  ReplayMode(SelectivePolicy policy, KeptOutputs& kept, bool consume)
+      : policy_(std::move(policy)), kept_(kept), consume_(consume) {}
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
   /// Raises an error when the recompute used fewer kept outputs than the forward kept.
   void check_all_used() const;
@@ -71,6 +77,7 @@ class ReplayMode : public DispatchMode {
 
   SelectivePolicy policy_;
   KeptOutputs& kept_;
+  bool consume_;
   size_t next_ = 0;
   std::vector<size_t> handed_out_;  // entries whose outputs this recompute handed out
 };

@@ -2,6 +2,7 @@
 // repeated backward, concurrency, compared against the same computation without checkpointing.
 
 #include <ckpt/checkpoint.h>
+#include <ckpt/memory_tracker.h>
 
 #include "support/support.h"
 
@@ -52,6 +53,24 @@ TEST_F(CheckpointTest, ForwardKeepsOnlyTheBoundaryOfTheRegion) {
   for (const auto& edge : y.grad_fn()->next_edges()) {
     EXPECT_NE(dynamic_cast<torch::autograd::AccumulateGrad*>(edge.function.get()), nullptr);
   }
+}
+
+// The region's backward holds what its recomputed graph saved, not the recomputed outputs: a
+// step peaks no higher than the plain one where the recompute needs no more than the forward.
+TEST_F(CheckpointTest, TheBackwardDoesNotHoldTheRecomputedOutputs) {
+  const auto w = torch::randn({256, 256}, torch::requires_grad());
+  const auto x = torch::randn({256, 256}, torch::requires_grad());
+  auto fn = [&](const torch::Tensor& t) { return t.mm(w) * 2; };  // its output, saved by nothing
+  ckpt::MemoryTracker tracker;
+  auto step_peak = [&](bool checkpointed) {
+    const int64_t before = tracker.current_bytes();
+    tracker.reset_peak();
+    const auto loss = (checkpointed ? ckpt::checkpoint(fn, x) : fn(x)).sum();
+    torch::autograd::grad({loss}, {x, w});
+    return tracker.peak_bytes() - before;
+  };
+  const int64_t plain = step_peak(false);
+  EXPECT_EQ(step_peak(true), plain);
 }
 
 TEST_F(CheckpointTest, WorksWithAutogradGradForInputsAndParameters) {

@@ -340,6 +340,59 @@ TEST(SelectiveTest, ClearErrors) {
       "needs the non-reentrant variant");
 }
 
+// A backward that keeps no graph lets go of each kept output as the recompute takes it, as
+// PyTorch's does: a product that nothing in the recomputed graph saves is freed before the
+// gradients are computed, so the backward peaks no higher than under full recompute.
+TEST(SelectiveTest, TheBackwardLetsGoOfKeptOutputsAsTheRecomputeTakesThem) {
+  torch::manual_seed(0);
+  const auto w = torch::randn({256, 256}, torch::requires_grad());
+  const auto x = torch::randn({256, 256}, torch::requires_grad());
+  auto fn = [&](const at::Tensor& t) { return (t.mm(w) * 2).sum(1); };  // mul saves nothing
+  ckpt::MemoryTracker tracker;
+  auto peak_over_the_step = [&](const ckpt::CheckpointOptions& options) {
+    const int64_t before = tracker.current_bytes();
+    const auto y = ckpt::checkpoint(options, fn, x);
+    tracker.reset_peak();  // the backward's peak, over what was there before the forward
+    torch::autograd::grad({y.sum()}, {x, w});
+    return tracker.peak_bytes() - before;
+  };
+  const int64_t full = peak_over_the_step(ckpt::CheckpointOptions());
+  EXPECT_EQ(peak_over_the_step(ckpt::CheckpointOptions().policy(ckpt::save_matmuls())), full);
+}
+
+// A backward that failed part-way, after the recompute had taken a kept output, can run again:
+// the operator runs instead (PreferSave), or the error says why it can't (MustSave).
+TEST(SelectiveTest, ABackwardRunAgainAfterAFailureRecomputesWhatItGaveUp) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(8, 8);
+  const auto input = torch::randn({4, 8});
+  bool fail = false;
+  auto fn = [&](const at::Tensor& t) {
+    auto h = linear(t);  // aten::addmm, kept
+    TORCH_CHECK(!fail, "test: the recompute failed");
+    return torch::tanh(h);
+  };
+  auto step = [&](const c10::optional<ckpt::CheckpointOptions>& options) {
+    auto x = input.detach().requires_grad_();
+    fail = false;
+    const auto loss = (options ? ckpt::checkpoint(*options, fn, x) : fn(x)).sum();  // saves nothing
+    if (options) {
+      fail = true;
+      CKPT_EXPECT_THROWS_WITH(loss.backward(), "test: the recompute failed");
+      fail = false;
+    }
+    loss.backward();
+    return Step{loss.detach(), x.grad(), take_grads(*linear)};
+  };
+  const Step plain = step(c10::nullopt);
+  expect_same(step(ckpt::CheckpointOptions().policy(ckpt::save_ops({"aten::addmm"}))), plain);
+  auto must = ckpt::CheckpointOptions().policy(ckpt::SelectivePolicy([](const ckpt::OpCall& c) {
+    return c.name() == "aten::addmm" ? ckpt::CheckpointPolicy::MustSave
+                                     : ckpt::CheckpointPolicy::PreferRecompute;
+  }));
+  CKPT_EXPECT_THROWS_WITH(step(must), "Pass retain_graph=true to the backward");
+}
+
 // A function that runs backward through its own intermediates inside the region (a gradient
 // penalty, a physics-informed loss) works under a policy, as under PyTorch's selective
 // checkpointing: the forward keeps its graph until it returns.
