@@ -181,6 +181,7 @@ std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, Recomput
                 "CheckpointOptions().preserve_rng_state(false).");
   }
   if (state.rng.has_value()) state.rng->drop_cpu_state_if_unused();
+  if (state.kept) state.kept->seal();
   state.outputs.reserve(outputs.size());
   for (const auto& output : outputs) state.outputs.push_back(TensorMeta::of(output));
   state.recompute = std::move(recompute);

@@ -47,7 +47,9 @@ Keep keeps_outputs(const SelectivePolicy& policy, const c10::OperatorHandle& op,
 bool unchanged(const KeptOutputs::Entry& entry) {
   if (entry.stale) return false;
   for (const KeptOutputs::Watch& watch : entry.watches) {
-    if (watch.checked && watch.counter.current_version() != watch.version) return false;
+    for (const KeptOutputs::Counter& seen : watch.counters) {
+      if (seen.counter.current_version() != seen.version) return false;
+    }
   }
   return true;
 }
@@ -99,51 +101,115 @@ bool contains(const std::vector<const c10::StorageImpl*>& storages,
          std::find(storages.begin(), storages.end(), storage) != storages.end();
 }
 
+// The storages of the tensors in stack[first, stack.size()).
+std::vector<const c10::StorageImpl*> tensor_storages(const torch::jit::Stack& stack, size_t first) {
+  std::vector<const c10::StorageImpl*> storages;
+  for (size_t i = first; i < stack.size(); ++i) {
+    map_tensors(stack[i], [&](const at::Tensor& t) {
+      if (const c10::StorageImpl* storage = storage_of(t)) storages.push_back(storage);
+      return t;
+    });
+  }
+  return storages;
+}
+
+// The argument an in-place operator writes into, where it writes into that one alone, returns
+// it, and draws no random numbers (skipping it in the replay leaves the random stream as it is);
+// nullptr for any other operator.
+const at::Tensor* in_place_self(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  if (arguments.empty() || schema.returns().size() != 1) return nullptr;
+  const c10::AliasInfo* self = arguments[0].alias_info();
+  if (self == nullptr || !self->isWrite() || schema.returns()[0].alias_info() == nullptr)
+    return nullptr;
+  for (size_t i = 1; i < arguments.size(); ++i) {
+    if (arguments[i].alias_info() != nullptr && arguments[i].alias_info()->isWrite())
+      return nullptr;
+  }
+  if (op.hasTag(at::Tag::nondeterministic_seeded)) return nullptr;
+  const c10::IValue& value = stack[stack.size() - arguments.size()];
+  return value.isTensor() && value.toTensor().defined() ? &value.toTensor() : nullptr;
+}
+
 }  // namespace
 
 void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (op.schema().is_mutable()) copy_before_write(written_storages(op, *stack));
+  std::vector<const c10::StorageImpl*> arguments;
+  if (!kept_.entries.empty()) {
+    arguments = tensor_storages(*stack, stack->size() - op.schema().arguments().size());
+    if (op.schema().is_mutable()) before_write(op, *stack);
+  }
   const Keep keep = keeps_outputs(policy_, op, *stack);
   run(op, stack);
+  const size_t count = op.schema().returns().size();
+  if (!arguments.empty()) note_reads(arguments, *stack, count);
   if (keep == Keep::No) return;
   KeptOutputs::Entry entry{op.operator_name(), keep == Keep::Must, {}, {}, false};
-  const size_t count = op.schema().returns().size();
   for (size_t i = stack->size() - count; i < stack->size(); ++i) {
     entry.returns.push_back(map_tensors((*stack)[i], [&](const at::Tensor& t) {
       KeptOutputs::Watch watch;
       watch.storage = storage_of(t);
       if (t.defined() && t.unsafeGetTensorImpl()->version_counter().enabled()) {
-        watch.counter = t.unsafeGetTensorImpl()->version_counter();
-        watch.version = t._version();
-        watch.checked = true;
+        const c10::VariableVersion& counter = t.unsafeGetTensorImpl()->version_counter();
+        watch.counters.push_back({counter, counter.current_version()});
       }
-      entry.watches.push_back(watch);
+      entry.watches.push_back(std::move(watch));
       return alias(t);
     }));
   }
   kept_.entries.push_back(std::move(entry));
 }
 
-// Each kept tensor whose data is about to be written becomes a copy the entry owns alone.
-void CachingMode::copy_before_write(const std::vector<const c10::StorageImpl*>& written) {
+// A write into kept data that nothing has read since it was kept (or last written) is absorbed:
+// the data keeps its result. Any other write turns the kept tensor into a copy the entry owns
+// alone, taken before the write (holding the writes absorbed until then).
+void CachingMode::before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const std::vector<const c10::StorageImpl*> written = written_storages(op, stack);
   if (written.empty()) return;
+  const at::Tensor* self = in_place_self(op, stack);
   for (KeptOutputs::Entry& entry : kept_.entries) {
     size_t k = 0;
     for (c10::IValue& value : entry.returns) {
       value = map_tensors(value, [&](const at::Tensor& t) {
         KeptOutputs::Watch& watch = entry.watches[k++];
         if (!contains(written, watch.storage)) return t;
-        watch = KeptOutputs::Watch{};
+        if (self != nullptr && !watch.read_since_write && storage_of(*self) == watch.storage) {
+          ++watch.absorbed_writes;
+          const c10::VariableVersion& counter = self->unsafeGetTensorImpl()->version_counter();
+          if (counter.enabled()) watch.counters.push_back({counter, 0});  // sealed at the end
+          return t;
+        }
+        const uint32_t absorbed = watch.absorbed_writes;
         at::Tensor copy = t.clone(at::MemoryFormat::Preserve);
+        watch = KeptOutputs::Watch{};
         watch.storage = storage_of(copy);
+        watch.absorbed_writes = absorbed;
         return copy;
       });
     }
   }
 }
 
+// An operator read the kept data it was given, unless all it did was return a view of it.
+void CachingMode::note_reads(const std::vector<const c10::StorageImpl*>& arguments,
+                             const torch::jit::Stack& stack, size_t output_count) {
+  const std::vector<const c10::StorageImpl*> outputs =
+      tensor_storages(stack, stack.size() - output_count);
+  for (KeptOutputs::Entry& entry : kept_.entries) {
+    for (KeptOutputs::Watch& watch : entry.watches) {
+      if (contains(arguments, watch.storage) && !contains(outputs, watch.storage)) {
+        watch.read_since_write = true;
+      }
+    }
+  }
+}
+
 void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (op.schema().is_mutable()) mark_written(written_storages(op, *stack));
+  if (op.schema().is_mutable()) {
+    if (skip_absorbed_write(op, stack)) return;
+    mark_written(written_storages(op, *stack));
+  }
   if (keeps_outputs(policy_, op, *stack) == Keep::No) {
     run(op, stack);
     return;
@@ -184,10 +250,37 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
   torch::jit::drop(*stack, op.schema().arguments().size());
   for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, alias));
   handed_out_.push_back(next_ - 1);
+  size_t k = 0;
+  for (const c10::IValue& value : entry.returns) {
+    map_tensors(value, [&](const at::Tensor& t) {
+      const KeptOutputs::Watch& watch = entry.watches[k++];
+      if (watch.absorbed_writes > 0)
+        writes_to_skip_.emplace_back(t.storage(), watch.absorbed_writes);
+      return t;
+    });
+  }
   if (consume_) {
     entry.returns.clear();
     entry.consumed = true;
   }
+}
+
+// The forward absorbed this write into the kept data handed out: its result is there already.
+// The operator's node is recorded by autograd above as usual; only the kernel is skipped.
+bool ReplayMode::skip_absorbed_write(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (writes_to_skip_.empty()) return false;
+  const at::Tensor* self = in_place_self(op, *stack);
+  if (self == nullptr) return false;
+  for (size_t i = 0; i < writes_to_skip_.size(); ++i) {
+    auto& [storage, remaining] = writes_to_skip_[i];
+    if (storage.unsafeGetStorageImpl() != storage_of(*self)) continue;
+    if (--remaining == 0) writes_to_skip_.erase(writes_to_skip_.begin() + static_cast<long>(i));
+    at::Tensor result = *self;
+    torch::jit::drop(*stack, op.schema().arguments().size());
+    stack->push_back(std::move(result));
+    return true;
+  }
+  return false;
 }
 
 // The recompute writes into kept data it was handed (Linear's bias add into the kept product):
@@ -207,6 +300,15 @@ void ReplayMode::check_all_used() const {
               " of the ", kept_.entries.size(),
               " calls its forward kept. The function must run the same operators when it runs "
               "again, and the policy must decide the same way for them.");
+}
+
+void KeptOutputs::seal() {
+  for (Entry& entry : entries) {
+    for (Watch& watch : entry.watches) {
+      if (watch.absorbed_writes == 0) continue;
+      for (Counter& seen : watch.counters) seen.version = seen.counter.current_version();
+    }
+  }
 }
 
 }  // namespace detail

@@ -13,6 +13,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace ckpt {
@@ -20,14 +21,23 @@ namespace detail {
 
 /// The outputs one region kept, in the order its forward produced them.
 struct KeptOutputs {
+  /// A version counter that could show a change to kept data, and its version when last seen.
+  struct Counter {
+    c10::VariableVersion counter{c10::VariableVersion::DISABLED};
+    uint32_t version = 0;
+  };
   /// One tensor of an entry's outputs, and what could change it behind the entry's back.
   struct Watch {
     const c10::StorageImpl* storage = nullptr;  // its data (null: undefined or no storage)
-    // The kernel's output tensor's version counter and its version when kept (checked: false
-    // for a copy the entry owns alone).
-    c10::VariableVersion counter{c10::VariableVersion::DISABLED};
-    uint32_t version = 0;
-    bool checked = false;
+    // The kernel's output tensor's counter, and those of the tensors an absorbed write went
+    // through (none for a copy the entry owns alone).
+    std::vector<Counter> counters;
+    // In-place writes of the forward whose result the data holds: the replay skips as many
+    // writes into the data it hands out (Linear's bias add into its product).
+    uint32_t absorbed_writes = 0;
+    // (forward) An operator read the data since it was kept or last written: a write now must
+    // leave the data as it was, so the entry takes a copy instead of absorbing it.
+    bool read_since_write = false;
   };
   struct Entry {
     c10::OperatorName op;
@@ -42,11 +52,18 @@ struct KeptOutputs {
     bool consumed = false;
   };
   std::vector<Entry> entries;
+
+  /// Takes the versions of the counters as the region's forward left them (after its absorbed
+  /// writes), so that any later change is seen.
+  void seal();
 };
 
-/// Keeps the outputs the policy saves (the region's forward). An operator that writes in place
-/// into the data of a kept output (a view of it, or an alias autograd does not track such as
-/// `aten::_unsafe_view`'s, which Linear's bias add writes into) makes the entry keep a copy taken
+/// Keeps the outputs the policy saves (the region's forward), and watches what the operators after
+/// them do to their data. An in-place write with nothing reading the data since it was kept (or
+/// last written) is absorbed: the entry keeps the written data, and the replay skips the write.
+/// That is Linear on 3-d input, which adds its bias in place into the product, through an
+/// `aten::_unsafe_view` alias that autograd does not track. Any other write into kept data (after
+/// a read, by a random operator, into an `out=` argument) makes the entry keep a copy taken
 /// before the write.
 class CachingMode : public DispatchMode {
  public:
@@ -55,7 +72,9 @@ class CachingMode : public DispatchMode {
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
 
  private:
-  void copy_before_write(const std::vector<const c10::StorageImpl*>& written);
+  void before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+  void note_reads(const std::vector<const c10::StorageImpl*>& arguments,
+                  const torch::jit::Stack& outputs, size_t output_count);
 
   SelectivePolicy policy_;
   KeptOutputs& kept_;
@@ -73,6 +92,7 @@ class ReplayMode : public DispatchMode {
   void check_all_used() const;
 
  private:
+  bool skip_absorbed_write(const c10::OperatorHandle& op, torch::jit::Stack* stack);
   void mark_written(const std::vector<const c10::StorageImpl*>& written);
 
   SelectivePolicy policy_;
@@ -80,6 +100,8 @@ class ReplayMode : public DispatchMode {
   bool consume_;
   size_t next_ = 0;
   std::vector<size_t> handed_out_;  // entries whose outputs this recompute handed out
+  // Handed-out data and how many of the writes into it the forward absorbed are still to come.
+  std::vector<std::pair<c10::Storage, uint32_t>> writes_to_skip_;
 };
 
 }  // namespace detail

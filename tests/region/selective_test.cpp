@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace {
@@ -154,28 +155,67 @@ TEST(SelectiveTest, AttentionBlockGradientsAreThePlainOnesToTheBit) {
   }
 }
 
-// Writes into the data of a kept output: through the tensor itself (mul_), and through an alias
+// Writes into the data of a kept output, through the tensor itself (mul_) and through an alias
 // autograd does not track (Linear on 3-d input adds its bias in place into the _unsafe_view of
-// the kept aten::mm). The forward keeps a copy taken before the write.
+// the kept aten::mm). With nothing reading the data in between, the forward keeps the written
+// data and the replay skips the writes; after a read, it keeps a copy taken before the write.
+// An in-place dropout still draws its mask in the recompute.
 TEST(SelectiveTest, InPlaceWritesIntoKeptDataKeepTheComputedValue) {
   torch::manual_seed(0);
   torch::nn::Linear linear(8, 8);
   const auto input = torch::randn({2, 3, 8});
-  auto step = [&](const c10::optional<ckpt::CheckpointOptions>& options) {
-    auto x = input.detach().requires_grad_();
-    auto fn = [&](const at::Tensor& t) { return linear(linear(t).mul_(3).tanh()).sin(); };
-    auto y = options ? ckpt::checkpoint(*options, fn, x) : fn(x);
-    y.square().sum().backward();
-    return Step{y.detach(), x.grad(), take_grads(*linear)};
+  const std::function<at::Tensor(const at::Tensor&)> functions[] = {
+      [&](const at::Tensor& t) { return linear(linear(t).mul_(3).tanh()).sin(); },
+      [&](const at::Tensor& t) {
+        at::Tensor h = linear(t);
+        const at::Tensor total = h.sum();  // read: the mul_ after it cannot be absorbed
+        h.mul_(3);
+        return linear(h.tanh() * total).sin();
+      },
+      [&](const at::Tensor& t) {
+        namespace F = torch::nn::functional;
+        return linear(F::dropout(linear(t), F::DropoutFuncOptions().p(0.5).inplace(true))).sin();
+      },
   };
-  const Step plain = step(c10::nullopt);
-  const auto must_save = ckpt::SelectivePolicy([](const ckpt::OpCall& call) {
-    return call.name() == "aten::mm" || call.name() == "aten::addmm"
-               ? ckpt::CheckpointPolicy::MustSave
-               : ckpt::CheckpointPolicy::PreferRecompute;
-  });
-  expect_same(step(ckpt::CheckpointOptions().policy(must_save)), plain);
-  expect_same(step(ckpt::CheckpointOptions().policy(ckpt::save_matmuls())), plain);
+  for (const auto& fn : functions) {
+    auto step = [&](const c10::optional<ckpt::CheckpointOptions>& options) {
+      torch::manual_seed(7);
+      auto x = input.detach().requires_grad_();
+      auto y = options ? ckpt::checkpoint(*options, fn, x) : fn(x);
+      y.square().sum().backward();
+      return Step{y.detach(), x.grad(), take_grads(*linear)};
+    };
+    const Step plain = step(c10::nullopt);
+    const auto must_save = ckpt::SelectivePolicy([](const ckpt::OpCall& call) {
+      return call.name() == "aten::mm" || call.name() == "aten::addmm"
+                 ? ckpt::CheckpointPolicy::MustSave
+                 : ckpt::CheckpointPolicy::PreferRecompute;
+    });
+    expect_same(step(ckpt::CheckpointOptions().policy(must_save)), plain);
+    expect_same(step(ckpt::CheckpointOptions().policy(ckpt::save_matmuls())), plain);
+  }
+}
+
+// Linear's bias add is absorbed into the kept product, not copied: a region's forward under
+// save_matmuls peaks as under full recompute when the product is all it keeps.
+TEST(SelectiveTest, LinearsBiasAddIsKeptWithItsProductNotCopied) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(256, 256);
+  const auto x = torch::randn({4, 64, 256}, torch::requires_grad());
+  auto fn = [&](const at::Tensor& t) { return linear(t).tanh(); };  // tanh saves its output
+  ckpt::MemoryTracker tracker;
+  auto forward_peak = [&](const ckpt::CheckpointOptions& options) {
+    const int64_t before = tracker.current_bytes();
+    tracker.reset_peak();
+    const auto y = ckpt::checkpoint(options, fn, x);
+    const int64_t peak = tracker.peak_bytes() - before;
+    y.sum().backward();
+    return peak;
+  };
+  const int64_t full = forward_peak(ckpt::CheckpointOptions());
+  const int64_t product = 4 * 64 * 256 * 4;
+  // Within less than a product (the selective region also keeps the CPU's RNG state, 5 KB).
+  EXPECT_LT(forward_peak(ckpt::CheckpointOptions().policy(ckpt::save_matmuls())), full + product);
 }
 
 // The recompute writes into the kept product it was handed (the bias add): a second backward
