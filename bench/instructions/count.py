@@ -47,7 +47,7 @@ def main():
             sys.exit(f"count.py: {method} planned differently in its two runs; count again")
         per_step = (more - one) / args.steps
         base = base or per_step
-        print(f"| {method} | {per_step / 1e6:.2f}M | {per_step / base:.3f}x |", flush=True)
+        print(f"| {method} | {per_step / 1e6:.3f}M | {per_step / base:.3f}x |", flush=True)
 
 
 if __name__ == "__main__":

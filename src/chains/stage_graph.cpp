@@ -6,7 +6,6 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 namespace ckpt {
@@ -26,11 +25,11 @@ StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
     output_ = stage.forward<at::Tensor>(leaf_);
   }
   if (!output_.requires_grad()) return;
-  boundary_ = find_boundary_edges({torch::autograd::impl::gradient_edge(output_)}, marker_);
-  for (const auto& edge : boundary_) {
+  boundary_ = find_boundary({torch::autograd::impl::gradient_edge(output_)}, marker_);
+  for (const auto& edge : boundary_.edges) {
     // Stages built from modules reach only leaves (their input and parameters). A non-leaf tensor
     // from outside the stage would make the stage's backward run the graph before it.
-    TORCH_CHECK(dynamic_cast<torch::autograd::AccumulateGrad*>(edge.function.get()) != nullptr,
+    TORCH_CHECK(leaf_variable(edge).defined(),
                 "ckpt: a stage of the chain uses a tensor that requires grad, was computed outside "
                 "the stage (",
                 edge.function->name(),
@@ -84,7 +83,7 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, bool accumulate_paramete
     const torch::autograd::edge_list roots = {torch::autograd::impl::gradient_edge(output_)};
     if (accumulate_parameters) {
       engine.execute(roots, {std::move(grad_output)}, /*keep_graph=*/false,
-                     /*create_graph=*/false, /*accumulate_grad=*/true, boundary_);
+                     /*create_graph=*/false, /*accumulate_grad=*/true, boundary_.edges);
       if (leaf_.requires_grad()) input_grad = leaf_.grad();
     } else if (leaf_.requires_grad()) {
       input_grad = engine.execute(roots, {std::move(grad_output)}, /*keep_graph=*/false,
@@ -105,20 +104,19 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
                                  : nullptr;
     // The border's gradients are collected: the leaves' accumulators (and the tensor hooks on
     // them) run once, when the chain hands over the sums.
-    std::vector<GradientReceiver> receivers(boundary_.size());
-    for (size_t k = 0; k < boundary_.size(); ++k) {
-      if (boundary_[k].function.get() == input_node) {
+    std::vector<GradientReceiver> receivers(boundary_.edges.size());
+    for (size_t k = 0; k < boundary_.edges.size(); ++k) {
+      if (boundary_.edges[k].function.get() == input_node) {
         receivers[k] = [&input_grad](const at::Tensor& grad) {
           input_grad = input_grad.defined() ? input_grad + grad : grad;
         };
       } else {
-        receivers[k] = [&leaves, edge = boundary_[k]](const at::Tensor& grad) {
+        receivers[k] = [&leaves, edge = boundary_.edges[k]](const at::Tensor& grad) {
           leaves.add(edge, grad);
         };
       }
     }
-    const BorderCapture border(roots, marker_, boundary_, BoundaryIndex(boundary_),
-                               std::move(receivers));
+    const BorderCapture border(roots, marker_, boundary_, std::move(receivers));
     torch::autograd::Engine::get_default_engine().execute(
         roots, {std::move(grad_output)}, /*keep_graph=*/false, /*create_graph=*/false,
         /*accumulate_grad=*/true, border.outputs());
@@ -130,7 +128,7 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
 void StageGraph::release() {
   leaf_.reset();
   output_.reset();
-  boundary_.clear();
+  boundary_ = Boundary();
 }
 
 }  // namespace detail

@@ -68,7 +68,7 @@ class StageGraph {
   RegionMarker marker_;  // taken before the stage runs: its nodes are those created after
   at::Tensor leaf_;
   at::Tensor output_;
-  torch::autograd::edge_list boundary_;
+  Boundary boundary_;
 };
 
 }  // namespace detail

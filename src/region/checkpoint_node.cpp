@@ -30,8 +30,10 @@ bool any_defined(const variable_list& grads) {
 
 }  // namespace
 
-NonReentrantBackward::NonReentrantBackward(std::shared_ptr<RegionState> state, edge_list boundary)
-    : OwningNode(edge_list(boundary)), state_(std::move(state)), boundary_(std::move(boundary)) {}
+NonReentrantBackward::NonReentrantBackward(std::shared_ptr<RegionState> state, Boundary boundary)
+    : OwningNode(edge_list(boundary.edges)),
+      state_(std::move(state)),
+      boundary_(std::move(boundary)) {}
 
 void NonReentrantBackward::release_variables() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -41,7 +43,7 @@ void NonReentrantBackward::release_variables() {
 variable_list NonReentrantBackward::apply(variable_list&& grads) {
   std::lock_guard<std::mutex> lock(mutex_);
   state_->check_not_released();
-  const size_t boundary_count = boundary_.size();
+  const size_t boundary_count = boundary_.edges.size();
   variable_list result(boundary_count);
 
   std::vector<size_t> needed;
@@ -56,7 +58,6 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   variable_list outputs = state_->run_recompute(/*replacement=*/nullptr);
   state_->check_recomputed(outputs);
 
-  const BoundaryIndex index(boundary_);
   edge_list roots;
   variable_list root_grads;
   for (size_t slot = 0; slot < grads.size(); ++slot) {
@@ -71,7 +72,7 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
       root_grads.push_back(grads[slot]);
     } else {
       // The function returned a tensor it did not compute (an argument, a captured tensor).
-      const int64_t k = index.find(edge);
+      const int64_t k = boundary_.index.find(edge);
       TORCH_CHECK(k >= 0, "ckpt::checkpoint: output #", state_->connected[slot],
                   " of the recomputation is a different tensor than in the forward pass. The "
                   "checkpointed function must compute the same thing when it runs again.");
@@ -91,12 +92,12 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   const bool plain_backward = !create_graph && Engine::get_default_engine().is_checkpoint_valid();
   std::vector<GradientReceiver> receivers(boundary_count);
   for (size_t k : needed) {
-    if (plain_backward) receivers[k] = early_accumulation(boundary_[k]);
+    if (plain_backward) receivers[k] = early_accumulation(boundary_.edges[k]);
     if (!receivers[k]) {
       receivers[k] = [&result, k](const at::Tensor& grad) { add_gradient(result[k], grad); };
     }
   }
-  const BorderCapture border(roots, marker, boundary_, index, std::move(receivers));
+  const BorderCapture border(roots, marker, boundary_, std::move(receivers));
   Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
                                        /*accumulate_grad=*/true, border.outputs());
   return result;

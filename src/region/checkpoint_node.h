@@ -21,7 +21,7 @@ using torch::autograd::variable_list;
 /// engine on the fresh graph up to those edges, and hands their gradients on.
 class NonReentrantBackward final : public compat::OwningNode {
  public:
-  NonReentrantBackward(std::shared_ptr<RegionState> state, edge_list boundary);
+  NonReentrantBackward(std::shared_ptr<RegionState> state, Boundary boundary);
   variable_list apply(variable_list&& grads) override;
   void release_variables() override;
   std::string name() const override { return "ckpt::CheckpointBackward"; }
@@ -29,12 +29,12 @@ class NonReentrantBackward final : public compat::OwningNode {
  private:
   void release_owned() override {
     state_.reset();
-    boundary_.clear();
+    boundary_ = Boundary();
   }
 
   std::shared_ptr<RegionState> state_;
   // A copy of the next edges as created: an enclosing region's recompute may redirect them.
-  edge_list boundary_;
+  Boundary boundary_;
 };
 
 /// Reentrant: its next edges are the gradient edges of the tensor arguments. Backward recomputes

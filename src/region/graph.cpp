@@ -5,9 +5,12 @@
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
+#include <algorithm>
 #include <limits>
+#include <typeinfo>
 #include <unordered_set>
 
 namespace ckpt {
@@ -27,16 +30,47 @@ bool RegionMarker::created_inside(const Node& node) const {
 
 namespace {
 
+// The region's nodes a walk has reached. A node's sequence number indexes a slot, which costs no
+// allocation per node; a node whose slot is taken by another (nodes may share a number) or lies
+// past the slots goes to a set. The slots cover the numbers taken on this thread since the
+// marker, at most kMaxSlots of them.
+class SeenNodes {
+ public:
+  explicit SeenNodes(const RegionMarker& marker) : first_(marker.first_sequence_nr()) {
+    const uint64_t end = at::sequence_number::peek();
+    slots_.resize(end > first_ ? std::min(end - first_, kMaxSlots) : 0);
+  }
+
+  /// True when `node` (created inside the region) had not been reached before.
+  bool insert(Node* node) {
+    const uint64_t offset = node->sequence_nr() - first_;
+    if (offset < slots_.size()) {
+      Node*& slot = slots_[offset];
+      if (slot == nullptr) {
+        slot = node;
+        return true;
+      }
+      if (slot == node) return false;
+    }
+    return others_.insert(node).second;
+  }
+
+ private:
+  static constexpr uint64_t kMaxSlots = uint64_t{1} << 16;
+  uint64_t first_;
+  std::vector<Node*> slots_;
+  std::unordered_set<Node*> others_;
+};
+
 // Depth-first walk over the region's nodes; `on_exit(node, index)` is called for each next edge
 // that leaves the region, the edges of one node one after another.
 template <class OnExit>
 void walk_region(const edge_list& roots, const RegionMarker& marker, OnExit&& on_exit) {
-  std::unordered_set<Node*> seen;
-  seen.reserve(64);
+  SeenNodes seen(marker);
   std::vector<Node*> stack;
   for (const auto& root : roots) {
     Node* node = root.function.get();
-    if (node != nullptr && marker.created_inside(*node) && seen.insert(node).second) {
+    if (node != nullptr && marker.created_inside(*node) && seen.insert(node)) {
       stack.push_back(node);
     }
   }
@@ -48,7 +82,7 @@ void walk_region(const edge_list& roots, const RegionMarker& marker, OnExit&& on
       Node* next = edges[i].function.get();
       if (next == nullptr) continue;
       if (marker.created_inside(*next)) {
-        if (seen.insert(next).second) stack.push_back(next);
+        if (seen.insert(next)) stack.push_back(next);
       } else {
         on_exit(*node, i);
       }
@@ -62,22 +96,16 @@ size_t BoundaryIndex::EdgeHash::operator()(const std::pair<const Node*, uint32_t
   return std::hash<const Node*>()(key.first) ^ (static_cast<size_t>(key.second) * 0x9e3779b9u);
 }
 
-edge_list find_boundary_edges(const edge_list& roots, const RegionMarker& marker) {
-  edge_list boundary;
-  BoundaryIndex index;
+Boundary find_boundary(const edge_list& roots, const RegionMarker& marker) {
+  Boundary boundary;
   auto add = [&](const Edge& edge) {
-    if (index.insert(edge, boundary.size())) boundary.push_back(edge);
+    if (boundary.index.insert(edge, boundary.edges.size())) boundary.edges.push_back(edge);
   };
   for (const auto& root : roots) {
     if (root.function != nullptr && !marker.created_inside(*root.function)) add(root);
   }
   walk_region(roots, marker, [&](Node& node, size_t i) { add(node.next_edge(i)); });
   return boundary;
-}
-
-BoundaryIndex::BoundaryIndex(const edge_list& boundary) {
-  index_.reserve(boundary.size());
-  for (size_t k = 0; k < boundary.size(); ++k) insert(boundary[k], k);
 }
 
 bool BoundaryIndex::insert(const Edge& edge, size_t k) {
@@ -112,10 +140,13 @@ struct BorderTerminal final : compat::OwningNode {
 
 }  // namespace
 
+// (output of a node, boundary edge) pairs; most nodes have one or two edges out of the region.
+using OutputsToBorder = c10::SmallVector<std::pair<size_t, size_t>, 2>;
+
 // A post-hook on a node inside the region: takes the gradients it computed for the border.
 class BorderCapture::Hook final : public torch::autograd::FunctionPostHook {
  public:
-  Hook(BorderCapture& owner, std::vector<std::pair<size_t, size_t>> outputs_to_border)
+  Hook(BorderCapture& owner, OutputsToBorder outputs_to_border)
       : owner_(owner), outputs_to_border_(std::move(outputs_to_border)) {}
 
   torch::autograd::variable_list operator()(
@@ -133,19 +164,22 @@ class BorderCapture::Hook final : public torch::autograd::FunctionPostHook {
 
  private:
   BorderCapture& owner_;
-  std::vector<std::pair<size_t, size_t>> outputs_to_border_;  // (output, boundary edge)
+  OutputsToBorder outputs_to_border_;
 };
 
 BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
-                             const edge_list& boundary, const BoundaryIndex& index,
-                             std::vector<GradientReceiver> receivers)
-    : receivers_(std::move(receivers)), terminal_(compat::make_node<BorderTerminal>(boundary)) {
+                             const Boundary& boundary, std::vector<GradientReceiver> receivers)
+    : receivers_(std::move(receivers)),
+      terminal_(compat::make_node<BorderTerminal>(boundary.edges)) {
   // (node, its outputs that reach the border); walk_region reports a node's edges together.
-  std::vector<std::pair<Node*, std::vector<std::pair<size_t, size_t>>>> captured;
+  std::vector<std::pair<Node*, OutputsToBorder>> captured;
+  // A border edge is usually reached once: enough room for that saves growing both lists.
+  captured.reserve(boundary.edges.size());
+  original_.reserve(boundary.edges.size());
   try {
     walk_region(roots, marker, [&](Node& node, size_t i) {
       Edge& edge = node.next_edges()[i];
-      const int64_t k = index.find(edge);
+      const int64_t k = boundary.index.find(edge);
       TORCH_CHECK(k >= 0,
                   "ckpt::checkpoint: the recomputation of the region used a tensor that requires "
                   "grad (a gradient edge into ",
@@ -157,13 +191,14 @@ BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
       const auto border = static_cast<size_t>(k);
       if (!receivers_[border]) {
         edge = Edge();
+        any_cut_ = true;
         return;
       }
       // Writing through next_edges() keeps topological numbers as they are: the terminal is a
       // leaf, so every parent's number stays larger than its children's.
       edge = Edge(terminal_, static_cast<uint32_t>(border));
       if (captured.empty() || captured.back().first != &node) {
-        captured.emplace_back(&node, std::vector<std::pair<size_t, size_t>>());
+        captured.emplace_back(&node, OutputsToBorder());
       }
       captured.back().second.emplace_back(i, border);
     });
@@ -190,11 +225,24 @@ void BorderCapture::restore() noexcept {
 }
 
 edge_list BorderCapture::outputs() const {
+  if (!any_cut_) return {};
   return {Edge(terminal_, 0)};
 }
 
+namespace {
+
+// The gradient accumulator that `edge` ends at, or null. An exact type test, cheaper than a
+// dynamic_cast on a path taken for every parameter of every region: nothing derives from it.
+torch::autograd::AccumulateGrad* accumulator_of(const Edge& edge) {
+  Node* node = edge.function.get();
+  if (node == nullptr || typeid(*node) != typeid(torch::autograd::AccumulateGrad)) return nullptr;
+  return static_cast<torch::autograd::AccumulateGrad*>(node);
+}
+
+}  // namespace
+
 std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge) {
-  auto* accumulator = dynamic_cast<torch::autograd::AccumulateGrad*>(edge.function.get());
+  auto* accumulator = accumulator_of(edge);
   // Hooks that must see the gradient, before or after it is added, need the accumulator to run.
   if (accumulator == nullptr || compat::has_tensor_pre_hooks(*accumulator) ||
       compat::has_post_accumulate_grad_hooks(accumulator->variable)) {
@@ -206,14 +254,11 @@ std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge) {
     return {};
   }
   // `apply` takes the accumulator's lock; the call operator would also run its post-hooks.
-  return [owner = edge.function](const at::Tensor& gradient) {
-    static_cast<torch::autograd::AccumulateGrad&>(*owner).apply({gradient});
-  };
+  return [accumulator](const at::Tensor& gradient) { accumulator->apply({gradient}); };
 }
 
 at::Tensor leaf_variable(const Edge& edge) {
-  const auto* accumulator =
-      dynamic_cast<const torch::autograd::AccumulateGrad*>(edge.function.get());
+  const auto* accumulator = accumulator_of(edge);
   return accumulator != nullptr ? accumulator->variable : at::Tensor();
 }
 

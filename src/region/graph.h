@@ -31,21 +31,18 @@ class RegionMarker {
   /// Marks the current point of the calling thread.
   RegionMarker();
   bool created_inside(const Node& node) const;
+  /// The sequence number of the first node the calling thread creates after the marker.
+  uint64_t first_sequence_nr() const { return first_sequence_nr_; }
 
  private:
   uint64_t first_sequence_nr_;
   uint64_t thread_id_;
 };
 
-/// The edges that leave the region's graph, reached from `roots` (each edge once, in the order
-/// first found). A root that is itself outside the region is a boundary edge too.
-edge_list find_boundary_edges(const edge_list& roots, const RegionMarker& marker);
-
 /// Index of each boundary edge, by (node, input number).
 class BoundaryIndex {
  public:
   BoundaryIndex() = default;
-  explicit BoundaryIndex(const edge_list& boundary);
   /// Records `edge` at position k; false (and nothing changes) when it is already there.
   bool insert(const Edge& edge, size_t k);
   /// The position of `edge` in the boundary, or -1.
@@ -57,6 +54,16 @@ class BoundaryIndex {
   };
   std::unordered_map<std::pair<const Node*, uint32_t>, int64_t, EdgeHash> index_;
 };
+
+/// The edges that leave a region's graph, each once, in the order first found, and their index.
+struct Boundary {
+  edge_list edges;
+  BoundaryIndex index;
+};
+
+/// The boundary of the region's graph reached from `roots`. A root that is itself outside the
+/// region is a boundary edge too.
+Boundary find_boundary(const edge_list& roots, const RegionMarker& marker);
 
 /// Takes the gradient that reaches one boundary edge (called once per use of the edge's tensor).
 using GradientReceiver = std::function<void(const at::Tensor&)>;
@@ -71,14 +78,18 @@ using GradientReceiver = std::function<void(const at::Tensor&)>;
 /// double-backward graph may still run through these nodes later.
 class BorderCapture {
  public:
-  BorderCapture(const edge_list& roots, const RegionMarker& marker, const edge_list& boundary,
-                const BoundaryIndex& index, std::vector<GradientReceiver> receivers);
+  BorderCapture(const edge_list& roots, const RegionMarker& marker, const Boundary& boundary,
+                std::vector<GradientReceiver> receivers);
   ~BorderCapture();
   BorderCapture(const BorderCapture&) = delete;
   BorderCapture& operator=(const BorderCapture&) = delete;
 
-  /// The engine run's outputs: the terminal. Run with accumulate_grad=true, the engine runs it
-  /// (once, after every gradient has reached the border) instead of capturing at it.
+  /// The engine run's outputs. Every edge out of the region ends at the terminal or is cut, so
+  /// the engine cannot leave the region either way; naming the terminal (run with
+  /// accumulate_grad=true, the engine runs it once instead of capturing at it) only prunes nodes
+  /// that lead to cut edges alone. Where no edge is cut that pruning would cost a walk of the
+  /// graph and a lookup per node for nothing, and would make the run look like
+  /// `autograd::grad` to a reentrant checkpoint inside, so there are no outputs then.
   edge_list outputs() const;
 
  private:
@@ -90,6 +101,7 @@ class BorderCapture {
   compat::NodePtr terminal_;
   std::vector<std::tuple<Node*, size_t, Edge>> original_;
   std::vector<std::pair<Node*, uintptr_t>> hooks_;
+  bool any_cut_ = false;
 };
 
 /// A receiver that adds gradients for `edge` into its parameter's `.grad` ahead of the outer
@@ -97,7 +109,8 @@ class BorderCapture {
 /// `.grad` exists as a dense buffer of the same shape, and no tensor hooks or post-accumulate-grad
 /// hooks wait for one summed gradient. Empty otherwise. It adds through the accumulator, under the
 /// accumulator's lock (other threads' backward passes add into the same `.grad`), and skips the
-/// accumulator's post-hooks, which run once, in the outer backward.
+/// accumulator's post-hooks, which run once, in the outer backward. It holds the accumulator by
+/// pointer: call it only while the edge (which owns the accumulator) lives.
 std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge);
 
 /// The leaf tensor (a parameter, say) whose gradient accumulator `edge` ends at, or an undefined

@@ -200,8 +200,8 @@ std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> out
   }
   if (state.connected.empty()) return outputs;  // nothing to differentiate, nothing kept
 
-  edge_list boundary = find_boundary_edges(roots, *marker_);
-  for (const Edge& edge : boundary) {
+  Boundary boundary = find_boundary(roots, *marker_);
+  for (const Edge& edge : boundary.edges) {
     const at::Tensor leaf = leaf_variable(edge);
     if (leaf.defined()) state.versions.add(leaf);
   }

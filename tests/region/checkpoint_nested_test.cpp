@@ -176,6 +176,34 @@ TEST_F(NestedCheckpointTest, ReentrantBackwardFromAHook) {
   EXPECT_TRUE(close(a.grad(), expected.detach()));
 }
 
+TEST_F(NestedCheckpointTest, ReentrantRegionInsideANonReentrantOne) {
+  // The outer recompute runs the engine as backward() does when the outer backward is a plain
+  // one, so the reentrant variant inside accepts it; under autograd::grad it still refuses.
+  torch::nn::Linear inner(4, 4), outer(4, 4);
+  const auto reentrant = ckpt::CheckpointOptions().use_reentrant(true);
+  auto body = [&](const torch::Tensor& t, bool checkpointed) {
+    auto inner_fn = [&](const torch::Tensor& u) { return inner(u).tanh(); };
+    auto h = outer(t).sin();
+    return checkpointed ? ckpt::checkpoint(reentrant, inner_fn, h) : inner_fn(h);
+  };
+  auto x = torch::randn({3, 4}, torch::requires_grad());
+  body(x, false).pow(2).sum().backward();
+  const std::vector<torch::Tensor> expected = {x.grad().clone(), inner->weight.grad().clone(),
+                                               outer->weight.grad().clone()};
+  for (auto* tensor : {&x, &inner->weight, &outer->weight}) tensor->mutable_grad().reset();
+  ckpt::checkpoint([&](const torch::Tensor& t) { return body(t, true); }, x)
+      .pow(2)
+      .sum()
+      .backward();
+  EXPECT_TRUE(ckpt::test::bit_equal(x.grad(), expected[0]));
+  EXPECT_TRUE(ckpt::test::bit_equal(inner->weight.grad(), expected[1]));
+  EXPECT_TRUE(ckpt::test::bit_equal(outer->weight.grad(), expected[2]));
+
+  auto out = ckpt::checkpoint([&](const torch::Tensor& t) { return body(t, true); }, x);
+  CKPT_EXPECT_THROWS_WITH(torch::autograd::grad({out.sum()}, {x}),
+                          "incompatible with torch::autograd::grad()");
+}
+
 TEST_F(NestedCheckpointTest, DeepNestingMatchesWithDropout) {
   torch::nn::Dropout dropout(0.3);
   Fn leaf = [dropout](const torch::Tensor& x) mutable { return dropout(x.tanh()) * 1.5; };
