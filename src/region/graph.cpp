@@ -32,19 +32,17 @@ namespace {
 
 // The region's nodes a walk has reached. A node's sequence number indexes a slot, which costs no
 // allocation per node; a node whose slot is taken by another (nodes may share a number) or lies
-// past the slots goes to a set. The slots cover the numbers taken on this thread since the
-// marker, at most kMaxSlots of them.
+// past kMaxSlots goes to a set. The slots grow to the largest number reached, so they cover the
+// region's own nodes whenever the walk happens.
 class SeenNodes {
  public:
-  explicit SeenNodes(const RegionMarker& marker) : first_(marker.first_sequence_nr()) {
-    const uint64_t end = at::sequence_number::peek();
-    slots_.resize(end > first_ ? std::min(end - first_, kMaxSlots) : 0);
-  }
+  explicit SeenNodes(const RegionMarker& marker) : first_(marker.first_sequence_nr()) {}
 
   /// True when `node` (created inside the region) had not been reached before.
   bool insert(Node* node) {
     const uint64_t offset = node->sequence_nr() - first_;
-    if (offset < slots_.size()) {
+    if (offset < kMaxSlots) {
+      if (offset >= slots_.size()) slots_.resize(std::max(offset + 1, uint64_t{2} * slots_.size()));
       Node*& slot = slots_[offset];
       if (slot == nullptr) {
         slot = node;
