@@ -42,7 +42,8 @@ class SeenNodes {
   bool insert(Node* node) {
     const uint64_t offset = node->sequence_nr() - first_;
     if (offset < kMaxSlots) {
-      if (offset >= slots_.size()) slots_.resize(std::max(offset + 1, uint64_t{2} * slots_.size()));
+      if (offset >= slots_.size())
+        slots_.resize(std::max(offset + 1, 2 * static_cast<uint64_t>(slots_.size())));
       Node*& slot = slots_[offset];
       if (slot == nullptr) {
         slot = node;
