@@ -84,23 +84,37 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   // should not hold them (PyTorch's recompute keeps only what the graph saved).
   outputs.clear();
 
-  // Every needed border edge gets a receiver. In a plain backward, a parameter whose gradient
-  // buffer exists is accumulated into in place as soon as its gradient is ready, and the border
-  // edge gets no gradient; its accumulator still runs once in the outer backward (post-hooks,
-  // such as data-parallel reducers', fire once). Other gradients are collected and returned, so
-  // that each reaches its accumulator summed over every use.
-  const bool plain_backward = !create_graph && Engine::get_default_engine().is_checkpoint_valid();
+  // Every needed border edge gets a receiver, which collects its gradients: each is returned
+  // summed over the region's uses, and reaches its accumulator with the rest of the backward's.
   std::vector<GradientReceiver> receivers(boundary_count);
   for (size_t k : needed) {
-    if (plain_backward) receivers[k] = early_accumulation(boundary_.edges[k]);
-    if (!receivers[k]) {
-      receivers[k] = [&result, k](const at::Tensor& grad) { add_gradient(result[k], grad); };
-    }
+    receivers[k] = [&result, k](const at::Tensor& grad) { add_gradient(result[k], grad); };
   }
-  const BorderCapture border(roots, marker, boundary_, std::move(receivers));
+  BorderCapture border(roots, marker, boundary_, std::move(receivers));
+  const bool plain_backward = !create_graph && Engine::get_default_engine().is_checkpoint_valid();
+  if (plain_backward) accumulate_sole_gradients_early(border, needed);
   Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
                                        /*accumulate_grad=*/true, border.outputs());
   return result;
+}
+
+// A parameter whose gradient buffer exists is accumulated into in place as soon as its gradient
+// is ready, so that the region does not hold it, and its border edge gets no gradient; its
+// accumulator still runs once in the outer backward (post-hooks, such as data-parallel
+// reducers', fire once). Only where that gradient is the accumulator's one input in this
+// backward: the region uses the parameter once, and no other live graph leads to its
+// accumulator. Otherwise autograd adds the inputs up first and then into the buffer, and adding
+// them one by one would round differently.
+void NonReentrantBackward::accumulate_sole_gradients_early(BorderCapture& border,
+                                                           const std::vector<size_t>& needed) {
+  // Holders of the accumulator when nothing else leads to it: the boundary's copy of the edge,
+  // this node's next edge, and the region's one edge into it (kept aside by the capture).
+  constexpr long kSoleHolders = 3;
+  for (size_t k : needed) {
+    const Edge& edge = boundary_.edges[k];
+    if (border.uses(k) != 1 || edge.function.use_count() != kSoleHolders) continue;
+    if (auto early = early_accumulation(edge)) border.set_receiver(k, std::move(early));
+  }
 }
 
 ReentrantBackward::ReentrantBackward(std::shared_ptr<RegionState> state, edge_list input_edges)

@@ -31,6 +31,7 @@ class NonReentrantBackward final : public compat::OwningNode {
     state_.reset();
     boundary_ = Boundary();
   }
+  void accumulate_sole_gradients_early(BorderCapture& border, const std::vector<size_t>& needed);
 
   std::shared_ptr<RegionState> state_;
   // A copy of the next edges as created: an enclosing region's recompute may redirect them.

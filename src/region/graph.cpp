@@ -169,6 +169,7 @@ class BorderCapture::Hook final : public torch::autograd::FunctionPostHook {
 BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
                              const Boundary& boundary, std::vector<GradientReceiver> receivers)
     : receivers_(std::move(receivers)),
+      uses_(boundary.edges.size(), 0),
       terminal_(compat::make_node<BorderTerminal>(boundary.edges)) {
   // (node, its outputs that reach the border); walk_region reports a node's edges together.
   std::vector<std::pair<Node*, OutputsToBorder>> captured;
@@ -188,6 +189,7 @@ BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
                   "change between the forward and the backward pass.");
       original_.emplace_back(&node, i, edge);
       const auto border = static_cast<size_t>(k);
+      ++uses_[border];
       if (!receivers_[border]) {
         edge = Edge();
         any_cut_ = true;

@@ -92,11 +92,17 @@ class BorderCapture {
   /// `autograd::grad` to a reentrant checkpoint inside, so there are no outputs then.
   edge_list outputs() const;
 
+  /// How many of the region's edges lead into boundary edge k (its tensor's uses in the region).
+  uint32_t uses(size_t k) const { return uses_[k]; }
+  /// Replaces the receiver of boundary edge k; only before the engine runs.
+  void set_receiver(size_t k, GradientReceiver receiver) { receivers_[k] = std::move(receiver); }
+
  private:
   class Hook;
   void restore() noexcept;
 
   std::vector<GradientReceiver> receivers_;
+  std::vector<uint32_t> uses_;
   std::mutex mutex_;
   compat::NodePtr terminal_;
   std::vector<std::tuple<Node*, size_t, Edge>> original_;
@@ -107,10 +113,12 @@ class BorderCapture {
 /// A receiver that adds gradients for `edge` into its parameter's `.grad` ahead of the outer
 /// backward, where that is allowed: the edge ends at a gradient accumulator, the parameter's
 /// `.grad` exists as a dense buffer of the same shape, and no tensor hooks or post-accumulate-grad
-/// hooks wait for one summed gradient. Empty otherwise. It adds through the accumulator, under the
-/// accumulator's lock (other threads' backward passes add into the same `.grad`), and skips the
-/// accumulator's post-hooks, which run once, in the outer backward. It holds the accumulator by
-/// pointer: call it only while the edge (which owns the accumulator) lives.
+/// hooks wait for one summed gradient. Empty otherwise. The caller makes sure the gradient is the
+/// accumulator's only input in the backward: several, added in one by one, round differently
+/// from their sum. It adds through the accumulator, under the accumulator's lock (other threads'
+/// backward passes add into the same `.grad`), and skips the accumulator's post-hooks, which run
+/// once, in the outer backward. It holds the accumulator by pointer: call it only while the edge
+/// (which owns the accumulator) lives.
 std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge);
 
 /// The leaf tensor (a parameter, say) whose gradient accumulator `edge` ends at, or an undefined

@@ -7,7 +7,11 @@
 #include "support/support.h"
 
 #include <atomic>
+#include <functional>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -184,6 +188,46 @@ TEST_F(CheckpointTest, AccumulatorOfAParameterInSeveralRegionsRunsOncePerBackwar
     ckpt::checkpoint(block, ckpt::checkpoint(block, x)).sum().backward();
     EXPECT_EQ(calls, 1) << "step " << step;
     EXPECT_TRUE(ckpt::test::close(shared->weight.grad(), expected * step)) << "step " << step;
+  }
+}
+
+// Gradient accumulation: a second backward adds into existing gradients. Autograd sums a
+// backward's inputs to an accumulator first and then adds the sum into `.grad`; where a region's
+// gradient is not the accumulator's only input, adding it in on its own would round differently.
+// Leaves used twice in one region, in two regions, and in a region and outside it.
+TEST_F(CheckpointTest, GradientsAccumulatedOverTwoBackwardsAreThePlainOnesToTheBit) {
+  torch::nn::Linear shared(8, 8);
+  const auto input = torch::randn({4, 8});
+  using Forward = std::function<at::Tensor(const at::Tensor&, bool)>;
+  const std::vector<std::pair<std::string, Forward>> cases = {
+      {"input used twice",
+       [](const at::Tensor& x, bool checkpointed) {
+         auto fn = [](const at::Tensor& t) { return t + t.sin(); };
+         return checkpointed ? ckpt::checkpoint(fn, x) : fn(x);
+       }},
+      {"parameter used twice",
+       [&](const at::Tensor& x, bool checkpointed) {
+         auto fn = [&](const at::Tensor& t) { return shared(shared(t).tanh()); };
+         return checkpointed ? ckpt::checkpoint(fn, x) : fn(x);
+       }},
+      {"parameter in two regions and outside", [&](const at::Tensor& x, bool checkpointed) {
+         auto fn = [&](const at::Tensor& t) { return shared(t).tanh(); };
+         const auto h = checkpointed ? ckpt::checkpoint(fn, ckpt::checkpoint(fn, x)) : fn(fn(x));
+         return shared(h);
+       }}};
+  for (const auto& [name, forward] : cases) {
+    SCOPED_TRACE(name);
+    auto two_backwards = [&, &forward = forward](bool checkpointed) {
+      auto x = input.detach().requires_grad_();
+      for (int i = 0; i < 2; ++i) forward(x, checkpointed).square().sum().backward();
+      auto grads = take_grads(*shared);
+      grads.push_back(x.grad());
+      return grads;
+    };
+    const auto plain = two_backwards(false);
+    const auto checkpointed = two_backwards(true);
+    for (size_t i = 0; i < plain.size(); ++i)
+      EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
   }
 }
 
