@@ -109,10 +109,7 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
       std::apply([&](const auto&... unpacked) { return modules_of(call->fn, unpacked...); },
                  call->args),
       site);
-  Result result = [&]() -> Result {
-    const Region::ForwardScope scope(region);
-    return apply_forward(call->fn, call->args);
-  }();
+  Result result = region.run_forward([&] { return apply_forward(call->fn, call->args); });
 
   std::vector<at::Tensor> outputs;
   collect_tensors(result, outputs);

@@ -17,6 +17,11 @@ class BufferGuard {
  public:
   BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, bool active);
   ~BufferGuard();
+  /// Leaves the buffers as they are now: nothing is written back.
+  void dismiss() {
+    buffers_.clear();
+    saved_.clear();
+  }
   BufferGuard(const BufferGuard&) = delete;
   BufferGuard& operator=(const BufferGuard&) = delete;
 

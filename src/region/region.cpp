@@ -1,5 +1,6 @@
 #include <ckpt/detail/region.h>
 
+#include "buffer_guard.h"
 #include "checkpoint_node.h"
 #include "compat/torch_compat.h"
 #include "dispatch_mode.h"
@@ -159,7 +160,10 @@ Region::ForwardScope::ForwardScope(Region& region)
     : grad_mode_(!region.state_->options.use_reentrant()) {
   RegionState& state = *region.state_;
   if (state.kept) {
-    caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept);
+    // A second run must start from the same random state: without a stash, keep the graph.
+    const bool release_graph = state.rng.has_value() && !region.site_->keeps_forward_graph.load();
+    if (release_graph) buffers_ = std::make_unique<BufferGuard>(state.modules, /*active=*/true);
+    caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept, release_graph);
     caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
   }
   if (state.options.debug()) {
@@ -169,6 +173,30 @@ Region::ForwardScope::ForwardScope(Region& region)
 }
 
 Region::ForwardScope::~ForwardScope() = default;
+
+void Region::ForwardScope::finished() {
+  if (buffers_) buffers_->dismiss();
+}
+
+bool Region::ForwardScope::failed_on_released_graph(const c10::Error& error) const {
+  // Autograd's error for a released saved tensor, or a region's for its released node (a region
+  // nested inside): both say "a second time".
+  return caching_ != nullptr && caching_->released() &&
+         error.msg().find("a second time") != std::string::npos;
+}
+
+void Region::prepare_second_forward() {
+  RegionState& state = *state_;
+  site_->keeps_forward_graph.store(true);
+  state.kept->entries.clear();
+  state.forward_ops.clear();
+  state.rng->restore();
+  TORCH_WARN(
+      "ckpt::checkpoint: the function ran a backward through its own intermediates inside a "
+      "selectively checkpointed region, whose forward lets go of their saved tensors as it goes. "
+      "The region ran the function again keeping them, and will keep them at this call site from "
+      "now on.");
+}
 
 std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, RecomputeFn recompute) {
   RegionState& state = *state_;

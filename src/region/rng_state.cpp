@@ -58,6 +58,17 @@ void RngStash::drop_cpu_state_if_unused() {
   }
 }
 
+void RngStash::restore() const {
+  if (cpu_state_.defined()) {
+    at::Generator cpu = cpu_generator();
+    write_state(cpu, cpu_state_);
+  }
+  for (size_t i = 0; i < device_generators_.size(); ++i) {
+    at::Generator generator = device_generators_[i];
+    write_state(generator, device_states_[i]);
+  }
+}
+
 RngFork::RngFork(const RngStash& stash) : generators_(stash.device_generators_) {
   if (stash.cpu_state_.defined()) {
     at::Generator cpu = cpu_generator();

@@ -29,6 +29,10 @@ class RngStash {
   /// random numbers on the CPU, so the recompute has nothing to replay (and 5 KB less is kept).
   void drop_cpu_state_if_unused();
 
+  /// Puts the stashed states back into the generators: the random stream starts again where the
+  /// stash was taken (a forward run again).
+  void restore() const;
+
   c10::DeviceType device_type() const { return device_type_; }
   bool had_device_at_forward() const { return had_device_; }
 

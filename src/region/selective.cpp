@@ -2,6 +2,7 @@
 
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <string>
@@ -56,7 +57,7 @@ bool unchanged(const KeptOutputs::Entry& entry) {
 
 // A tensor sharing `tensor`'s data with no autograd history of its own (autograd, above the
 // mode, gives the one handed out a history; the kept one must not hold the forward's graph).
-at::Tensor alias(const at::Tensor& tensor) {
+at::Tensor untracked_alias(const at::Tensor& tensor) {
   return tensor.defined() ? tensor.variable_data() : tensor;
 }
 
@@ -135,6 +136,7 @@ const at::Tensor* in_place_self(const c10::OperatorHandle& op, const torch::jit:
 }  // namespace
 
 void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (release_graph_) release_producers(op, *stack);
   std::vector<const c10::StorageImpl*> arguments;
   if (!kept_.entries.empty()) {
     arguments = tensor_storages(*stack, stack->size() - op.schema().arguments().size());
@@ -155,10 +157,28 @@ void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* sta
         watch.counters.push_back({counter, counter.current_version()});
       }
       entry.watches.push_back(std::move(watch));
-      return alias(t);
+      return untracked_alias(t);
     }));
   }
   kept_.entries.push_back(std::move(entry));
+}
+
+// The arguments' nodes are complete (autograd, above the mode, recorded them when their
+// operators returned). The node is read from the autograd metadata directly: `grad_fn()` would
+// create one for a view.
+void CachingMode::release_producers(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t count = op.schema().arguments().size();
+  for (size_t i = stack.size() - count; i < stack.size(); ++i) {
+    map_tensors(stack[i], [&](const at::Tensor& t) {
+      const auto* meta = t.defined() ? torch::autograd::impl::get_autograd_meta(t) : nullptr;
+      Node* node = meta != nullptr ? meta->grad_fn_.get() : nullptr;
+      if (node != nullptr && marker_.created_inside(*node)) {
+        node->release_variables();
+        released_ = true;
+      }
+      return t;
+    });
+  }
 }
 
 // A write into kept data that nothing has read since it was kept (or last written) is absorbed:
@@ -248,7 +268,8 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
     return;
   }
   torch::jit::drop(*stack, op.schema().arguments().size());
-  for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, alias));
+  for (const c10::IValue& value : entry.returns)
+    stack->push_back(map_tensors(value, untracked_alias));
   handed_out_.push_back(next_ - 1);
   size_t k = 0;
   for (const c10::IValue& value : entry.returns) {

@@ -6,6 +6,7 @@
 // above them, records every operator's node as usual.
 
 #include "dispatch_mode.h"
+#include "graph.h"
 
 #include <ckpt/selective.h>
 
@@ -65,19 +66,31 @@ struct KeptOutputs {
 /// `aten::_unsafe_view` alias that autograd does not track. Any other write into kept data (after
 /// a read, by a random operator, into an `out=` argument) makes the entry keep a copy taken
 /// before the write.
+///
+/// With `release_graph`, it also lets go of the region's forward graph's saved tensors as it
+/// goes, as PyTorch's pack hooks drop them: when an operator consumes a tensor that a node of the
+/// region computed, that node's variables are released. The graph then serves only to find the
+/// border. A backward through the region's own intermediates inside its forward fails on them;
+/// the region then runs its function again without releasing (`Region::run_forward`).
 class CachingMode : public DispatchMode {
  public:
-  CachingMode(SelectivePolicy policy, KeptOutputs& kept)
-      : policy_(std::move(policy)), kept_(kept) {}
+  CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph)
+      : policy_(std::move(policy)), kept_(kept), release_graph_(release_graph) {}
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
+  /// Whether it released any node's variables.
+  bool released() const { return released_; }
 
  private:
   void before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
   void note_reads(const std::vector<const c10::StorageImpl*>& arguments,
                   const torch::jit::Stack& outputs, size_t output_count);
+  void release_producers(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
 
   SelectivePolicy policy_;
   KeptOutputs& kept_;
+  bool release_graph_;
+  bool released_ = false;
+  RegionMarker marker_;  // the region's nodes are those created after the mode starts
 };
 
 /// Hands the kept outputs back in the same order (the recompute), and runs everything else. With

@@ -4,6 +4,7 @@
 
 #include <ckpt/checkpoint.h>
 #include <ckpt/memory_tracker.h>
+#include <ckpt/selective.h>
 
 #include "support/support.h"
 
@@ -80,6 +81,30 @@ TEST_P(RegionMemoryTest, BackwardPeakMatchesAPlainBackwardOfTheRecompute) {
   // The recompute rebuilds what the plain forward kept, then backward runs as in the plain case.
   EXPECT_LE(checkpointed, plain_forward_kept + plain + 64 * 1024)
       << "plain backward " << plain << ", kept " << plain_forward_kept;
+}
+
+// Under a selective policy the region's forward lets go of each node's saved tensors as soon as
+// the next operator consumes its output, as PyTorch's pack hooks drop them: its peak is the kept
+// outputs and a few live activations, not every activation the forward's graph would save.
+TEST(RegionSelectiveMemoryTest, ForwardHoldsTheKeptOutputsNotTheGraphsActivations) {
+  ckpt::MemoryTracker tracker;
+  auto model = make_deep(24);
+  auto x = torch::randn({kBatch, kWidth}, torch::requires_grad());
+  const auto forward_peak = [&](const ckpt::CheckpointOptions& options) {
+    tracker.reset_peak();
+    const int64_t before = tracker.current_bytes();
+    auto y = ckpt::checkpoint(options, model, x);
+    return tracker.peak_bytes() - before;
+  };
+  const ckpt::SelectivePolicy keep_nothing(
+      [](const ckpt::OpCall&) { return ckpt::CheckpointPolicy::PreferRecompute; });
+  // Each layer's graph saves tanh's output, which is also the next product's saved input.
+  EXPECT_GE(forward_peak(ckpt::CheckpointOptions()), 24 * kActivationBytes);
+  EXPECT_LE(forward_peak(ckpt::CheckpointOptions().policy(keep_nothing)), 4 * kActivationBytes);
+  // save_matmuls() keeps the 24 products (their bias added in place) and little else.
+  const int64_t matmuls = forward_peak(ckpt::CheckpointOptions().policy(ckpt::save_matmuls()));
+  EXPECT_GE(matmuls, 24 * kActivationBytes);
+  EXPECT_LE(matmuls, 28 * kActivationBytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, RegionMemoryTest, ::testing::Values(false, true),

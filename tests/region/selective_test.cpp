@@ -497,6 +497,57 @@ TEST(SelectiveTest, BackwardInsideTheForwardWorksUnderAPolicy) {
   }
 }
 
+// BatchNorm and dropout, then a backward through its own intermediates inside the forward (a
+// gradient penalty), counting its calls.
+struct Penalised : torch::nn::Module {
+  Penalised()
+      : norm(register_module("norm", torch::nn::BatchNorm1d(3))),
+        dropout(register_module("dropout", torch::nn::Dropout(0.5))) {}
+  at::Tensor forward(const at::Tensor& t) {
+    ++calls;
+    const at::Tensor y = dropout(norm(t)).tanh().pow(3);
+    const at::Tensor g = torch::autograd::grad({y.sum()}, {t}, {}, true, true)[0];
+    return y.sum() + g.square().sum();
+  }
+  torch::nn::BatchNorm1d norm;
+  torch::nn::Dropout dropout;
+  int calls = 0;
+};
+
+// Such a function fails on the saved tensors that the policy's forward let go of; the region
+// runs it again keeping them, from the same random state and module buffers, and keeps them at
+// that call site from then on. Values, gradients, the random stream after the step and
+// BatchNorm's statistics are those of one plain run.
+TEST(SelectiveTest, BackwardInsideTheForwardRunsTheFunctionAgainOnce) {
+  auto module = std::make_shared<Penalised>();
+  const auto input = torch::randn({4, 3});
+  const auto mean = module->norm->running_mean.clone(), var = module->norm->running_var.clone();
+  auto step = [&](bool checkpointed) {
+    {
+      torch::NoGradGuard no_grad;
+      module->norm->running_mean.copy_(mean);
+      module->norm->running_var.copy_(var);
+    }
+    module->calls = 0;
+    torch::manual_seed(3);
+    auto x = input.detach().requires_grad_();
+    const auto options = ckpt::CheckpointOptions().policy(ckpt::save_matmuls());
+    const at::Tensor out = checkpointed ? ckpt::checkpoint(options, module, x) : module->forward(x);
+    const at::Tensor grad = torch::autograd::grad({out}, {x})[0];
+    return std::vector<at::Tensor>{out, grad, torch::rand({2}), module->norm->running_mean.clone(),
+                                   module->norm->running_var.clone()};
+  };
+  const auto plain = step(false);
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run);
+    const auto checkpointed = step(true);
+    // The first run at this call site calls the function twice, the next once; the backward's
+    // recompute adds one each time.
+    EXPECT_EQ(module->calls, run == 0 ? 3 : 2);
+    for (size_t i = 0; i < plain.size(); ++i)
+      EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
+  }
+}
 }  // namespace
 
 namespace {

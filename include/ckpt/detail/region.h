@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <functional>
@@ -30,6 +31,9 @@ using ModuleList = std::vector<std::shared_ptr<torch::nn::Module>>;
 /// instantiation), so that a warning about that place shows once, not once per call.
 struct CallSite {
   std::atomic<bool> warned{false};
+  /// The function ran a backward through its own intermediates inside a selectively checkpointed
+  /// region: its forward keeps its graph whole here from now on.
+  std::atomic<bool> keeps_forward_graph{false};
 };
 
 /// Runs the checkpointed function again and returns the tensors of its result, in traversal
@@ -42,6 +46,7 @@ class RegionMarker;
 class CachingMode;
 class RecordingMode;
 class DispatchModeGuard;
+class BufferGuard;
 
 /// One checkpointed call. Construct it just before running the function (it stashes the RNG and
 /// autocast state and marks where the region's autograd graph begins), run the function inside a
@@ -57,8 +62,34 @@ class Region {
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
 
+  /// Runs the forward call `fn` inside a `ForwardScope` and returns its result. Under a
+  /// selective policy the forward lets go of its graph's saved tensors as it goes (as PyTorch's
+  /// pack hooks drop them). A function that then runs a backward through its own intermediates
+  /// inside the region fails on them; the region runs it again keeping the graph whole, as it
+  /// will at this call site from now on (PyTorch recomputes the function in that case too). In
+  /// between, the random generators and the modules' buffers go back to where the first run
+  /// started.
+  template <class Fn>
+  auto run_forward(Fn&& fn) -> decltype(fn()) {
+    for (;;) {
+      {
+        ForwardScope scope(*this);
+        try {
+          auto result = fn();
+          scope.finished();
+          return result;
+        } catch (const c10::Error& error) {
+          if (!scope.failed_on_released_graph(error)) throw;
+        }
+      }
+      prepare_second_forward();
+    }
+  }
+
+ private:
   /// For the forward call: grad mode off for the reentrant variant and on otherwise, and with a
-  /// selective policy, the operator interception that keeps the outputs it saves.
+  /// selective policy, the operator interception that keeps the outputs it saves and releases
+  /// the graph's saved tensors (with a snapshot of the modules' buffers for a second run).
   class ForwardScope {
    public:
     explicit ForwardScope(Region& region);
@@ -66,14 +97,21 @@ class Region {
     ForwardScope(const ForwardScope&) = delete;
     ForwardScope& operator=(const ForwardScope&) = delete;
 
+    /// The function returned: the buffers stay as it left them.
+    void finished();
+    /// Whether `error` is a backward inside the function failing on a released saved tensor.
+    bool failed_on_released_graph(const c10::Error& error) const;
+
    private:
     at::AutoGradMode grad_mode_;
+    std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
     std::unique_ptr<DispatchModeGuard> caching_guard_;
     std::unique_ptr<RecordingMode> recording_;  // innermost: it sees the calls the cache answers
     std::unique_ptr<DispatchModeGuard> recording_guard_;
   };
 
+ public:
   /// Connects the forward's output tensors to the region's backward node, drops the region's
   /// internal graph, and returns the tensors to hand back to the caller, in the same order.
   std::vector<at::Tensor> finish(std::vector<at::Tensor> outputs, RecomputeFn recompute);
@@ -81,6 +119,7 @@ class Region {
  private:
   std::vector<at::Tensor> finish_non_reentrant(std::vector<at::Tensor> outputs);
   std::vector<at::Tensor> finish_reentrant(std::vector<at::Tensor> outputs);
+  void prepare_second_forward();
 
   std::shared_ptr<RegionState> state_;
   CallSite* site_;
