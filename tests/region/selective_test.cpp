@@ -548,6 +548,40 @@ TEST(SelectiveTest, BackwardInsideTheForwardRunsTheFunctionAgainOnce) {
       EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
   }
 }
+
+// The same inside another selective region: the outer forward releases the inner function's
+// nodes too, so the outer region runs again as well; both keep their graphs from then on.
+TEST(SelectiveTest, BackwardInsideANestedSelectiveRegionRunsBothAgain) {
+  auto module = std::make_shared<Penalised>();
+  const auto input = torch::randn({4, 3});
+  const auto options = ckpt::CheckpointOptions().policy(ckpt::save_matmuls());
+  const auto mean = module->norm->running_mean.clone(), var = module->norm->running_var.clone();
+  auto step = [&](bool checkpointed) {
+    {
+      torch::NoGradGuard no_grad;
+      module->norm->running_mean.copy_(mean);
+      module->norm->running_var.copy_(var);
+    }
+    torch::manual_seed(3);
+    auto x = input.detach().requires_grad_();
+    // The module is an argument, so that the outer region sees it too.
+    const auto outer = [&](const std::shared_ptr<Penalised>& inner, const at::Tensor& t) {
+      return ckpt::checkpoint(options, inner, t.sin()).cos();
+    };
+    const at::Tensor out =
+        checkpointed ? ckpt::checkpoint(options, outer, module, x) : outer(module, x);
+    const at::Tensor grad = torch::autograd::grad({out}, {x})[0];
+    return std::vector<at::Tensor>{out, grad, torch::rand({2}), module->norm->running_mean.clone()};
+  };
+  // Plain: the inner region alone is checkpointed (it keeps its graph from its own first run).
+  const auto plain = step(false);
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run);
+    const auto checkpointed = step(true);
+    for (size_t i = 0; i < plain.size(); ++i)
+      EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
+  }
+}
 }  // namespace
 
 namespace {
