@@ -70,15 +70,9 @@ void RngStash::restore() const {
 }
 
 RngFork::RngFork(const RngStash& stash) : generators_(stash.device_generators_) {
-  if (stash.cpu_state_.defined()) {
-    at::Generator cpu = cpu_generator();
-    saved_cpu_state_ = read_state(cpu);
-    write_state(cpu, stash.cpu_state_);
-  }
+  if (stash.cpu_state_.defined()) saved_cpu_state_ = read_state(cpu_generator());
   for (auto& generator : generators_) saved_device_states_.push_back(read_state(generator));
-  for (size_t i = 0; i < generators_.size(); ++i) {
-    write_state(generators_[i], stash.device_states_[i]);
-  }
+  stash.restore();
 }
 
 RngFork::~RngFork() {
