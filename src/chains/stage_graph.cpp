@@ -25,6 +25,9 @@ StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
     output_ = stage.forward<at::Tensor>(leaf_);
   }
   if (!output_.requires_grad()) return;
+  // A stage that returns a leaf (its input, from Identity or Dropout(0)) made no node: its
+  // backward would start at the leaf's accumulator and hand nothing on. A view gives it one.
+  if (output_.is_leaf()) output_ = output_.view_as(output_);
   boundary_ = find_boundary({torch::autograd::impl::gradient_edge(output_)}, marker_);
   for (const auto& edge : boundary_.edges) {
     // Stages built from modules reach only leaves (their input and parameters). A non-leaf tensor

@@ -106,6 +106,7 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
   graphs_.resize(n);
   rng_.resize(n);
   autocast_.resize(n);
+  training_.resize(n);
   ran_.assign(n, false);
   // Only stages that run again need their RNG state stashed (5 KB each on the CPU).
   std::vector<int> forwards(n, 0);
@@ -166,12 +167,16 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
   // device's) and autocast state, as a region does, and keep its buffers.
   c10::optional<RecomputeScope> recompute;
   if (ran_[i]) {
-    recompute.emplace(rng_[i], autocast_[i], ModuleList{stages_[i].ptr()});
+    const ModuleList stage{stages_[i].ptr()};
+    recompute.emplace(rng_[i], autocast_[i], training_[i], stage);
   } else {
     const c10::DeviceType device_type = infer_device_type({input});
     if (preserve_rng_state_ && recomputed_[i])
       rng_[i].emplace(std::vector<at::Tensor>{input}, device_type);
-    if (recomputed_[i]) autocast_[i] = AutocastState::current(device_type);
+    if (recomputed_[i]) {
+      autocast_[i] = AutocastState::current(device_type);
+      training_[i] = TrainingModes(ModuleList{stages_[i].ptr()});
+    }
     ran_[i] = true;
   }
   run_stage(op, input);

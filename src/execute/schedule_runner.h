@@ -9,6 +9,7 @@
 #include "chains/stage_graph.h"
 #include "region/autocast_state.h"
 #include "region/rng_state.h"
+#include "region/training_modes.h"
 #include "region/version_snapshot.h"
 
 #include <ATen/core/Tensor.h>
@@ -68,6 +69,7 @@ class ScheduleRunner {
   std::vector<c10::optional<StageGraph>> graphs_;  // graphs_[i] holds x̄_{i+1}
   std::vector<c10::optional<RngStash>> rng_;       // RNG before stage i first ran
   std::vector<AutocastState> autocast_;            // autocast when stage i first ran
+  std::vector<TrainingModes> training_;            // train()/eval() when stage i first ran
   std::vector<bool> ran_;
   std::vector<bool> recomputed_;  // stage i runs more than once
   at::Tensor delta_;              // the gradient at the current position

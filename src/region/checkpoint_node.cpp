@@ -91,6 +91,10 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
     receivers[k] = [&result, k](const at::Tensor& grad) { add_gradient(result[k], grad); };
   }
   BorderCapture border(roots, marker, boundary_, std::move(receivers));
+  // The walks start at the same outputs only when every output has a gradient.
+  if (roots.size() == state_->connected.size()) {
+    state_->check_same_graph(boundary_.shape, border.shape());
+  }
   const bool plain_backward = !create_graph && Engine::get_default_engine().is_checkpoint_valid();
   if (plain_backward) accumulate_sole_gradients_early(border, needed);
   Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,

@@ -62,9 +62,10 @@ class SeenNodes {
 };
 
 // Depth-first walk over the region's nodes; `on_exit(node, index)` is called for each next edge
-// that leaves the region, the edges of one node one after another.
+// that leaves the region, the edges of one node one after another. `shape` counts the nodes.
 template <class OnExit>
-void walk_region(const edge_list& roots, const RegionMarker& marker, OnExit&& on_exit) {
+void walk_region(const edge_list& roots, const RegionMarker& marker, GraphShape& shape,
+                 OnExit&& on_exit) {
   SeenNodes seen(marker);
   std::vector<Node*> stack;
   for (const auto& root : roots) {
@@ -76,6 +77,7 @@ void walk_region(const edge_list& roots, const RegionMarker& marker, OnExit&& on
   while (!stack.empty()) {
     Node* node = stack.back();
     stack.pop_back();
+    shape.add(*node);
     auto& edges = node->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
       Node* next = edges[i].function.get();
@@ -91,6 +93,14 @@ void walk_region(const edge_list& roots, const RegionMarker& marker, OnExit&& on
 
 }  // namespace
 
+void GraphShape::add(const Node& node) {
+  ++nodes;
+  // The type's name is one string per type in the process: its address stands for the type.
+  uint64_t z = reinterpret_cast<uintptr_t>(typeid(node).name()) + 0x9e3779b97f4a7c15u;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;  // splitmix64's mixer; a sum, so order is free
+  kinds += z ^ (z >> 27);
+}
+
 size_t BoundaryIndex::EdgeHash::operator()(const std::pair<const Node*, uint32_t>& key) const {
   return std::hash<const Node*>()(key.first) ^ (static_cast<size_t>(key.second) * 0x9e3779b9u);
 }
@@ -103,7 +113,8 @@ Boundary find_boundary(const edge_list& roots, const RegionMarker& marker) {
   for (const auto& root : roots) {
     if (root.function != nullptr && !marker.created_inside(*root.function)) add(root);
   }
-  walk_region(roots, marker, [&](Node& node, size_t i) { add(node.next_edge(i)); });
+  walk_region(roots, marker, boundary.shape,
+              [&](Node& node, size_t i) { add(node.next_edge(i)); });
   return boundary;
 }
 
@@ -177,7 +188,7 @@ BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
   captured.reserve(boundary.edges.size());
   original_.reserve(boundary.edges.size());
   try {
-    walk_region(roots, marker, [&](Node& node, size_t i) {
+    walk_region(roots, marker, shape_, [&](Node& node, size_t i) {
       Edge& edge = node.next_edges()[i];
       const int64_t k = boundary.index.find(edge);
       TORCH_CHECK(k >= 0,

@@ -55,10 +55,24 @@ class BoundaryIndex {
   std::unordered_map<std::pair<const Node*, uint32_t>, int64_t, EdgeHash> index_;
 };
 
+/// The nodes a walk of a region's graph reached: how many, and a sum over their types, so that
+/// a recompute that builds another graph than the forward did can be told (a module switched to
+/// eval() in between, say: Dropout then builds no node).
+struct GraphShape {
+  size_t nodes = 0;
+  uint64_t kinds = 0;
+
+  void add(const Node& node);
+  bool operator==(const GraphShape& other) const {
+    return nodes == other.nodes && kinds == other.kinds;
+  }
+};
+
 /// The edges that leave a region's graph, each once, in the order first found, and their index.
 struct Boundary {
   edge_list edges;
   BoundaryIndex index;
+  GraphShape shape;  // of the graph inside
 };
 
 /// The boundary of the region's graph reached from `roots`. A root that is itself outside the
@@ -96,6 +110,8 @@ class BorderCapture {
   uint32_t uses(size_t k) const { return uses_[k]; }
   /// Replaces the receiver of boundary edge k; only before the engine runs.
   void set_receiver(size_t k, GradientReceiver receiver) { receivers_[k] = std::move(receiver); }
+  /// The shape of the graph inside the border, as walked.
+  const GraphShape& shape() const { return shape_; }
 
  private:
   class Hook;
@@ -103,6 +119,7 @@ class BorderCapture {
 
   std::vector<GradientReceiver> receivers_;
   std::vector<uint32_t> uses_;
+  GraphShape shape_;
   std::mutex mutex_;
   compat::NodePtr terminal_;
   std::vector<std::tuple<Node*, size_t, Edge>> original_;

@@ -8,6 +8,7 @@
 #include "buffer_guard.h"
 #include "recompute_mark.h"
 #include "rng_state.h"
+#include "training_modes.h"
 
 #include <c10/util/Optional.h>
 
@@ -15,14 +16,15 @@ namespace ckpt {
 namespace detail {
 
 /// For its lifetime: the RNG holds the forward's stashed state (when one was stashed), autocast
-/// is as it was in the forward, `ckpt::is_recomputing()` is true, and the buffers of `modules`
-/// are snapshotted. Afterwards the RNG and autocast are put back and the buffers written back,
-/// also when an exception leaves the scope.
+/// is as it was in the forward, the modules are in the train()/eval() modes of the forward,
+/// `ckpt::is_recomputing()` is true, and the buffers of `modules` are snapshotted. Afterwards the
+/// RNG, autocast and modes are put back and the buffers written back, also when an exception
+/// leaves the scope.
 class RecomputeScope {
  public:
   RecomputeScope(const c10::optional<RngStash>& rng, const AutocastState& autocast,
-                 const ModuleList& modules)
-      : autocast_(autocast), buffers_(modules, /*active=*/true) {
+                 const TrainingModes& modes, const ModuleList& modules)
+      : autocast_(autocast), modes_(modes), buffers_(modules, /*active=*/true) {
     if (rng.has_value()) fork_.emplace(*rng);
   }
   RecomputeScope(const RecomputeScope&) = delete;
@@ -31,6 +33,7 @@ class RecomputeScope {
  private:
   c10::optional<RngFork> fork_;
   AutocastScope autocast_;
+  TrainingModeScope modes_;
   RecomputeMark mark_;
   BufferGuard buffers_;
 };

@@ -85,9 +85,22 @@ void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) co
   }
 }
 
+void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const {
+  if (!options.determinism_check() || forward == recomputed) return;
+  TORCH_CHECK(false, "ckpt::checkpoint: the recomputation of the region built a different autograd "
+              "graph (", recomputed.nodes, " operations) than the forward pass (", forward.nodes,
+              " operations), so its gradients would not be those of the forward. A module switched "
+              "between train() and eval() after the forward pass does this (a validation pass "
+              "before the backward, say): ckpt recomputes in the forward's mode the modules it "
+              "sees (the checkpointed module, module arguments, Checkpointed, "
+              "checkpoint_sequential, PlannedSequential), but not those a lambda captures; pass "
+              "them as arguments. Otherwise the checkpointed function must compute the same thing "
+              "when it runs again; CheckpointOptions().determinism_check(false) skips this check.");
+}
+
 std::vector<at::Tensor> RegionState::run_recompute(
     const std::vector<at::Tensor>* replacement) const {
-  const RecomputeScope scope(rng, autocast, modules);
+  const RecomputeScope scope(rng, autocast, training, modules);
   const at::AutoGradMode grad_mode(true);
   if (!kept && !options.debug()) return recompute(replacement);
   std::optional<ReplayMode> replay;
@@ -120,6 +133,7 @@ void RegionState::release() {
   recompute = nullptr;
   inputs.clear();
   modules.clear();
+  training = TrainingModes();
   versions.clear();
   rng.reset();
   kept.reset();
@@ -139,6 +153,7 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
       for (const auto& parameter : module->parameters()) state.versions.add(parameter);
     }
   }
+  state.training = TrainingModes(modules);
   state.modules = std::move(modules);
   if (options.policy()) {
     TORCH_CHECK(!options.use_reentrant(),

@@ -5,8 +5,10 @@
 #include <ckpt/detail/region.h>
 
 #include "autocast_state.h"
+#include "graph.h"
 #include "rng_state.h"
 #include "selective.h"
+#include "training_modes.h"
 #include "version_snapshot.h"
 
 #include <ATen/core/Tensor.h>
@@ -37,6 +39,7 @@ struct RegionState {
   CheckpointOptions options;
   std::vector<at::Tensor> inputs;  // the tensor arguments, in traversal order
   ModuleList modules;              // whose buffers the recompute must leave as they were
+  TrainingModes training;          // their train()/eval() modes in the forward
   // The inputs (at the start of the forward), then the leaves at the region's border that the
   // recomputation reads again: parameters, captured or owned by modules (at its end).
   VersionSnapshot versions;
@@ -55,6 +58,9 @@ struct RegionState {
   /// Raises an error when the recomputed outputs differ from the forward's (see
   /// `CheckpointOptions::determinism_check`).
   void check_recomputed(const std::vector<at::Tensor>& recomputed) const;
+  /// Raises an error when the recomputation built another autograd graph than the forward pass
+  /// (with the determinism check on).
+  void check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const;
   /// Runs the recompute with the forward's RNG and autocast state and grad mode on, and puts the
   /// modules' buffers back as they were.
   std::vector<at::Tensor> run_recompute(const std::vector<at::Tensor>* replacement) const;

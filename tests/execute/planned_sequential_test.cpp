@@ -594,3 +594,40 @@ TEST_F(PlannedSequentialTest, ParameterSharedByStagesIsAccumulatedOncePerBackwar
 }
 
 }  // namespace
+
+// Issue 27, item 1: a stage that returns its input tensor (Identity, Dropout(0), Flatten of a
+// 2-d tensor) left every parameter before it without a gradient whenever the schedule
+// recomputed; with the pass-through stage last, no parameter got one.
+TEST_F(PlannedSequentialTest, StagesThatReturnTheirInputKeepEveryGradient) {
+  const auto make = [](bool last) {
+    torch::nn::Sequential chain;
+    for (int i = 0; i < 6; ++i) {
+      chain->push_back(torch::nn::Linear(32, 32));
+      chain->push_back(torch::nn::Tanh());
+      if (i == 2) chain->push_back(torch::nn::Identity());
+      if (i == 3) chain->push_back(torch::nn::Dropout(0.0));
+      if (i == 4) chain->push_back(torch::nn::Flatten());
+    }
+    if (last) chain->push_back(torch::nn::Identity());
+    return chain;
+  };
+  const auto x = torch::randn({16, 32});
+  for (const bool last : {false, true}) {
+    for (const char* budget : {"min", "70%", "90%"}) {
+      SCOPED_TRACE(std::string(budget) + (last ? ", Identity last" : ""));
+      torch::manual_seed(4);
+      auto plain = make(last);
+      torch::manual_seed(4);
+      auto chain = make(last);
+      ckpt::PlannedSequential planned(chain, ckpt::Budget::parse(budget), activations_only());
+      planned->plan(x);
+      ASSERT_GT(planned->prediction().forward_count, static_cast<int>(chain->size()));
+      expect_step_equals_plain(plain, chain, planned, x);
+      for (const auto& p : chain->parameters()) p.mutable_grad().reset();
+      planned(x).sum().backward();
+      for (const auto& p : chain->named_parameters()) {
+        EXPECT_TRUE(p.value().grad().defined()) << p.key() << " got no gradient";
+      }
+    }
+  }
+}
