@@ -37,12 +37,12 @@ NonReentrantBackward::NonReentrantBackward(std::shared_ptr<RegionState> state, B
 
 void NonReentrantBackward::release_variables() {
   std::lock_guard<std::mutex> lock(mutex_);
-  state_->release();
+  state_->end_backward();
 }
 
 variable_list NonReentrantBackward::apply(variable_list&& grads) {
   std::lock_guard<std::mutex> lock(mutex_);
-  state_->check_not_released();
+  state_->begin_backward(grads);
   const size_t boundary_count = boundary_.edges.size();
   variable_list result(boundary_count);
 
@@ -126,7 +126,7 @@ ReentrantBackward::ReentrantBackward(std::shared_ptr<RegionState> state, edge_li
 
 void ReentrantBackward::release_variables() {
   std::lock_guard<std::mutex> lock(mutex_);
-  state_->release();
+  state_->end_backward();
 }
 
 variable_list ReentrantBackward::apply(variable_list&& grads) {
@@ -136,7 +136,7 @@ variable_list ReentrantBackward::apply(variable_list&& grads) {
               "torch::autograd::grad() and with passing `inputs` to backward(). Call backward() "
               "without `inputs`, or use the default CheckpointOptions().use_reentrant(false), "
               "which supports both.");
-  state_->check_not_released();
+  state_->begin_backward(grads);
   state_->check_unmodified();
 
   std::vector<at::Tensor> detached;

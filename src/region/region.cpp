@@ -121,11 +121,36 @@ std::vector<at::Tensor> RegionState::run_recompute(
   return recomputed;
 }
 
-void RegionState::check_not_released() const {
-  TORCH_CHECK(!released,
+void RegionState::hand_out(const std::vector<at::Tensor>& outputs) {
+  served.assign(connected.size(), false);
+  handed_out.reserve(connected.size());
+  for (size_t slot : connected) handed_out.emplace_back(outputs[slot].getIntrusivePtr());
+}
+
+void RegionState::begin_backward(const std::vector<at::Tensor>& grads) {
+  bool again = released;
+  serving.clear();
+  for (size_t slot = 0; slot < grads.size() && !again; ++slot) {
+    if (!grads[slot].defined()) continue;
+    again = served[slot];
+    serving.push_back(slot);
+  }
+  TORCH_CHECK(!again,
               "ckpt::checkpoint: Trying to backward through a checkpointed region a second time "
               "(or after its saved inputs were freed). Specify retain_graph=true on the first "
               "backward if you need to backward through the graph again.");
+  in_engine_call = true;
+}
+
+void RegionState::end_backward() {
+  if (!in_engine_call) return release();
+  in_engine_call = false;
+  for (size_t slot : serving) served[slot] = true;
+  serving.clear();
+  for (size_t slot = 0; slot < served.size(); ++slot) {
+    if (!served[slot] && !handed_out[slot].expired()) return;
+  }
+  release();
 }
 
 void RegionState::release() {
@@ -138,6 +163,7 @@ void RegionState::release() {
   rng.reset();
   kept.reset();
   forward_ops.clear();
+  handed_out.clear();
 }
 
 Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
@@ -262,6 +288,7 @@ std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> out
     torch::autograd::impl::set_gradient_edge(
         output, torch::autograd::Edge(node, node->add_input_metadata(output)));
   }
+  state.hand_out(outputs);
   return outputs;
 }
 
@@ -292,6 +319,7 @@ std::vector<at::Tensor> Region::finish_reentrant(std::vector<at::Tensor> outputs
         output, torch::autograd::Edge(node, node->add_input_metadata(output)));
     state.connected.push_back(i);
   }
+  state.hand_out(outputs);
   return outputs;
 }
 

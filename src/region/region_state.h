@@ -15,6 +15,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Optional.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <memory>
@@ -51,6 +52,13 @@ struct RegionState {
   std::unique_ptr<KeptOutputs> kept;     // with a selective policy: what the forward kept
   std::vector<std::string> forward_ops;  // with debug: the operators the forward ran
   bool released = false;
+  // Separate backward passes through different outputs (one loss each): which connected outputs
+  // had theirs without retain_graph, those of the engine's current call, and the outputs handed
+  // to the caller, held weakly to tell when the others are gone.
+  std::vector<bool> served;
+  std::vector<size_t> serving;
+  bool in_engine_call = false;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> handed_out;
 
   /// Raises an error when an input or a parameter the region reads was modified in place since
   /// the forward pass.
@@ -64,8 +72,16 @@ struct RegionState {
   /// Runs the recompute with the forward's RNG and autocast state and grad mode on, and puts the
   /// modules' buffers back as they were.
   std::vector<at::Tensor> run_recompute(const std::vector<at::Tensor>* replacement) const;
-  /// Raises the error for a backward through a region whose state was already freed.
-  void check_not_released() const;
+  /// Records the outputs handed to the caller (connected to the region's node, in slot order).
+  void hand_out(const std::vector<at::Tensor>& outputs);
+  /// At the start of the node's backward: raises the error for a backward through a region whose
+  /// state was freed, or through an output whose backward already ran, and notes the outputs that
+  /// have a gradient in this one.
+  void begin_backward(const std::vector<at::Tensor>& grads);
+  /// The node's `release_variables`. After the engine's call (without retain_graph) the outputs of
+  /// that backward are done; the state is freed once every output is done or gone. Called from
+  /// elsewhere (an enclosing forward letting go of its graph), it frees the state at once.
+  void end_backward();
   void release();
 };
 
