@@ -122,7 +122,47 @@ PlannedSequentialImpl::PlannedSequentialImpl(const torch::nn::Sequential& chain,
   }
 }
 
+namespace detail {
+
+InputSignature InputSignature::of(const at::Tensor& tensor) {
+  return {tensor.sizes().vec(), tensor.scalar_type(), tensor.device()};
+}
+
+bool InputSignature::holds(const at::Tensor& input) const {
+  if (input.scalar_type() != dtype || input.device() != device ||
+      input.dim() != static_cast<int64_t>(sizes.size())) {
+    return false;
+  }
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (input.size(static_cast<int64_t>(d)) > sizes[d]) return false;
+  }
+  return true;
+}
+
+std::string InputSignature::to_string() const {
+  std::ostringstream out;
+  out << c10::IntArrayRef(sizes) << " (" << dtype << ", " << device << ")";
+  return out.str();
+}
+
+}  // namespace detail
+
 void PlannedSequentialImpl::plan(const torch::Tensor& sample_input) {
+  auto planned = measure_and_solve(sample_input);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  plan_ = std::move(planned);
+}
+
+void PlannedSequentialImpl::plan(const plan::Chain& profile) {
+  check_profile(profile);
+  auto planned =
+      solve(profile, plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  plan_ = std::move(planned);
+}
+
+std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::measure_and_solve(
+    const torch::Tensor& sample_input) const {
   ChainProfiler* profiler = options.profiler().get();
   TORCH_CHECK(profiler != nullptr,
               "ckpt::PlannedSequential::plan: no profiler to measure the chain with. Construct "
@@ -131,13 +171,9 @@ void PlannedSequentialImpl::plan(const torch::Tensor& sample_input) {
               "plan(profile) with a chain's costs first.");
   plan::Chain profile = profiler->profile(stages_, sample_input);
   check_profile(profile);
-  solve(profile, profiler->no_checkpoint_peak(stages_, sample_input));
-  profiled_sizes_ = sample_input.sizes().vec();
-}
-
-void PlannedSequentialImpl::plan(const plan::Chain& profile) {
-  check_profile(profile);
-  solve(profile, plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes);
+  auto planned = solve(profile, profiler->no_checkpoint_peak(stages_, sample_input));
+  planned->input = detail::InputSignature::of(sample_input);
+  return planned;
 }
 
 void PlannedSequentialImpl::check_profile(const plan::Chain& profile) const {
@@ -150,9 +186,11 @@ void PlannedSequentialImpl::check_profile(const plan::Chain& profile) const {
 // At a budget that holds the no-checkpoint peak, the chain keeps everything: that peak was
 // measured (or predicted from this profile), so it fits, even where the model of a stage's
 // temporaries would predict more.
-void PlannedSequentialImpl::solve(const plan::Chain& profile, int64_t no_checkpoint_peak_bytes) {
+std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
+    const plan::Chain& profile, int64_t no_checkpoint_peak_bytes) const {
+  auto planned = std::make_shared<detail::ChainPlan>();
   // First, so that a profile with an option the executor cannot run fails whatever the budget.
-  auto regions = std::make_shared<const detail::StorageRegions>(
+  planned->regions = std::make_shared<const detail::StorageRegions>(
       detail::storage_regions(profile, options.selective_policy()));
   plan::OptimalOptions optimal;
   optimal.slots = options.slots();
@@ -188,33 +226,55 @@ void PlannedSequentialImpl::solve(const plan::Chain& profile, int64_t no_checkpo
               "ckpt::PlannedSequential: the ", options.solver(), " schedule needs ",
               prediction.peak_bytes, " bytes, more than the budget of ", budget_bytes,
               " bytes. Raise the budget or use the optimal solver.");
-  regions_ = std::move(regions);
-  profile_ = profile;
-  schedule_ = std::move(schedule);
-  prediction_ = std::move(prediction);
-  budget_bytes_ = budget_bytes;
-  no_checkpoint_peak_bytes_ = no_checkpoint_peak_bytes;
-  keeps_everything_ = keeps_everything(schedule_, static_cast<int>(stages_.size()));
-  planned_ = true;
+  planned->profile = profile;
+  planned->keeps_everything = keeps_everything(schedule, static_cast<int>(stages_.size()));
+  planned->schedule = std::move(schedule);
+  planned->prediction = std::move(prediction);
+  planned->budget_bytes = budget_bytes;
+  planned->no_checkpoint_peak_bytes = no_checkpoint_peak_bytes;
+  return planned;
+}
+
+std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::plan_for(
+    const torch::Tensor& input) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (plan_ && (!plan_->input || plan_->input->holds(input))) return plan_;
+  if (plan_) {
+    const std::string planned_for = plan_->input->to_string();
+    const std::string now = detail::InputSignature::of(input).to_string();
+    TORCH_CHECK(options.on_input_change() == InputChange::Replan,
+                "ckpt::PlannedSequential: the input ", now,
+                " is larger than the one the chain was planned for, ", planned_for,
+                ", or of another kind, so the schedule may need more memory than the budget. Plan "
+                "with a sample of the largest input (plan(sample)), or set "
+                "PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan).");
+    TORCH_WARN("ckpt::PlannedSequential: planning again for the input ", now,
+               ", larger than the one the chain was planned for, ", planned_for,
+               ", or of another kind (this step profiles the chain first).");
+  }
+  plan_ = measure_and_solve(input);
+  return plan_;
 }
 
 torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
-  if (!planned_) plan(input);
-  if (!profiled_sizes_.empty() && input.sizes().vec() != profiled_sizes_) {
-    TORCH_WARN_ONCE("ckpt::PlannedSequential: the input shape ", input.sizes(),
-                    " differs from the one the chain was profiled with; gradients stay exact but "
-                    "memory may differ from the prediction. Call plan() with a new sample.");
-  }
   bool any_grad = input.requires_grad();
   for (const auto& p : parameters()) any_grad = any_grad || p.requires_grad();
+  const bool differentiated = at::GradMode::is_enabled() && any_grad;
+  // Without a backward to come, any plan runs the plain chain: none is made again for it.
+  const std::shared_ptr<const detail::ChainPlan> plan =
+      differentiated || !planned() ? plan_for(input) : nullptr;
   // A schedule that recomputes nothing is the plain chain: run it as such, adding nothing.
-  if (!at::GradMode::is_enabled() || !any_grad || (keeps_everything_ && !observer_)) {
+  if (!differentiated || (plan->keeps_everything && !observer_)) {
     torch::Tensor x = input;
     for (auto& stage : stages_) x = stage.forward<torch::Tensor>(x);
     return x;
   }
-  auto runner = std::make_shared<detail::ScheduleRunner>(stages_, schedule_, regions_,
-                                                         options.preserve_rng_state(), observer_);
+  TORCH_CHECK(!input.is_inference(),
+              "ckpt::PlannedSequential: the input is an inference tensor (created under "
+              "c10::InferenceMode), which autograd cannot save for the backward pass. Create it "
+              "outside InferenceMode, or pass a clone made outside it.");
+  auto runner = std::make_shared<detail::ScheduleRunner>(
+      stages_, plan->schedule, plan->regions, options.preserve_rng_state(), observer_);
   torch::Tensor output = runner->forward(input);
   torch::autograd::edge_list next;
   if (input.requires_grad()) next.push_back(torch::autograd::impl::gradient_edge(input));
@@ -232,37 +292,45 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
   return result;
 }
 
+bool PlannedSequentialImpl::planned() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return plan_ != nullptr;
+}
+
+const detail::ChainPlan& PlannedSequentialImpl::planned_or_error() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(plan_ != nullptr,
+              "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
+  return *plan_;
+}
+
 const plan::Chain& PlannedSequentialImpl::profile() const {
-  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
-  return profile_;
+  return planned_or_error().profile;
 }
 
 const plan::Schedule& PlannedSequentialImpl::schedule() const {
-  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
-  return schedule_;
+  return planned_or_error().schedule;
 }
 
 const plan::SimulationResult& PlannedSequentialImpl::prediction() const {
-  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
-  return prediction_;
+  return planned_or_error().prediction;
 }
 
 int64_t PlannedSequentialImpl::budget_bytes() const {
-  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
-  return budget_bytes_;
+  return planned_or_error().budget_bytes;
 }
 
 int64_t PlannedSequentialImpl::no_checkpoint_peak_bytes() const {
-  TORCH_CHECK(planned_, "ckpt::PlannedSequential: not planned yet; call plan() or forward().");
-  return no_checkpoint_peak_bytes_;
+  return planned_or_error().no_checkpoint_peak_bytes;
 }
 
 void PlannedSequentialImpl::pretty_print(std::ostream& stream) const {
   stream << "ckpt::PlannedSequential(stages=" << stages_.size() << ", solver=" << options.solver();
-  if (planned_) {
-    stream << ", budget_bytes=" << budget_bytes_
-           << ", predicted_peak_bytes=" << prediction_.peak_bytes
-           << ", forwards=" << prediction_.forward_count;
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (plan_) {
+    stream << ", budget_bytes=" << plan_->budget_bytes
+           << ", predicted_peak_bytes=" << plan_->prediction.peak_bytes
+           << ", forwards=" << plan_->prediction.forward_count;
   }
   stream << ")";
 }

@@ -171,7 +171,13 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
     : state_(std::make_shared<RegionState>()), site_(&site) {
   RegionState& state = *state_;
   state.options = options;
-  for (const auto& input : inputs) state.versions.add(input);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TORCH_CHECK(!inputs[i].defined() || !inputs[i].is_inference(), "ckpt::checkpoint: tensor argument #", i,
+                " is an inference tensor (created under c10::InferenceMode), which autograd "
+                "cannot save for the backward pass. Create it outside InferenceMode, or pass a "
+                "clone made outside it.");
+    state.versions.add(inputs[i]);
+  }
   // The non-reentrant variant finds the parameters at its border in the graph (finish); the
   // reentrant one records no graph to find them in.
   if (options.use_reentrant()) {

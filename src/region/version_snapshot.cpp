@@ -8,8 +8,10 @@ namespace ckpt {
 namespace detail {
 
 void VersionSnapshot::add(const at::Tensor& tensor) {
-  tensors_.push_back(tensor);
-  versions_.push_back(tensor.defined() ? tensor._version() : 0);
+  // Inference tensors have no version counter, and cannot be written outside InferenceMode.
+  const bool tracked = tensor.defined() && !tensor.is_inference();
+  tensors_.push_back(tracked ? tensor : at::Tensor());
+  versions_.push_back(tracked ? tensor._version() : 0);
 }
 
 void VersionSnapshot::check(const char* api,

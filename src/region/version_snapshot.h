@@ -17,8 +17,8 @@ namespace detail {
 
 class VersionSnapshot {
  public:
-  /// Records `tensor` at its current version (an undefined tensor takes a place but is never
-  /// checked).
+  /// Records `tensor` at its current version (an undefined or inference tensor takes a place but
+  /// is never checked: it has no version counter).
   void add(const at::Tensor& tensor);
 
   /// Raises a c10::Error naming the first tensor whose version changed since it was added:

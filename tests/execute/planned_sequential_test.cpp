@@ -631,3 +631,51 @@ TEST_F(PlannedSequentialTest, StagesThatReturnTheirInputKeepEveryGradient) {
     }
   }
 }
+
+// Issue 27, item 11: an input larger than, or of another dtype than, the one the chain was
+// planned for ran the stale plan (2.5 MB against a 1.1 MB budget), with a warning once per
+// process at most. It is planned again, or refused with InputChange::Error; a smaller input runs
+// the plan it fits in.
+TEST_F(PlannedSequentialTest, LargerInputOrAnotherDtypeIsPlannedAgain) {
+  torch::manual_seed(6);
+  auto chain = make_chain(8, 64);
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::parse("80%"), activations_only());
+  planned->plan(torch::randn({32, 64}));
+  const int64_t first_budget = planned->budget_bytes();
+  for (auto& p : chain->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  ckpt::MemoryTracker tracker;
+  const auto step_peak = [&](const torch::Tensor& x) {
+    tracker.reset_peak();
+    const int64_t before = tracker.current_bytes();
+    planned(x).sum().backward();
+    return tracker.peak_bytes() - before;
+  };
+  step_peak(torch::randn({16, 64}));  // smaller: the plan fits
+  EXPECT_EQ(planned->budget_bytes(), first_budget);
+
+  {
+    ckpt::test::WarningCapture warnings;
+    step_peak(torch::randn({128, 64}));  // profiles first
+    EXPECT_TRUE(warnings.contains("planning again")) << ::testing::PrintToString(warnings.messages);
+    EXPECT_GT(planned->budget_bytes(), 3 * first_budget);  // 80% of the new plain peak
+  }
+  const auto large = torch::randn({128, 64});
+  EXPECT_LE(step_peak(large), planned->budget_bytes());
+  chain->to(torch::kDouble);
+  for (auto& p : chain->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  const int64_t double_budget = [&] {
+    ckpt::test::WarningCapture warnings;
+    step_peak(torch::randn({128, 64}, torch::kDouble));
+    EXPECT_TRUE(warnings.contains("Double")) << ::testing::PrintToString(warnings.messages);
+    return planned->budget_bytes();
+  }();
+  EXPECT_EQ(double_budget, planned->no_checkpoint_peak_bytes() * 80 / 100);
+  chain->to(torch::kFloat);
+
+  ckpt::PlannedSequential strict(
+      chain, ckpt::Budget::parse("80%"),
+      activations_only().on_input_change(ckpt::InputChange::Error));
+  strict->plan(torch::randn({32, 64}));
+  CKPT_EXPECT_THROWS_WITH(strict(torch::randn({33, 64})), "larger than");
+  strict(torch::randn({32, 64})).sum().backward();  // the plan is still there
+}

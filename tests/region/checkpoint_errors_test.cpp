@@ -146,6 +146,23 @@ TEST_P(CheckpointErrorsTest, ExceptionInRecomputeReachesTheCallerAndRestoresStat
   EXPECT_TRUE(bit_equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
 }
 
+// Issue 27, item 12: autograd's "Inference tensors do not track version counter" said neither
+// which argument nor what to do.
+TEST_P(CheckpointErrorsTest, InferenceTensorArgumentIsAClearError) {
+  torch::Tensor x;
+  {
+    const c10::InferenceMode inference;
+    x = torch::randn({4, 8});
+  }
+  torch::nn::Linear linear(8, 8);
+  CKPT_EXPECT_THROWS_WITH(ckpt::checkpoint(options(), linear, x), "tensor argument #0");
+  CKPT_EXPECT_THROWS_WITH(ckpt::checkpoint(options(), linear, x), "clone");
+  EXPECT_TRUE(torch::GradMode::is_enabled());
+  // A clone made outside InferenceMode is an ordinary tensor.
+  ckpt::checkpoint(options(), linear, x.clone().requires_grad_()).sum().backward();
+  EXPECT_TRUE(linear->weight.grad().defined());
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, CheckpointErrorsTest, ::testing::Values(false, true),
                          ckpt::test::VariantName());
 

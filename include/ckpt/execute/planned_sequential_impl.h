@@ -7,6 +7,8 @@
 #include <ckpt/selective.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -15,6 +17,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -54,6 +58,17 @@ class ChainProfiler {
                                      const at::Tensor& sample_input) = 0;
 };
 
+/// What `PlannedSequential` does with an input its plan may not hold: larger than the sample it
+/// planned from in some dimension, or of another dtype, device or number of dimensions. (An
+/// input no larger in any dimension runs the plan: its activations are no larger.)
+enum class InputChange {
+  /// Profiles the chain on the input and solves again, with a warning that says why the step
+  /// takes longer; the budget in bytes stays, a percentage is of the new plain peak.
+  Replan,
+  /// Raises an error, keeping the plan: plan with a sample of the largest input instead.
+  Error,
+};
+
 /// Options for `PlannedSequential`.
 struct PlannedSequentialOptions {
   /// The solver, as `plan::SolverSpec` reads it: "optimal" (rotor's dynamic program),
@@ -81,7 +96,37 @@ struct PlannedSequentialOptions {
   /// then for what the step adds to them. `ckpt::PlannedSequential` measures with it; a profiler
   /// you supply decides for itself. Default: true
   TORCH_ARG(bool, count_parameter_gradients) = true;
+  /// What an input the plan may not hold does (see `InputChange`). A plan made from a given
+  /// profile (`plan(profile)`) runs any input. Default: `InputChange::Replan`
+  TORCH_ARG(InputChange, on_input_change) = InputChange::Replan;
 };
+
+namespace detail {
+/// Sizes, dtype and device of the input a plan was profiled with.
+struct InputSignature {
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype;
+  c10::Device device;
+
+  static InputSignature of(const at::Tensor& tensor);
+  /// Whether an input like `input` needs no more memory: same dtype, device and number of
+  /// dimensions, no dimension larger.
+  bool holds(const at::Tensor& input) const;
+  std::string to_string() const;
+};
+
+/// One plan of the chain: the profile it was solved from and what the executor runs.
+struct ChainPlan {
+  plan::Chain profile;
+  std::shared_ptr<const StorageRegions> regions;  // how each storage option runs
+  plan::Schedule schedule;
+  plan::SimulationResult prediction;
+  int64_t budget_bytes = 0;
+  int64_t no_checkpoint_peak_bytes = 0;
+  bool keeps_everything = false;  // the schedule recomputes nothing: forward runs the plain chain
+  std::optional<InputSignature> input;  // none for a plan from a given profile
+};
+}  // namespace detail
 
 /// Receives every operation of a schedule as the executor runs it (for traces and plots).
 struct ExecutionObserver {
@@ -94,7 +139,9 @@ struct ExecutionObserver {
 ///
 /// On the first forward (or an explicit `plan(sample)`), it profiles the chain on the input,
 /// measures the peak of one plain step, solves for a schedule under the budget and keeps it;
-/// every forward/backward then follows that schedule. Percentages are of that measured peak; at
+/// every forward/backward then follows that schedule, for every input no larger than the sample
+/// (an input larger in some dimension, or of another dtype or device, is planned for again or
+/// refused: `PlannedSequentialOptions::on_input_change`). Percentages are of that measured peak; at
 /// a budget that holds it, the chain runs plainly (no recomputation, nothing added). Gradients are
 /// identical to the unchecked chain; RNG is replayed and buffers are not updated twice. If no
 /// schedule fits, `plan` raises `InfeasibleBudget`, which carries the smallest feasible budget
@@ -121,7 +168,7 @@ class PlannedSequentialImpl : public torch::nn::Module {
   /// profile's predicted no-checkpoint peak.
   void plan(const plan::Chain& profile);
 
-  bool planned() const { return planned_; }
+  bool planned() const;
   const plan::Chain& profile() const;
   const plan::Schedule& schedule() const;
   /// The simulator's prediction for the schedule (time, peak bytes, forward count).
@@ -141,19 +188,18 @@ class PlannedSequentialImpl : public torch::nn::Module {
 
  private:
   void check_profile(const plan::Chain& profile) const;
-  void solve(const plan::Chain& profile, int64_t no_checkpoint_peak_bytes);
+  std::shared_ptr<detail::ChainPlan> solve(const plan::Chain& profile,
+                                           int64_t no_checkpoint_peak_bytes) const;
+  std::shared_ptr<detail::ChainPlan> measure_and_solve(const torch::Tensor& sample_input) const;
+  /// The plan for `input`: the current one when it holds the input, else a new one (or an
+  /// error), as `options.on_input_change()` says.
+  std::shared_ptr<const detail::ChainPlan> plan_for(const torch::Tensor& input);
+  const detail::ChainPlan& planned_or_error() const;
 
   std::vector<torch::nn::AnyModule> stages_;
   Budget budget_;
-  bool planned_ = false;
-  plan::Chain profile_;
-  std::shared_ptr<const detail::StorageRegions> regions_;  // how each storage option runs
-  plan::Schedule schedule_;
-  plan::SimulationResult prediction_;
-  int64_t budget_bytes_ = 0;
-  int64_t no_checkpoint_peak_bytes_ = 0;
-  bool keeps_everything_ = false;  // the schedule recomputes nothing: forward runs the plain chain
-  std::vector<int64_t> profiled_sizes_;
+  mutable std::mutex mutex_;  // guards plan_: a forward may plan again
+  std::shared_ptr<const detail::ChainPlan> plan_;
   std::shared_ptr<ExecutionObserver> observer_;
 };
 
