@@ -103,12 +103,11 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
   std::vector<at::Tensor> inputs;
   collect_tensors(call->args, inputs);
 
-  static CallSite site;
-  Region region(
-      options, std::move(inputs),
-      std::apply([&](const auto&... unpacked) { return modules_of(call->fn, unpacked...); },
-                 call->args),
-      site);
+  static CallSite site_without_modules;
+  ModuleList modules = std::apply(
+      [&](const auto&... unpacked) { return modules_of(call->fn, unpacked...); }, call->args);
+  std::shared_ptr<CallSite> site = call_site(site_without_modules, modules);
+  Region region(options, std::move(inputs), std::move(modules), std::move(site));
   Result result = region.run_forward([&] { return apply_forward(call->fn, call->args); });
 
   std::vector<at::Tensor> outputs;

@@ -28,6 +28,34 @@ bool any_defined(const variable_list& grads) {
   return false;
 }
 
+// The reentrant recompute's arguments: detached copies of the tensor arguments, leaves that
+// require grad as the arguments did (their `.grad` is the region's input gradient). An argument
+// the function writes into comes from its copy before the write, through a clone: autograd
+// refuses in-place writes into a leaf that requires grad.
+struct DetachedInputs {
+  std::vector<at::Tensor> leaves;
+  std::vector<at::Tensor> arguments;
+};
+
+DetachedInputs detached_inputs(const RegionState& state) {
+  DetachedInputs detached;
+  for (size_t i = 0; i < state.inputs.size(); ++i) {
+    const at::Tensor& input = state.inputs[i];
+    at::Tensor leaf;
+    if (state.input_copies.copied(i)) {
+      leaf = state.input_copies.fresh(i, /*with_history=*/false);
+    } else if (input.defined()) {
+      leaf = input.detach();
+      leaf.set_requires_grad(input.requires_grad());
+    }
+    const at::AutoGradMode grad_mode(true);
+    const bool written = state.input_copies.copied(i) && leaf.requires_grad();
+    detached.arguments.push_back(written ? leaf.clone() : leaf);
+    detached.leaves.push_back(std::move(leaf));
+  }
+  return detached;
+}
+
 }  // namespace
 
 NonReentrantBackward::NonReentrantBackward(std::shared_ptr<RegionState> state, Boundary boundary)
@@ -139,18 +167,8 @@ variable_list ReentrantBackward::apply(variable_list&& grads) {
   state_->begin_backward(grads);
   state_->check_unmodified();
 
-  std::vector<at::Tensor> detached;
-  detached.reserve(state_->inputs.size());
-  for (const auto& input : state_->inputs) {
-    if (!input.defined()) {
-      detached.push_back(input);
-      continue;
-    }
-    at::Tensor copy = input.detach();
-    copy.set_requires_grad(input.requires_grad());
-    detached.push_back(std::move(copy));
-  }
-  const variable_list outputs = state_->run_recompute(&detached);
+  const DetachedInputs detached = detached_inputs(*state_);
+  const variable_list outputs = state_->run_recompute(&detached.arguments);
   state_->check_recomputed(outputs);
 
   variable_list with_grad;
@@ -175,8 +193,8 @@ variable_list ReentrantBackward::apply(variable_list&& grads) {
   }
 
   variable_list result;
-  result.reserve(detached.size());
-  for (auto& input : detached) {
+  result.reserve(detached.leaves.size());
+  for (const auto& input : detached.leaves) {
     result.push_back(input.defined() && input.requires_grad() ? input.grad() : at::Tensor());
   }
   return result;

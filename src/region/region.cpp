@@ -100,6 +100,14 @@ void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& 
 
 std::vector<at::Tensor> RegionState::run_recompute(
     const std::vector<at::Tensor>* replacement) const {
+  std::vector<at::Tensor> from_copies;
+  if (replacement == nullptr && !input_copies.empty()) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      from_copies.push_back(input_copies.copied(i) ? input_copies.fresh(i, /*with_history=*/true)
+                                                   : inputs[i]);
+    }
+    replacement = &from_copies;
+  }
   const RecomputeScope scope(rng, autocast, training, modules);
   const at::AutoGradMode grad_mode(true);
   if (!kept && !options.debug()) return recompute(replacement);
@@ -157,6 +165,7 @@ void RegionState::release() {
   released = true;
   recompute = nullptr;
   inputs.clear();
+  input_copies.clear();
   modules.clear();
   training = TrainingModes();
   versions.clear();
@@ -167,16 +176,19 @@ void RegionState::release() {
 }
 
 Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
-               CallSite& site)
-    : state_(std::make_shared<RegionState>()), site_(&site) {
+               std::shared_ptr<CallSite> site)
+    : state_(std::make_shared<RegionState>()), site_(std::move(site)) {
   RegionState& state = *state_;
   state.options = options;
+  state.input_copies = InputCopies(inputs, site_->written_inputs.load());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TORCH_CHECK(!inputs[i].defined() || !inputs[i].is_inference(), "ckpt::checkpoint: tensor argument #", i,
+    TORCH_CHECK(!inputs[i].defined() || !inputs[i].is_inference(),
+                "ckpt::checkpoint: tensor argument #", i,
                 " is an inference tensor (created under c10::InferenceMode), which autograd "
                 "cannot save for the backward pass. Create it outside InferenceMode, or pass a "
                 "clone made outside it.");
-    state.versions.add(inputs[i]);
+    // A copied argument is not read again: the recompute starts from its copy.
+    state.versions.add(state.input_copies.copied(i) ? at::Tensor() : inputs[i]);
   }
   // The non-reentrant variant finds the parameters at its border in the graph (finish); the
   // reentrant one records no graph to find them in.
@@ -207,8 +219,10 @@ Region::ForwardScope::ForwardScope(Region& region)
     : grad_mode_(!region.state_->options.use_reentrant()) {
   RegionState& state = *region.state_;
   if (state.kept) {
-    // A second run must start from the same random state: without a stash, keep the graph.
-    const bool release_graph = state.rng.has_value() && !region.site_->keeps_forward_graph.load();
+    // A second run must start from the same random state: without a stash, keep the graph. An
+    // argument the function writes into leads from outside into the graph: keep it too.
+    const bool release_graph = state.rng.has_value() && state.input_copies.empty() &&
+                               !region.site_->keeps_forward_graph.load();
     if (release_graph) buffers_ = std::make_unique<BufferGuard>(state.modules, /*active=*/true);
     caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept, release_graph);
     caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
@@ -245,8 +259,57 @@ void Region::prepare_second_forward() {
       "now on.");
 }
 
+// The function wrote into a tensor argument that was not copied, so the recompute cannot start
+// from the value the forward started from. The call site copies it from now on.
+bool Region::wrote_into_inputs_unexpectedly() {
+  RegionState& state = *state_;
+  uint64_t written = 0;
+  std::string arguments;
+  for (size_t i = 0; i < state.inputs.size(); ++i) {
+    if (!state.versions.changed(i)) continue;
+    written |= written_input_bit(i);
+    arguments += (arguments.empty() ? "#" : ", #") + std::to_string(i);
+  }
+  if (written == 0) return false;
+  const std::string what =
+      "ckpt::checkpoint: the checkpointed function wrote into its tensor argument " + arguments +
+      " in place during its forward pass (an in-place ReLU on its input, say), so a recompute "
+      "could not start from the values the forward started from. ";
+  if (state.options.use_reentrant()) {
+    // Its forward runs without autograd: the write is invisible to the argument's other uses
+    // (a residual connection reads the written values but differentiates the unwritten ones).
+    bool requires_grad = false;
+    for (size_t i = 0; i < state.inputs.size(); ++i) {
+      requires_grad |= state.versions.changed(i) && state.inputs[i].requires_grad();
+    }
+    if (state.rng.has_value()) state.rng->restore();
+    TORCH_CHECK(!requires_grad, what,
+                "With use_reentrant(true) the forward runs without autograd, so autograd would "
+                "not see the write where the argument is used after the region, and gradients "
+                "would be wrong. Use the default variant, which supports it, or make the "
+                "function's first operation on it out of place (relu instead of relu_).");
+  }
+  site_->written_inputs.fetch_or(written);
+  const bool keeps_graph = !state.options.use_reentrant() && !state.kept;
+  const std::string advice =
+      "From now on this call site copies that argument before the function (one copy per call, "
+      "kept until the backward instead of the argument), so later calls are checkpointed. To "
+      "avoid the copy, make the function's first operation on it out of place (relu instead of "
+      "relu_), or apply the in-place operation before the region.";
+  if (keeps_graph) {
+    TORCH_WARN(what, "This call keeps its activations instead of checkpointing them. ", advice);
+    return true;
+  }
+  if (state.rng.has_value()) state.rng->restore();
+  TORCH_CHECK(false, what, "This call could not be checkpointed (",
+              state.options.use_reentrant() ? "use_reentrant(true) records no graph"
+                                            : "a selective region lets go of its graph",
+              ") and failed; run it again. ", advice);
+}
+
 std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, RecomputeFn recompute) {
   RegionState& state = *state_;
+  if (wrote_into_inputs_unexpectedly()) return outputs;  // this call keeps its graph
   if (state.rng.has_value() && !state.rng->had_device_at_forward()) {
     TORCH_CHECK(!compat::device_initialized(state.rng->device_type()), "ckpt::checkpoint: the ",
                 c10::DeviceTypeName(state.rng->device_type()),

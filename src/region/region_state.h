@@ -6,6 +6,7 @@
 
 #include "autocast_state.h"
 #include "graph.h"
+#include "input_copies.h"
 #include "rng_state.h"
 #include "selective.h"
 #include "training_modes.h"
@@ -39,6 +40,7 @@ struct TensorMeta {
 struct RegionState {
   CheckpointOptions options;
   std::vector<at::Tensor> inputs;  // the tensor arguments, in traversal order
+  InputCopies input_copies;        // of those the function writes into, before it ran
   ModuleList modules;              // whose buffers the recompute must leave as they were
   TrainingModes training;          // their train()/eval() modes in the forward
   // The inputs (at the start of the forward), then the leaves at the region's border that the

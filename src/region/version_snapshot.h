@@ -26,6 +26,10 @@ class VersionSnapshot {
   /// names tensor i (in the order added), e.g. "tensor argument #0".
   void check(const char* api, const std::function<std::string(size_t)>& describe) const;
 
+  /// Whether tensor i (tracked) was modified in place since it was added.
+  bool changed(size_t i) const {
+    return tensors_[i].defined() && tensors_[i]._version() != versions_[i];
+  }
   size_t size() const { return tensors_.size(); }
   const at::Tensor& tensor(size_t i) const { return tensors_[i]; }
   void clear();

@@ -27,14 +27,25 @@ namespace detail {
 /// variant checks their parameters for in-place changes.
 using ModuleList = std::vector<std::shared_ptr<torch::nn::Module>>;
 
-/// What one place in the code that calls `checkpoint` shares between its calls (a static of each
-/// instantiation), so that a warning about that place shows once, not once per call.
+/// What ckpt learns about one place that makes regions, shared between its calls: a place in the
+/// code (one per instantiation of the template that makes the region) running its own modules,
+/// so that each `Checkpointed`, segment and planned stage learns on its own, and a warning about
+/// a place shows once, not once per call.
 struct CallSite {
   std::atomic<bool> warned{false};
   /// The function ran a backward through its own intermediates inside a selectively checkpointed
   /// region: its forward keeps its graph whole here from now on.
   std::atomic<bool> keeps_forward_graph{false};
+  /// The tensor arguments the function wrote into in place during its forward (bit i: argument
+  /// #i, bit 63: #63 and beyond): the region copies them before the function from now on, so
+  /// that its recompute starts from their values before the write.
+  std::atomic<uint64_t> written_inputs{0};
 };
+
+/// The call site of the code identified by `code` (the address of a static of its own) running
+/// `modules`: the same object for as long as the first of them lives, or `fallback` (that
+/// static) where there are no modules.
+std::shared_ptr<CallSite> call_site(CallSite& fallback, const ModuleList& modules);
 
 /// Runs the checkpointed function again and returns the tensors of its result, in traversal
 /// order. `inputs` is null to call it with the original arguments, or holds replacements for the
@@ -57,7 +68,7 @@ class Region {
   /// arguments). The recompute leaves their buffers as the forward left them, so BatchNorm's
   /// running statistics move once per step.
   Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
-         CallSite& site);
+         std::shared_ptr<CallSite> site);
   ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -120,9 +131,10 @@ class Region {
   std::vector<at::Tensor> finish_non_reentrant(std::vector<at::Tensor> outputs);
   std::vector<at::Tensor> finish_reentrant(std::vector<at::Tensor> outputs);
   void prepare_second_forward();
+  bool wrote_into_inputs_unexpectedly();
 
   std::shared_ptr<RegionState> state_;
-  CallSite* site_;
+  std::shared_ptr<CallSite> site_;
   std::unique_ptr<RegionMarker> marker_;
 };
 

@@ -1,0 +1,43 @@
+#pragma once
+
+// Tensor arguments that a checkpointed function writes into in place during its forward (an
+// in-place ReLU on its input, say): the recompute must start from their values before the write.
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/edge.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+
+/// Bit of argument #i in `CallSite::written_inputs` (#63 and beyond share the last bit).
+inline uint64_t written_input_bit(size_t i) {
+  return uint64_t{1} << (i < 63 ? i : 63);
+}
+
+/// Copies of the arguments a call site writes into, taken before the function runs, with the
+/// gradient edges the arguments had then.
+class InputCopies {
+ public:
+  InputCopies() = default;
+  /// Copies the inputs whose bit is set in `written` (one copy of each, kept until the backward).
+  InputCopies(const std::vector<at::Tensor>& inputs, uint64_t written);
+
+  bool empty() const { return copies_.empty(); }
+  bool copied(size_t i) const { return i < copies_.size() && copies_[i].defined(); }
+  /// A fresh tensor with argument i's value before the write, for one recompute to write into:
+  /// with its gradient edge then (the non-reentrant recompute's graph leads where the forward's
+  /// did), or detached and requiring grad as the argument did (the reentrant variant's).
+  at::Tensor fresh(size_t i, bool with_history) const;
+  void clear();
+
+ private:
+  std::vector<at::Tensor> copies_;  // undefined where not copied
+  std::vector<torch::autograd::Edge> edges_;
+  std::vector<bool> required_grad_;
+};
+
+}  // namespace detail
+}  // namespace ckpt

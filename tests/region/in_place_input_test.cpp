@@ -1,0 +1,151 @@
+// Issue 29, item 1: a block that applies an in-place operation to its own input (ResNet's
+// relu_ on the block input, say). The first call at a place learns it (the default variant keeps
+// that call's graph, with a warning; the others fail clearly), and later calls copy the argument
+// before the function, so that the recompute starts from its value before the write.
+
+#include <ckpt/ckpt.h>
+#include <ckpt/modules.h>
+#include <ckpt/sequential.h>
+
+#include "support/support.h"
+
+#include <string>
+
+namespace {
+
+using ckpt::test::bit_equal;
+using ckpt::test::take_grads;
+
+// Writes into its input first, as a ResNet block that starts with relu_ does; dropout so that
+// the recompute must replay the random stream too.
+struct InPlaceBlockImpl : torch::nn::Module {
+  InPlaceBlockImpl() : linear(register_module("linear", torch::nn::Linear(16, 16))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x.mul_(0.5).relu_();
+    return torch::dropout(torch::tanh(linear(x)), 0.25, is_training());
+  }
+  torch::nn::Linear linear;
+};
+TORCH_MODULE(InPlaceBlock);
+
+struct Result {
+  torch::Tensor input_grad;
+  std::vector<torch::Tensor> grads;
+};
+
+// One step: a stem, the block (through `call`) with a residual that reads the written input.
+template <class Call>
+Result step(torch::nn::Linear stem, InPlaceBlock block, Call call) {
+  torch::manual_seed(4);
+  auto x = torch::randn({6, 16}, torch::requires_grad());
+  auto h = stem(x);
+  auto y = call(block, h) + h;  // h as the block left it, as without checkpointing
+  y.pow(2).sum().backward();
+  Result result{x.grad(), take_grads(*stem)};
+  for (auto& g : take_grads(*block)) result.grads.push_back(g);
+  return result;
+}
+
+InPlaceBlock copy_of(const InPlaceBlock& block) {
+  InPlaceBlock copy;
+  const torch::NoGradGuard no_grad;
+  copy->linear->weight.copy_(block->linear->weight);
+  copy->linear->bias.copy_(block->linear->bias);
+  return copy;
+}
+
+void expect_same(const Result& a, const Result& b) {
+  EXPECT_TRUE(bit_equal(a.input_grad, b.input_grad));
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(bit_equal(a.grads[i], b.grads[i])) << i;
+}
+
+struct InPlaceInputTest : ckpt::test::SeedingFixture {
+  torch::nn::Linear stem{16, 16};
+  InPlaceBlock block;
+  Result plain() {
+    return step(stem, block, [](InPlaceBlock b, const torch::Tensor& t) { return b(t); });
+  }
+};
+
+TEST_F(InPlaceInputTest, DefaultVariantKeepsTheFirstCallsGraphThenCopiesTheArgument) {
+  const Result expected = plain();
+  int checkpointed = 0;
+  for (int call = 0; call < 3; ++call) {
+    ckpt::test::WarningCapture warnings;
+    const Result actual = step(stem, block, [&](InPlaceBlock b, const torch::Tensor& t) {
+      auto out = ckpt::checkpoint(b, t);
+      checkpointed += out.grad_fn()->name() == "ckpt::CheckpointBackward";
+      return out;
+    });
+    expect_same(actual, expected);
+    EXPECT_EQ(warnings.contains("wrote into its tensor argument #0"), call == 0);
+  }
+  EXPECT_EQ(checkpointed, 2);  // all but the first call
+}
+
+TEST_F(InPlaceInputTest, SelectiveVariantFailsOnceThenWorks) {
+  const Result expected = plain();
+  InPlaceBlock fresh = copy_of(block);  // a module of its own: its call site learned nothing
+  const auto call = [&](InPlaceBlock b, const torch::Tensor& t) {
+    return ckpt::checkpoint(ckpt::CheckpointOptions().policy(ckpt::save_matmuls()), b, t);
+  };
+  CKPT_EXPECT_THROWS_WITH(step(stem, fresh, call), "wrote into its tensor argument #0");
+  EXPECT_TRUE(torch::GradMode::is_enabled());
+  for (auto& p : stem->parameters()) p.mutable_grad().reset();
+  expect_same(step(stem, fresh, call), expected);
+  expect_same(step(stem, fresh, call), expected);
+}
+
+// The reentrant forward runs without autograd: the residual would read the written values but
+// differentiate the unwritten ones, so every call is refused while the argument requires grad.
+TEST_F(InPlaceInputTest, ReentrantVariantRefusesAWriteIntoAnArgumentThatRequiresGrad) {
+  const auto call = [&](InPlaceBlock b, const torch::Tensor& t) {
+    return ckpt::checkpoint(ckpt::CheckpointOptions().use_reentrant(true), b, t);
+  };
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    CKPT_EXPECT_THROWS_WITH(step(stem, block, call), "use_reentrant(true)");
+  }
+  // An argument that needs no gradient (a mask) is copied from the second call on.
+  const auto x = torch::randn({6, 16}, torch::requires_grad());
+  const auto mask = torch::rand({6, 16});
+  const auto scaled = [](const torch::Tensor& t, torch::Tensor m) {
+    m.mul_(2);
+    return torch::tanh(t * m);
+  };
+  const auto run = [&](bool checkpointed) {
+    auto m = mask.clone();
+    auto out = checkpointed
+                   ? ckpt::checkpoint(ckpt::CheckpointOptions().use_reentrant(true), scaled, x, m)
+                   : scaled(x, m);
+    out.pow(2).sum().backward();
+    EXPECT_TRUE(bit_equal(m, mask * 2));  // the caller sees the write, as without checkpointing
+    auto grad = x.grad().clone();
+    x.mutable_grad().reset();
+    return grad;
+  };
+  const auto expected = run(false);
+  CKPT_EXPECT_THROWS_WITH(run(true), "run it again");
+  EXPECT_TRUE(bit_equal(run(true), expected));
+  EXPECT_TRUE(bit_equal(run(true), expected));
+}
+
+TEST_F(InPlaceInputTest, CheckpointedAndCheckpointSequentialLearnPerModule) {
+  const Result expected = plain();
+  ckpt::Checkpointed wrapped(block);
+  for (int call = 0; call < 2; ++call) {
+    expect_same(
+        step(stem, block, [&](InPlaceBlock, const torch::Tensor& t) { return wrapped(t); }),
+        expected);
+  }
+  // Another module through the same code has learned nothing: its first call warns again.
+  InPlaceBlock other = copy_of(block);
+  ckpt::Checkpointed wrapped_other(other);
+  ckpt::test::WarningCapture warnings;
+  expect_same(
+      step(stem, other, [&](InPlaceBlock, const torch::Tensor& t) { return wrapped_other(t); }),
+      expected);
+  EXPECT_TRUE(warnings.contains("wrote into"));
+}
+
+}  // namespace
