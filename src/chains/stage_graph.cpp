@@ -1,6 +1,7 @@
 #include "stage_graph.h"
 
 #include "module_region.h"
+#include "region/autocast_state.h"
 #include "region/graph.h"
 
 #include <ATen/core/grad_mode.h>
@@ -14,6 +15,9 @@ namespace detail {
 StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
                        bool input_requires_grad, const CheckpointOptions* region) {
   const at::AutoGradMode grad_mode(true);
+  // Autocast's cache would hand the stage casts of weights that an earlier run of it (a
+  // recompute, a profiling run) made, outside this graph: each run casts its own.
+  const AutocastCacheOff cache_off;
   leaf_ = input.detach();
   if (input_requires_grad) leaf_.requires_grad_(true);
   if (region != nullptr) {

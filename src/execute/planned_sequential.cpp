@@ -2,6 +2,7 @@
 #include <ckpt/plan/solvers.h>
 
 #include "compat/torch_compat.h"
+#include "joined_stages.h"
 #include "schedule_runner.h"
 
 #include <ATen/core/grad_mode.h>
@@ -155,8 +156,8 @@ void PlannedSequentialImpl::plan(const torch::Tensor& sample_input) {
 
 void PlannedSequentialImpl::plan(const plan::Chain& profile) {
   check_profile(profile);
-  auto planned =
-      solve(profile, plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes);
+  auto planned = solve(stages_, profile,
+                       plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes);
   const std::lock_guard<std::mutex> lock(mutex_);
   plan_ = std::move(planned);
 }
@@ -169,9 +170,14 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::measure_and_solve(
               "it as ckpt::PlannedSequential(chain, budget), which measures with "
               "ckpt::MeasuringProfiler, set PlannedSequentialOptions().profiler(...), or call "
               "plan(profile) with a chain's costs first.");
-  plan::Chain profile = profiler->profile(stages_, sample_input);
-  check_profile(profile);
-  auto planned = solve(profile, profiler->no_checkpoint_peak(stages_, sample_input));
+  std::vector<torch::nn::AnyModule> stages = detail::stages_to_plan(stages_, sample_input);
+  plan::Chain profile = profiler->profile(stages, sample_input);
+  TORCH_CHECK(profile.size() == static_cast<int>(stages.size()),
+              "ckpt::PlannedSequential::plan: the profiler measured ", profile.size(),
+              " stages but the chain has ", stages.size(), " to plan.");
+  profile.validate();
+  const int64_t no_checkpoint_peak = profiler->no_checkpoint_peak(stages, sample_input);
+  auto planned = solve(std::move(stages), profile, no_checkpoint_peak);
   planned->input = detail::InputSignature::of(sample_input);
   return planned;
 }
@@ -187,7 +193,8 @@ void PlannedSequentialImpl::check_profile(const plan::Chain& profile) const {
 // measured (or predicted from this profile), so it fits, even where the model of a stage's
 // temporaries would predict more.
 std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
-    const plan::Chain& profile, int64_t no_checkpoint_peak_bytes) const {
+    std::vector<torch::nn::AnyModule> stages, const plan::Chain& profile,
+    int64_t no_checkpoint_peak_bytes) const {
   auto planned = std::make_shared<detail::ChainPlan>();
   // First, so that a profile with an option the executor cannot run fails whatever the budget.
   planned->regions = std::make_shared<const detail::StorageRegions>(
@@ -227,7 +234,8 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
               prediction.peak_bytes, " bytes, more than the budget of ", budget_bytes,
               " bytes. Raise the budget or use the optimal solver.");
   planned->profile = profile;
-  planned->keeps_everything = keeps_everything(schedule, static_cast<int>(stages_.size()));
+  planned->keeps_everything = keeps_everything(schedule, profile.size());
+  planned->stages = std::move(stages);
   planned->schedule = std::move(schedule);
   planned->prediction = std::move(prediction);
   planned->budget_bytes = budget_bytes;
@@ -274,7 +282,7 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
               "c10::InferenceMode), which autograd cannot save for the backward pass. Create it "
               "outside InferenceMode, or pass a clone made outside it.");
   auto runner = std::make_shared<detail::ScheduleRunner>(
-      stages_, plan->schedule, plan->regions, options.preserve_rng_state(), observer_);
+      plan->stages, plan->schedule, plan->regions, options.preserve_rng_state(), observer_);
   torch::Tensor output = runner->forward(input);
   torch::autograd::edge_list next;
   if (input.requires_grad()) next.push_back(torch::autograd::impl::gradient_edge(input));

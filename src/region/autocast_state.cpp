@@ -49,5 +49,13 @@ AutocastScope::~AutocastScope() {
   apply(previous_);
 }
 
+AutocastCacheOff::AutocastCacheOff() : previous_(at::autocast::is_autocast_cache_enabled()) {
+  at::autocast::set_autocast_cache_enabled(false);
+}
+
+AutocastCacheOff::~AutocastCacheOff() {
+  at::autocast::set_autocast_cache_enabled(previous_);
+}
+
 }  // namespace detail
 }  // namespace ckpt

@@ -52,5 +52,19 @@ class AutocastScope {
   bool active_;
 };
 
+/// Turns autocast's cast cache off for its lifetime. Inside a region or a planned stage every
+/// cast is made there: a cached one could come from outside the graph the region walks (an earlier
+/// run of it, or code before it), and one cached under no grad has no history at all.
+class AutocastCacheOff {
+ public:
+  AutocastCacheOff();
+  ~AutocastCacheOff();
+  AutocastCacheOff(const AutocastCacheOff&) = delete;
+  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace detail
 }  // namespace ckpt

@@ -33,6 +33,7 @@ class RecomputeScope {
  private:
   c10::optional<RngFork> fork_;
   AutocastScope autocast_;
+  AutocastCacheOff cache_off_;
   TrainingModeScope modes_;
   RecomputeMark mark_;
   BufferGuard buffers_;

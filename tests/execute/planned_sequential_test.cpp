@@ -10,6 +10,8 @@
 #include "compat/torch_compat.h"
 #include "support/support.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <functional>
 #include <string>
 #include <thread>
@@ -678,4 +680,89 @@ TEST_F(PlannedSequentialTest, LargerInputOrAnotherDtypeIsPlannedAgain) {
   strict->plan(torch::randn({32, 64}));
   CKPT_EXPECT_THROWS_WITH(strict(torch::randn({33, 64})), "larger than");
   strict(torch::randn({32, 64})).sum().backward();  // the plan is still there
+}
+
+// Issue 29, item 5: planned (profiled) and run under autocast, backward inside it too, as a
+// training step under one autocast scope does. Autocast's cast cache handed a stage the cast of a
+// weight made by an earlier run of it ("computed outside the stage (ToCopyBackward0)").
+TEST_F(PlannedSequentialTest, PlansAndRunsUnderAutocast) {
+  torch::manual_seed(6);
+  auto plain = make_blocks(6, 32);
+  torch::manual_seed(6);
+  auto chain = make_blocks(6, 32);
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
+  const auto x = torch::randn({8, 32});
+  const auto step = [&](const std::function<torch::Tensor(const torch::Tensor&)>& run) {
+    const bool enabled = ckpt::compat::autocast_enabled(c10::DeviceType::CPU);
+    const auto dtype = ckpt::compat::autocast_dtype(c10::DeviceType::CPU);
+    ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
+    ckpt::compat::set_autocast_dtype(c10::DeviceType::CPU, at::kBFloat16);
+    auto input = x.clone().requires_grad_();
+    torch::manual_seed(7);
+    run(input).to(at::kFloat).pow(2).sum().backward();
+    at::autocast::clear_cache();  // what leaving a Python autocast scope does
+    ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, enabled);
+    ckpt::compat::set_autocast_dtype(c10::DeviceType::CPU, dtype);
+    return input.grad();
+  };
+  for (int i = 0; i < 2; ++i) {
+    const auto expected = step([&](const torch::Tensor& t) { return plain->forward(t); });
+    const auto actual = step([&](const torch::Tensor& t) { return planned(t); });
+    ASSERT_GT(planned->prediction().forward_count, 6);  // recomputes
+    EXPECT_TRUE(bit_equal(actual, expected));
+    const auto a = take_grads(*plain), b = take_grads(*chain);
+    for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(bit_equal(b[k], a[k])) << "parameter " << k;
+    const auto buffers = plain->buffers(), planned_buffers = chain->buffers();
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      EXPECT_TRUE(bit_equal(planned_buffers[k], buffers[k])) << "buffer " << k;
+    }
+  }
+}
+
+// Issue 29, item 2: a stage that writes into its input (ReLU(inplace), as in the standard ResNet
+// stem) failed to profile with autograd's "a leaf Variable that requires grad is being used in
+// an in-place operation". It runs with the stage before it (the first stage on a copy of the
+// chain's input), bit-identical to the plain chain.
+TEST_F(PlannedSequentialTest, StagesThatWriteIntoTheirInputPlanAndRunExactly) {
+  const auto make = [](bool in_place_first) {
+    torch::nn::Sequential chain;
+    if (in_place_first) chain->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+    for (int i = 0; i < 6; ++i) {
+      chain->push_back(torch::nn::Linear(32, 32));
+      chain->push_back(torch::nn::BatchNorm1d(32));
+      chain->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+      chain->push_back(torch::nn::Dropout(0.2));
+    }
+    return chain;
+  };
+  const auto x = torch::randn({16, 32});
+  for (const char* budget : {"min", "60%", "100%"}) {
+    SCOPED_TRACE(budget);
+    torch::manual_seed(4);
+    auto plain = make(false);
+    torch::manual_seed(4);
+    auto chain = make(false);
+    ckpt::PlannedSequential planned(chain, ckpt::Budget::parse(budget), activations_only());
+    planned->plan(x);
+    expect_step_equals_plain(plain, chain, planned, x);
+  }
+  // A first stage that writes into the chain's input (which then needs no gradient, or the plain
+  // chain fails too) runs on a copy of it.
+  torch::manual_seed(4);
+  auto plain = make(true);
+  torch::manual_seed(4);
+  auto chain = make(true);
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
+  planned->plan(x);
+  ASSERT_GT(planned->prediction().forward_count, 8);
+  for (const auto& [model, run] :
+       {std::make_pair(plain, std::function<torch::Tensor(torch::Tensor)>(
+                                  [&](torch::Tensor t) { return plain->forward(t); })),
+        std::make_pair(chain, std::function<torch::Tensor(torch::Tensor)>(
+                                  [&](torch::Tensor t) { return planned(t); }))}) {
+    torch::manual_seed(9);
+    run(x.clone()).pow(2).sum().backward();
+  }
+  const auto a = take_grads(*plain), b = take_grads(*chain);
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(bit_equal(b[k], a[k])) << "parameter " << k;
 }

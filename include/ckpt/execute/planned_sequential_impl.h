@@ -117,6 +117,9 @@ struct InputSignature {
 
 /// One plan of the chain: the profile it was solved from and what the executor runs.
 struct ChainPlan {
+  /// The stages the profile measured and the executor runs: the chain's own, except that a
+  /// stage that writes into its input runs together with the one before it.
+  std::vector<torch::nn::AnyModule> stages;
   plan::Chain profile;
   std::shared_ptr<const StorageRegions> regions;  // how each storage option runs
   plan::Schedule schedule;
@@ -188,7 +191,8 @@ class PlannedSequentialImpl : public torch::nn::Module {
 
  private:
   void check_profile(const plan::Chain& profile) const;
-  std::shared_ptr<detail::ChainPlan> solve(const plan::Chain& profile,
+  std::shared_ptr<detail::ChainPlan> solve(std::vector<torch::nn::AnyModule> stages,
+                                           const plan::Chain& profile,
                                            int64_t no_checkpoint_peak_bytes) const;
   std::shared_ptr<detail::ChainPlan> measure_and_solve(const torch::Tensor& sample_input) const;
   /// The plan for `input`: the current one when it holds the input, else a new one (or an
