@@ -106,3 +106,34 @@ TEST(CliChainFile, TooLargeBudgetOrCountSaysSo) {
 }
 
 }  // namespace
+
+namespace {
+
+// A chain of `stages` identical stages, written to `name`.
+std::string long_chain_file(const std::string& name, int stages) {
+  std::string text = R"({"input_bytes": 4096, "stages": [)";
+  for (int i = 0; i < stages; ++i) text += (i > 0 ? ", " : "") + kStage;
+  return write_file(name, text + "]}");
+}
+
+// Issue 27, item 13: from 5000 stages, refused with "use fewer --slots", which could not help.
+TEST(CliChainFile, FiveThousandStagesArePlanned) {
+  const Result result =
+      run("plan --json --budget 25% --chain " + long_chain_file("long.json", 5000), "timeout 120");
+  ASSERT_EQ(result.code, 0) << result.err.substr(0, 2000);
+  const json plan = json::parse(result.out);
+  EXPECT_TRUE(plan["feasible"].get<bool>());
+  EXPECT_LE(plan["predicted_peak_bytes"].get<int64_t>(), plan["budget_bytes"].get<int64_t>());
+  EXPECT_LE(plan["min_feasible_budget_bytes"].get<int64_t>(),
+            plan["no_checkpoint_peak_bytes"].get<int64_t>());
+}
+
+// Past what the tables can hold, the advice is about stages, not --slots.
+TEST(CliChainFile, TooManyStagesAdviseMergingThem) {
+  expect_refused("plan --budget 1MiB --chain " + long_chain_file("longer.json", 60000), 2,
+                 "; merge consecutive stages into at most ");
+  expect_refused("plan --budget 1MiB --slots 20000000 --chain " + long_chain_file("short.json", 8),
+                 2, "; use at most ");
+}
+
+}  // namespace
