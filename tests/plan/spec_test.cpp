@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <random>
 #include <stdexcept>
 #include <string>
 
 #include "ckpt/plan/bytes.h"
 #include "ckpt/plan/excerpt.h"
+#include "ckpt/plan/simulator.h"
+#include "ckpt/plan/solvers.h"
 #include "ckpt/plan/spec.h"
+#include "plan_support.h"
 
 namespace ckpt {
 namespace plan {
@@ -38,6 +42,18 @@ TEST(BudgetTest, MinimumNeverExceedsTheNoCheckpointPeak) {
   EXPECT_EQ(Budget::parse("min").resolve(626688, 659456),
             Budget::parse("100%").resolve(626688, 659456));
   EXPECT_EQ(Budget::minimum().resolve(1000, 77), 77);
+}
+
+// Storing everything is one of the schedules the min-max program searches: the planner's own
+// minimum never exceeds the predicted no-checkpoint peak (alternatives, parameter gradients and
+// separate grad-enabled temporaries included).
+TEST(BudgetTest, PlannerMinimumNeverExceedsStoringEverything) {
+  std::mt19937 rng(10);
+  for (int trial = 0; trial < 200; ++trial) {
+    const Chain chain = test::random_chain(rng, 1 + trial % 30, 1 << 20, trial % 3);
+    const int64_t plain = simulate(chain, solve_no_checkpoint(chain)).peak_bytes;
+    EXPECT_LE(min_feasible_budget_bytes(chain), plain) << "trial " << trial;
+  }
 }
 
 // Issue 27, item 16: these are positive, only too large.
