@@ -23,9 +23,11 @@ using nlohmann::json;
 std::string describe(const json& value) {
   switch (value.type()) {
     case json::value_t::array:
-      return "an array of " + std::to_string(value.size()) + " elements";
+      return "an array of " + std::to_string(value.size()) +
+             (value.size() == 1 ? " element" : " elements");
     case json::value_t::object:
-      return "an object of " + std::to_string(value.size()) + " keys";
+      return "an object of " + std::to_string(value.size()) +
+             (value.size() == 1 ? " key" : " keys");
     case json::value_t::string:
       return "the string " + plan::quote_excerpt(value.get_ref<const std::string&>());
     case json::value_t::null:
