@@ -1,9 +1,12 @@
 #include <ckpt/plan/bytes.h>
+#include <ckpt/plan/excerpt.h>
 #include <ckpt/plan/spec.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
@@ -51,9 +54,8 @@ Budget Budget::parse(const std::string& text) {
     if (number.empty() || end != number.c_str() + number.size() ||
         !(percent > 0 && percent <= 100)) {
       throw std::invalid_argument(
-          "the percentage must be a number in (0, 100], such as 40%, but "
-          "got \"" +
-          text + "\"");
+          "the percentage must be a number in (0, 100], such as 40%, but got " +
+          quote_excerpt(text));
     }
     return fraction(percent / 100.0);
   }
@@ -74,7 +76,9 @@ int64_t Budget::resolve(int64_t no_checkpoint_peak_bytes, int64_t smallest_feasi
       return static_cast<int64_t>(
           std::floor(value_ * static_cast<double>(no_checkpoint_peak_bytes)));
     case Kind::Minimum:
-      return smallest_feasible_bytes;
+      // Storing everything is a schedule too: a no-checkpoint peak known to be smaller (measured
+      // rather than predicted) is the smaller feasible budget.
+      return std::min(smallest_feasible_bytes, no_checkpoint_peak_bytes);
   }
   return smallest_feasible_bytes;
 }
@@ -85,17 +89,22 @@ SolverSpec SolverSpec::parse(const std::string& text) {
   spec.name = text.substr(0, colon);
   const bool family = spec.name == "uniform" || spec.name == "revolve";
   if (!family && spec.name != "optimal" && spec.name != "sqrt" && spec.name != "none") {
-    throw std::invalid_argument("unknown solver \"" + text +
-                                "\"; use optimal, uniform, uniform:K, sqrt, revolve, revolve:S or "
+    throw std::invalid_argument("unknown solver " + quote_excerpt(text) +
+                                "; use optimal, uniform, uniform:K, sqrt, revolve, revolve:S or "
                                 "none");
   }
   if (colon == std::string::npos) return spec;
   const std::string count = text.substr(colon + 1);
   const auto [end, error] = std::from_chars(count.data(), count.data() + count.size(), spec.count);
-  if (!family || count.empty() || error != std::errc() || end != count.data() + count.size() ||
-      spec.count < 1) {
+  const bool whole = end == count.data() + count.size();
+  if (family && whole && error == std::errc::result_out_of_range) {
     throw std::invalid_argument(
-        "solver \"" + text + "\": " +
+        "solver " + quote_excerpt(text) + ": the number after the colon is too large: at most " +
+        std::to_string(std::numeric_limits<int>::max()) + ", and at most the number of stages");
+  }
+  if (!family || count.empty() || error != std::errc() || !whole || spec.count < 1) {
+    throw std::invalid_argument(
+        "solver " + quote_excerpt(text) + ": " +
         (family
              ? "the number after the colon must be a positive integer, such as " + spec.name + ":4"
              : spec.name + " takes no number"));

@@ -91,10 +91,13 @@ INSTANTIATE_TEST_SUITE_P(Sweep, OptimalBruteForceTest,
 // `--slots 20000000` on 8 stages once took 35 s and 7.2 GB: now refused before allocating.
 TEST(OptimalSolverTest, RefusesTablesAboveTheLimitBeforeAllocating) {
   const Chain chain = homogeneous_chain(8, 1.0, 2.0, 100, 100);
-  EXPECT_EQ(optimal_table_bytes(8), 9 * 9 * 48 + 9 * 10 / 2 * 501 * 8);
+  // The min-max program's entries (48 bytes each, (L+1)(L+2)/2 of them when dense) and the table.
+  EXPECT_EQ(optimal_table_bytes(8), 9 * 10 / 2 * 48 + 9 * 10 / 2 * 501 * 8);
   OptimalOptions grouped;
   grouped.slots = 100;
-  EXPECT_EQ(optimal_table_bytes(1000, grouped), 1001 * 1001 * 48 + 129 * 130 / 2 * 101 * 8);
+  grouped.max_truncated_pairs = std::numeric_limits<int64_t>::max();  // dense: 176 bytes an entry
+  EXPECT_EQ(optimal_table_bytes(1000, grouped),
+            int64_t{1001} * 1002 / 2 * (48 + 176) + 129 * 130 / 2 * 101 * 8);
   OptimalOptions options;
   options.slots = 20000000;
   try {

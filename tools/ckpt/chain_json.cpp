@@ -1,16 +1,45 @@
 #include "chain_json.h"
 
+#include <ckpt/plan/excerpt.h>
+
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_set>
+#include <vector>
 
 namespace ckpt {
 namespace cli {
 namespace {
 
 using nlohmann::json;
+
+// A value named in an error message, bounded: never a dump of a whole array or object (a value
+// nested 70,000 deep once overflowed the stack while being dumped).
+std::string describe(const json& value) {
+  switch (value.type()) {
+    case json::value_t::array:
+      return "an array of " + std::to_string(value.size()) +
+             (value.size() == 1 ? " element" : " elements");
+    case json::value_t::object:
+      return "an object of " + std::to_string(value.size()) +
+             (value.size() == 1 ? " key" : " keys");
+    case json::value_t::string:
+      return "the string " + plan::quote_excerpt(value.get_ref<const std::string&>());
+    case json::value_t::null:
+    case json::value_t::boolean:
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+    case json::value_t::number_float:
+      return value.dump();
+    default:
+      return value.type_name();
+  }
+}
 
 class Reader {
  public:
@@ -29,10 +58,10 @@ class Reader {
   double time(const json& object, const std::string& key, const std::string& path) const {
     const std::string field = path + "." + key;
     const json& value = require(object, key, field);
-    if (!value.is_number()) fail(field, "must be a number, but got " + value.dump());
+    if (!value.is_number()) fail(field, "must be a number, but got " + describe(value));
     const double result = value.get<double>();
     if (!std::isfinite(result) || result < 0) {
-      fail(field, "must be a finite number >= 0, but got " + value.dump());
+      fail(field, "must be a finite number >= 0, but got " + describe(value));
     }
     return result;
   }
@@ -50,16 +79,118 @@ class Reader {
     }
     if (value.is_number_unsigned()) {
       if (value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-        fail(field, "is too large: " + value.dump());
+        fail(field, "is too large: " + describe(value));
       }
       return static_cast<int64_t>(value.get<uint64_t>());
     }
     if (value.is_number_integer() && value.get<int64_t>() >= 0) return value.get<int64_t>();
-    fail(field, "must be an integer number of bytes >= 0, but got " + value.dump());
+    fail(field, "must be an integer number of bytes >= 0, but got " + describe(value));
   }
 
  private:
   std::string source_;
+};
+
+// The DOM parser of nlohmann-json with three checks of its own: nesting deeper than a chain file
+// needs (so that nothing recursive ever meets a deep value), and a key twice in one object (the
+// library keeps the last silently). Errors name the place as a path ("stages[2]").
+class CheckedParser : public nlohmann::json_sax<json> {
+ public:
+  // A chain file nests 5 deep (document, stages, a stage, its alternatives, an alternative).
+  static constexpr size_t kMaxDepth = 32;
+
+  explicit CheckedParser(json& result) : dom_(result) {}
+
+  const std::string& error() const { return error_; }
+
+  bool null() override { return value() && dom_.null(); }
+  bool boolean(bool value) override { return this->value() && dom_.boolean(value); }
+  bool number_integer(number_integer_t value) override {
+    return this->value() && dom_.number_integer(value);
+  }
+  bool number_unsigned(number_unsigned_t value) override {
+    return this->value() && dom_.number_unsigned(value);
+  }
+  bool number_float(number_float_t value, const string_t& text) override {
+    return this->value() && dom_.number_float(value, text);
+  }
+  bool string(string_t& value) override { return this->value() && dom_.string(value); }
+  bool binary(binary_t& value) override { return this->value() && dom_.binary(value); }
+  bool start_object(size_t size) override { return open(false) && dom_.start_object(size); }
+  bool start_array(size_t size) override { return open(true) && dom_.start_array(size); }
+  bool end_object() override { return close() && dom_.end_object(); }
+  bool end_array() override { return close() && dom_.end_array(); }
+  bool key(string_t& key) override {
+    Frame& frame = frames_.back();
+    if (!frame.keys.insert(key).second) {
+      return fail(path() + " has the key " + plan::quote_excerpt(key) +
+                  " twice; each key may appear once in an object");
+    }
+    frame.key = key;
+    return dom_.key(key);
+  }
+  bool parse_error(size_t position, const std::string& token,
+                   const nlohmann::detail::exception& error) override {
+    return dom_.parse_error(position, token, error);  // throws json::parse_error
+  }
+
+ private:
+  struct Frame {
+    bool array = false;
+    size_t index = 0;  // of the element being read, in an array
+    std::string key;   // being read, in an object
+    std::unordered_set<std::string> keys;
+  };
+
+  bool fail(std::string message) {
+    error_ = std::move(message);
+    return false;
+  }
+
+  // A scalar, or the end of a container, completes an element of the enclosing array.
+  bool value() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  bool open(bool array) {
+    if (frames_.size() >= kMaxDepth) {
+      return fail(path() + " nests arrays and objects more than " + std::to_string(kMaxDepth) +
+                  " deep; a chain file needs 5 levels");
+    }
+    frames_.push_back(Frame{array, 0, {}, {}});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return value();
+  }
+
+  // Where the parser is: "stages[2].alternatives[0]", or "the document" at the top.
+  std::string path() const {
+    std::string path;
+    for (size_t depth = 0; depth + 1 < frames_.size(); ++depth) {
+      const Frame& frame = frames_[depth];
+      if (frame.array) {
+        path += "[" + std::to_string(frame.index) + "]";
+      } else {
+        path += (path.empty() ? "" : ".") + key_in_path(frame.key);
+      }
+    }
+    return path.empty() ? "the document" : path;
+  }
+
+  // A key as written in a path: as it is when it is a short identifier, else quoted.
+  static std::string key_in_path(const std::string& key) {
+    const bool plain =
+        !key.empty() && key.size() <= 40 && std::all_of(key.begin(), key.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+        });
+    return plain ? key : plan::quote_excerpt(key, 40);
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::vector<Frame> frames_;
+  std::string error_;
 };
 
 }  // namespace
@@ -77,7 +208,7 @@ plan::Chain chain_from_json(const json& document, const std::string& source) {
   for (size_t i = 0; i < stages.size(); ++i) {
     const std::string path = "stages[" + std::to_string(i) + "]";
     const json& object = stages[i];
-    if (!object.is_object()) reader.fail(path, "must be an object, but got " + object.dump());
+    if (!object.is_object()) reader.fail(path, "must be an object, but got " + describe(object));
     plan::Stage stage;
     stage.forward_time = reader.time(object, "forward_time", path);
     stage.backward_time = reader.time(object, "backward_time", path);
@@ -134,6 +265,30 @@ plan::Chain chain_from_json(const json& document, const std::string& source) {
   return chain;
 }
 
+plan::Chain chain_from_text(const std::string& text, const std::string& source) {
+  // The parser stops at a NUL byte as at the end of the text: anything after it would be ignored.
+  const size_t nul = text.find('\0');
+  if (nul != std::string::npos) {
+    throw std::invalid_argument(source + ": not valid JSON: a NUL byte at offset " +
+                                std::to_string(nul) +
+                                " (JSON text holds none: is the file truncated or padded?)");
+  }
+  json document;
+  CheckedParser parser(document);
+  try {
+    if (!json::sax_parse(text, &parser)) {
+      throw std::invalid_argument(source + ": not valid as a chain: " + parser.error());
+    }
+  } catch (const json::exception& error) {
+    // The library's message quotes the token it stopped at, which may be most of the file.
+    const std::string message = error.what();
+    throw std::invalid_argument(
+        source + ": not valid JSON: " +
+        (message.size() <= 200 ? message : plan::quote_excerpt(message, 200)));
+  }
+  return chain_from_json(document, source);
+}
+
 plan::Chain load_chain_file(const std::string& path) {
   // A bounded read of a regular file: never /dev/zero or a pipe until memory runs out.
   constexpr std::uintmax_t kMaxChainFileBytes = std::uintmax_t{64} << 20;
@@ -147,17 +302,11 @@ plan::Chain load_chain_file(const std::string& path) {
                                 " bytes, above the limit of " + std::to_string(kMaxChainFileBytes) +
                                 " bytes");
   }
-  std::ifstream file(path);
+  std::ifstream file(path, std::ios::binary);
   if (!file) throw std::invalid_argument(path + ": cannot open the chain file");
   std::stringstream text;
   text << file.rdbuf();
-  json document;
-  try {
-    document = json::parse(text.str());
-  } catch (const json::parse_error& error) {
-    throw std::invalid_argument(path + ": not valid JSON: " + error.what());
-  }
-  return chain_from_json(document, path);
+  return chain_from_text(text.str(), path);
 }
 
 json chain_to_json(const plan::Chain& chain) {

@@ -17,7 +17,14 @@ namespace cli {
 /// or when the chain fails `plan::Chain::validate`. Unknown fields are ignored.
 plan::Chain chain_from_json(const nlohmann::json& json, const std::string& source);
 
-/// Reads and parses a chain file (see `chain_from_json`); errors name the file.
+/// Parses JSON text and reads the chain from it (see `chain_from_json`). Throws
+/// std::invalid_argument, prefixed with `source`, for text that is not JSON (a NUL byte anywhere
+/// included), nests arrays and objects more than 32 deep, or repeats a key in one object (the
+/// message names the key and where). A UTF-8 byte-order mark at the start is skipped.
+plan::Chain chain_from_text(const std::string& text, const std::string& source);
+
+/// Reads a chain file of at most 64 MiB and parses it (see `chain_from_text`); errors name the
+/// file.
 plan::Chain load_chain_file(const std::string& path);
 
 /// The chain in the same format (alternatives written only when present).

@@ -78,16 +78,48 @@ struct PlanReport {
   std::string message;  // why it is infeasible, with the smallest feasible budget
 };
 
+// The largest n in [1, high] with fits(n), for fits true up to some n and false beyond.
+template <class Fits>
+int64_t largest_fitting(int64_t high, const Fits& fits) {
+  int64_t low = 1;
+  while (low < high) {
+    const int64_t middle = low + (high - low + 1) / 2;
+    if (fits(middle)) {
+      low = middle;
+    } else {
+      high = middle - 1;
+    }
+  }
+  return low;
+}
+
+// Refuses up front what the optimal solver would refuse after reading the chain, with advice that
+// works: fewer --slots where the slot table is what is too large, fewer stages where the
+// programs on every stage are (their size does not depend on the slots).
 void check_table_limit(const PlanArgs& args, const plan::Chain& chain) {
   plan::OptimalOptions options;
   options.slots = args.slots;
   const int64_t table_bytes = plan::optimal_table_bytes(chain.size(), options);
-  if (args.solver == "optimal" && table_bytes > options.max_table_bytes) {
-    throw UsageError("--slots " + std::to_string(args.slots) + ": the optimal solver needs " +
-                     format_bytes(table_bytes) + " of tables for " + std::to_string(chain.size()) +
-                     " stages, above its limit of " + format_bytes(options.max_table_bytes) +
-                     "; use fewer --slots");
+  if (args.solver != "optimal" || table_bytes <= options.max_table_bytes) return;
+  const auto fits = [&](int stages, int slots) {
+    plan::OptimalOptions tried = options;
+    tried.slots = slots;
+    return plan::optimal_table_bytes(stages, tried) <= tried.max_table_bytes;
+  };
+  const std::string needs = "the optimal solver needs " + format_bytes(table_bytes) +
+                            " of tables for " + std::to_string(chain.size()) +
+                            " stages, above its limit of " + format_bytes(options.max_table_bytes);
+  if (fits(chain.size(), 1)) {
+    const int64_t slots = largest_fitting(
+        args.slots, [&](int64_t n) { return fits(chain.size(), static_cast<int>(n)); });
+    throw UsageError("--slots " + std::to_string(args.slots) + ": " + needs + "; use at most " +
+                     std::to_string(slots) + " --slots");
   }
+  const int64_t stages = largest_fitting(
+      chain.size(), [&](int64_t n) { return fits(static_cast<int>(n), args.slots); });
+  throw UsageError("--chain " + args.chain_path + ": " + needs +
+                   "; merge consecutive stages into at most " + std::to_string(stages) +
+                   " (a merged stage's times and sizes add up)");
 }
 
 void write_json(const PlanReport& r, std::ostream& out) {

@@ -81,12 +81,25 @@ struct OptimalOptions {
   /// Steps solve_optimal lets the exact program compute (solve_exact; about 20 ms) before it
   /// uses the table instead. Default: 2000000
   int64_t max_exact_work = 2000000;
+  /// The min-max program (min_feasible_budget_bytes, solve_min_memory) is exact (dense) while
+  /// its pairs of an entry and a checkpoint, (L+1)(L+2)(L+3)/6, are at most this (about 4 ns
+  /// each: up to 1000 stages, 0.8 s) and its entries fit max_table_bytes. Longer chains get the
+  /// sparse program (docs/memory-model.md, "Long chains"): O(L^2) time, O(L^1.5) memory, and a
+  /// minimum that may lie above the exact one (measured: by at most one activation).
+  /// Default: 170000000
+  int64_t max_min_memory_pairs = 170000000;
+  /// The same for solve_truncated (about 100 ns a pair): dense up to 390 stages with the
+  /// default. solve_optimal runs it on long chains near their smallest budget while its sparse
+  /// pairs are at most 4 times this (about 5900 stages). Default: 10000000
+  int64_t max_truncated_pairs = 10000000;
 };
 
 /// The bytes of the tables the optimal solver allocates for a chain of `stages` stages with
-/// `options`: (n+1)(n+2)/2 * (slots+1) doubles for n = stages, or n = options.groups past
-/// options.max_exact_stages, and (stages+1)^2 entries of 48 bytes for the minimum-budget program.
-/// Saturates at INT64_MAX.
+/// `options` (at most; the sparse programs' entries depend a little on the sizes): the budgeted
+/// table, (n+1)(n+2)/2 * (slots+1) doubles for n = stages, or n = options.groups past
+/// options.max_exact_stages; the min-max program's entries, 48 bytes each ((L+1)(L+2)/2 of them
+/// when dense, about 2.9 L^1.5 when sparse); and past max_exact_stages, where solve_optimal
+/// refines with it, the truncated program's, 176 bytes each. Saturates at INT64_MAX.
 int64_t optimal_table_bytes(int stages, const OptimalOptions& options = {});
 
 /// rotor's dynamic program (docs/memory-model.md, "The optimal solver"), built once for a
@@ -117,8 +130,9 @@ class OptimalTable {
   /// The predicted time of `solve(budget_bytes)` (+infinity when it returns std::nullopt).
   double time(int64_t budget_bytes) const;
 
-  /// The smallest budget for which any persistent schedule exists, exact in bytes (computed by
-  /// a min-max dynamic program; independent of the slots). `solve` succeeds from there on.
+  /// The smallest budget of any persistent schedule, min_feasible_budget_bytes(chain, options):
+  /// exact in bytes while the min-max program is dense (independent of the slots). `solve`
+  /// succeeds from there on.
   int64_t min_feasible_budget_bytes() const { return min_feasible_budget_bytes_; }
 
   int64_t max_budget_bytes() const { return max_budget_bytes_; }
@@ -172,7 +186,9 @@ struct ExactSolution {
 /// function of the memory, kept as its steps up to the budget, so the schedule is the fastest
 /// persistent schedule whose simulated peak fits `budget_bytes`, with no rounding. Its cost is
 /// O(L^3 · K) for entries of K steps; K is small near the smallest feasible budget and for short
-/// chains, and grows with both. It stops with `OverWorkLimit` once it has computed `max_work`
+/// chains, and grows with both. It answers `OverWorkLimit` at once when its pairs of an entry and
+/// a checkpoint alone, (L+1)(L+2)(L+3)/6, exceed `max_work` (each costs a step or more), and
+/// stops with it once it has computed `max_work`
 /// steps. Only options.forward_all_only_before_backward matters here.
 ExactSolution solve_exact(const Chain& chain, int64_t budget_bytes, int64_t max_work,
                           const OptimalOptions& options = {});
@@ -180,8 +196,11 @@ ExactSolution solve_exact(const Chain& chain, int64_t budget_bytes, int64_t max_
 /// solve_exact's program keeping only the first `steps` steps of each entry (its smallest
 /// memories; the last one answers every larger memory too): the schedule fits the budget and is
 /// the optimum wherever no entry was cut, near the smallest feasible budget in particular. For
-/// chains too long for solve_exact: O(L^3 · steps) time. std::nullopt when no schedule fits.
-/// Throws std::invalid_argument unless steps >= 1.
+/// chains too long for solve_exact: O(L^3 · steps) time up to options.max_truncated_pairs
+/// (L^3 / 6), past that the sparse program of docs/memory-model.md, "Long chains" (O(L^2 · steps)
+/// time, O(L^1.5 · steps) memory), optimal among the schedules it allows. std::nullopt when no
+/// schedule fits. Throws std::invalid_argument unless steps >= 1, and std::length_error before
+/// allocating tables above options.max_table_bytes.
 std::optional<Schedule> solve_truncated(const Chain& chain, int64_t budget_bytes, int steps,
                                         const OptimalOptions& options = {});
 
@@ -198,8 +217,12 @@ std::optional<Schedule> solve_truncated(const Chain& chain, int64_t budget_bytes
 std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, int groups,
                                       const OptimalOptions& options = {});
 
-/// The smallest budget for which a persistent schedule exists (exact, in bytes; only
-/// `options.forward_all_only_before_backward` and `max_table_bytes` matter here).
+/// The smallest budget for which a persistent schedule exists: exact in bytes while the min-max
+/// program is dense (options.max_min_memory_pairs, up to 1000 stages by default); past that the
+/// sparse program's, a schedule's exact peak, never below the exact minimum nor above storing
+/// everything (docs/memory-model.md, "Long chains"). Only `forward_all_only_before_backward`,
+/// `max_min_memory_pairs` and `max_table_bytes` matter here; std::length_error before allocating
+/// tables above max_table_bytes, with the stages that would fit.
 int64_t min_feasible_budget_bytes(const Chain& chain, const OptimalOptions& options = {});
 
 /// A persistent schedule whose simulated peak is `min_feasible_budget_bytes(chain, options)`

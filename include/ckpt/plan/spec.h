@@ -27,15 +27,18 @@ class Budget {
   /// The smallest feasible budget of the chain: the most memory saved, at the fastest schedule
   /// that saves it.
   static Budget minimum();
-  /// Parses "123456", "512MB", "2GiB", "1.5GB" (bytes, decimal or binary units), "40%" or "min".
-  /// Throws std::invalid_argument, naming the text, for anything else.
+  /// Parses "123456", "512MB", "2GiB", "1.5GB" (bytes, decimal or binary units, see
+  /// parse_bytes), "40%" or "min". Throws std::invalid_argument, quoting the text (at most its
+  /// first 60 characters), for anything else.
   static Budget parse(const std::string& text);
 
   bool is_fraction() const { return kind_ == Kind::Fraction; }
   bool is_minimum() const { return kind_ == Kind::Minimum; }
   double value() const { return value_; }
   /// The budget in bytes for a chain whose no-checkpoint peak is `no_checkpoint_peak_bytes` and
-  /// whose smallest feasible budget is `smallest_feasible_bytes`.
+  /// whose smallest feasible budget is `smallest_feasible_bytes`. The minimum is the smaller of
+  /// the two: storing everything is always a schedule, so the minimum never exceeds 100%, even
+  /// where the peak was measured and the model predicts more.
   int64_t resolve(int64_t no_checkpoint_peak_bytes, int64_t smallest_feasible_bytes) const;
 
  private:
@@ -52,7 +55,8 @@ struct SolverSpec {
   std::string name = "optimal";
   int count = 0;  // K or S; 0 when not given
 
-  /// Throws std::invalid_argument for an unknown name or a count that is not a positive integer.
+  /// Throws std::invalid_argument for an unknown name, a count that is not a positive integer,
+  /// or one above INT_MAX ("too large"); the message quotes at most 60 characters of `text`.
   static SolverSpec parse(const std::string& text);
   std::string to_string() const;
 };

@@ -124,9 +124,11 @@ struct Choice {
 
 // The choice of entry (i, l) at memory m: its cases evaluated in the order and with the
 // arithmetic the solvers build their entries with, so the first minimum is the entry's value.
-// `value(i, l, m)` reads an entry of shorter interval.
-template <class Value>
-Choice best_choice(const Costs& c, bool restricted, int i, int l, int64_t m, const Value& value) {
+// `value(i, l, m)` reads an entry of shorter interval; `splits(j)` says whether case (a) may
+// checkpoint x_j in this entry (see intervals.h).
+template <class Value, class Splits>
+Choice best_choice(const Costs& c, bool restricted, int i, int l, int64_t m, const Value& value,
+                   const Splits& splits) {
   Choice best;
   double best_time = std::numeric_limits<double>::infinity();
   if (i == c.length) {
@@ -148,7 +150,7 @@ Choice best_choice(const Costs& c, bool restricted, int i, int l, int64_t m, con
   int64_t forward = first_forward(c, i);
   for (int j = i + 1; j <= l; ++j) {
     prefix += c.time[static_cast<size_t>(j - 1)];
-    if (m < forward_input_need(c, i, j, l, forward)) continue;
+    if (m < forward_input_need(c, i, j, l, forward) || !splits(j)) continue;
     const double time = (prefix + value(j, l, m - c.x_at(j))) + value(i, j - 1, m);
     if (time < best_time) {
       best_time = time;

@@ -11,6 +11,8 @@
 
 #include "ckpt/plan/solvers.h"
 #include "dp_terms.h"
+#include "intervals.h"
+#include "min_memory.h"
 
 namespace ckpt {
 namespace plan {
@@ -31,17 +33,21 @@ struct Breakpoint {
 class ExactProgram {
  public:
   ExactProgram(const Chain& chain, int64_t memory, bool restricted, int64_t max_work,
-               size_t max_steps = std::numeric_limits<size_t>::max())
+               detail::Intervals intervals, size_t max_steps = std::numeric_limits<size_t>::max())
       : c_(detail::make_costs(chain, [](int64_t bytes) { return bytes; })),
         memory_(memory),
         restricted_(restricted),
         max_work_(max_work),
         max_steps_(max_steps),
-        n_(static_cast<size_t>(c_.length + 1)),
-        begin_(n_ * n_, 0),
-        end_(n_ * n_, 0) {
-    for (int d = 0; d <= c_.length && completed_; ++d) {
-      for (int i = 0; i + d <= c_.length && completed_; ++i) build(i, i + d);
+        intervals_(std::move(intervals)),
+        spans_(intervals_.entries()),
+        spans_by_start_(intervals_.entries()),
+        prefix_(static_cast<size_t>(c_.length) + 1),
+        forward_(static_cast<size_t>(c_.length) + 1) {
+    // Every entry reads entries of shorter intervals: (i + 1, l), (j, l) and (i, j - 1).
+    for (int i = c_.length; i >= 0 && completed_; --i) {
+      fill_prefixes(i);
+      for (int l = i; l <= c_.length && completed_; l = intervals_.next_end(i, l)) build(i, l);
     }
   }
 
@@ -58,14 +64,38 @@ class ExactProgram {
   }
 
  private:
-  const Breakpoint* first(int i, int l) const { return pool_.data() + begin_[index(i, l)]; }
-  const Breakpoint* last(int i, int l) const { return pool_.data() + end_[index(i, l)]; }
-  size_t index(int i, int l) const { return static_cast<size_t>(i) * n_ + static_cast<size_t>(l); }
+  // Where an entry's steps lie in pool_, and the memory of its first step (none: INT64_MAX), kept
+  // twice: by end, and by start for case (a)'s walk of (i, j - 1) by j.
+  struct Span {
+    size_t begin = 0, end = 0;
+    int64_t first = std::numeric_limits<int64_t>::max();
+  };
+
+  const Breakpoint* first(int i, int l) const {
+    return pool_.data() + spans_[intervals_.index(i, l)].begin;
+  }
+  const Breakpoint* last(int i, int l) const {
+    return pool_.data() + spans_[intervals_.index(i, l)].end;
+  }
 
   double value(int i, int l, int64_t m) const {
     const Breakpoint* found = std::upper_bound(
         first(i, l), last(i, l), m, [](int64_t at, const Breakpoint& p) { return at < p.memory; });
     return found == first(i, l) ? kInfinity : (found - 1)->time;
+  }
+
+  // Case (a)'s terms of the entries starting at i, for each j in (i, L]: the time of Fck_i Fn_{i+1}
+  // ... Fn_{j-1} and their forward peak (forward_input_need's, with its arithmetic).
+  void fill_prefixes(int i) {
+    double prefix = 0.0;
+    int64_t forward = i < c_.length ? detail::first_forward(c_, i) : 0;
+    for (int j = i + 1; j <= c_.length; ++j) {
+      const auto sj = static_cast<size_t>(j);
+      prefix += c_.time[sj - 1];
+      if (j - 1 > i) forward = std::max(forward, c_.x[sj - 1] + c_.x[sj] + c_.tmp[sj - 1]);
+      prefix_[sj] = prefix;
+      forward_[sj] = forward;
+    }
   }
 
   void build(int i, int l) {
@@ -76,20 +106,23 @@ class ExactProgram {
       if (detail::forward_all_allowed(restricted_, c_.length, i, l)) {
         for (int k = 0; k < c_.options(i); ++k) add_forward_all(i, l, k);
       }
-      double prefix = 0.0;
-      int64_t forward = detail::first_forward(c_, i);
-      for (int j = i + 1; j <= l; ++j) {
-        prefix += c_.time[static_cast<size_t>(j - 1)];
-        add_forward_input(i, j, l, prefix, detail::forward_input_need(c_, i, j, l, forward));
+      for (int j = intervals_.next_split(i, l, i + 1); j <= l;
+           j = intervals_.next_split(i, l, j + 1)) {
+        const auto sj = static_cast<size_t>(j);
+        const int64_t need = std::max(c_.x[static_cast<size_t>(l) + 1] + forward_[sj], c_.x[sj]) +
+                             c_.gradients_from(l + 1);
+        add_forward_input(i, j, l, prefix_[sj], need);
       }
     }
     if (work_ > max_work_) completed_ = false;
     // A truncated entry answers every larger memory with its last step's time: still the time
     // of a schedule that fits.
     if (envelope_.size() > max_steps_) envelope_.resize(max_steps_);
-    begin_[index(i, l)] = pool_.size();
+    Span span{pool_.size(), pool_.size() + envelope_.size(), std::numeric_limits<int64_t>::max()};
+    if (!envelope_.empty()) span.first = envelope_.front().memory;
     pool_.insert(pool_.end(), envelope_.begin(), envelope_.end());
-    end_[index(i, l)] = pool_.size();
+    spans_[intervals_.index(i, l)] = span;
+    spans_by_start_[intervals_.index_by_start(i, l)] = span;
   }
 
   // Case (b): Fall_i^k, then i+1..l in m - s^k, then B_i^k.
@@ -116,11 +149,15 @@ class ExactProgram {
   // Case (a): Fck_i Fn_{i+1..j-1}, then j..l in m - x_j, then i..j-1 in m.
   void add_forward_input(int i, int j, int l, double prefix, int64_t need) {
     const int64_t shift = c_.x_at(j);
-    const Breakpoint *right = first(j, l), *right_end = last(j, l);
-    const Breakpoint *left = first(i, j - 1), *left_end = last(i, j - 1);
-    if (right == right_end || left == left_end) return;
+    if (need > memory_) return;
+    const Span& right_span = spans_[intervals_.index(j, l)];
+    const Span& left_span = spans_by_start_[intervals_.index_by_start(i, j - 1)];
+    if (right_span.first > memory_ - shift || left_span.first > memory_) return;  // none, or above
+    const Breakpoint *right = pool_.data() + right_span.begin,
+                     *right_end = pool_.data() + right_span.end;
+    const Breakpoint *left = pool_.data() + left_span.begin,
+                     *left_end = pool_.data() + left_span.end;
     int64_t m = std::max({need, right->memory + shift, left->memory});
-    if (m > memory_) return;
     // The steps at or below m give the values at m.
     while (right + 1 != right_end && (right + 1)->memory + shift <= m) ++right;
     while (left + 1 != left_end && (left + 1)->memory <= m) ++left;
@@ -164,8 +201,9 @@ class ExactProgram {
   }
 
   Choice choose(int i, int l, int64_t m) const {
-    return detail::best_choice(c_, restricted_, i, l, m,
-                               [this](int a, int b, int64_t at) { return value(a, b, at); });
+    return detail::best_choice(
+        c_, restricted_, i, l, m, [this](int a, int b, int64_t at) { return value(a, b, at); },
+        [&](int j) { return intervals_.splits_at(i, l, j); });
   }
 
   Costs c_;
@@ -173,11 +211,13 @@ class ExactProgram {
   bool restricted_;
   int64_t max_work_;
   size_t max_steps_;
-  size_t n_;
+  detail::Intervals intervals_;
   bool completed_ = true;
   int64_t work_ = 0;
-  std::vector<Breakpoint> pool_;  // every entry's steps, entry (i, l) in [begin_, end_)
-  std::vector<size_t> begin_, end_;
+  std::vector<Breakpoint> pool_;  // every entry's steps
+  std::vector<Span> spans_, spans_by_start_;
+  std::vector<double> prefix_;  // fill_prefixes
+  std::vector<int64_t> forward_;
   std::vector<Breakpoint> envelope_, candidate_, merged_;  // scratch of build()
 };
 
@@ -189,7 +229,14 @@ ExactSolution solve_exact(const Chain& chain, int64_t budget_bytes, int64_t max_
   ExactSolution solution;
   const int64_t memory = budget_bytes - chain.input_bytes;
   if (memory < 0) return solution;
-  const ExactProgram program(chain, memory, options.forward_all_only_before_backward, max_work);
+  // Every pair of an entry and a checkpoint costs a step or more: more pairs than max_work
+  // cannot finish (and an O(L^3) loop of infeasible pairs would be uncounted).
+  if (detail::Intervals::dense_pairs(chain.size()) > max_work) {
+    solution.status = ExactSolution::Status::OverWorkLimit;
+    return solution;
+  }
+  const ExactProgram program(chain, memory, options.forward_all_only_before_backward, max_work,
+                             detail::Intervals::dense(chain.size()));
   solution.work = program.work();
   if (!program.completed()) {
     solution.status = ExactSolution::Status::OverWorkLimit;
@@ -209,8 +256,13 @@ std::optional<Schedule> solve_truncated(const Chain& chain, int64_t budget_bytes
   }
   const int64_t memory = budget_bytes - chain.input_bytes;
   if (memory < 0) return std::nullopt;
+  const detail::ProgramLimits limits = detail::truncated_limits(options, steps);
+  detail::check_table_size("ckpt::plan::solve_truncated", chain.size(), 0, options, limits);
+  std::vector<int64_t> x(static_cast<size_t>(chain.size()) + 2, 0);
+  for (int i = 0; i <= chain.size(); ++i) x[static_cast<size_t>(i)] = chain.activation_bytes(i);
   const ExactProgram program(chain, memory, options.forward_all_only_before_backward,
-                             std::numeric_limits<int64_t>::max(), static_cast<size_t>(steps));
+                             std::numeric_limits<int64_t>::max(), detail::intervals_for(x, limits),
+                             static_cast<size_t>(steps));
   if (!program.feasible()) return std::nullopt;
   return program.schedule();
 }

@@ -98,9 +98,16 @@ std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, 
     throw std::invalid_argument("ckpt::plan::solve_grouped: groups must be at least 1, but got " +
                                 std::to_string(groups) + ".");
   }
+  return detail::solve_grouped(
+      chain, budget_bytes, groups, options,
+      detail::min_memory_plan("ckpt::plan::solve_grouped", chain, options));
+}
+
+namespace detail {
+
+std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, int groups,
+                                      const OptimalOptions& options, MinMemoryPlan smallest) {
   groups = std::min(groups, chain.size());
-  detail::MinMemoryPlan smallest =
-      detail::min_memory_plan("ckpt::plan::solve_grouped", chain, options);
   if (budget_bytes < smallest.memory) return std::nullopt;
   // The two ends first: storing everything, when it fits, is the fastest option-0 schedule.
   Schedule all = solve_no_checkpoint(chain);
@@ -137,5 +144,6 @@ std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, 
   return best;
 }
 
+}  // namespace detail
 }  // namespace plan
 }  // namespace ckpt

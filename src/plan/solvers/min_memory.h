@@ -11,6 +11,9 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
+
+#include "intervals.h"
 
 namespace ckpt {
 namespace plan {
@@ -21,10 +24,39 @@ struct MinMemoryPlan {
   Schedule schedule;   // solve_min_memory
 };
 
+/// What a program on rotor's entries may take: the dense structure (exact) while its pairs are
+/// at most `max_pairs` and its entries, `entry_bytes` each, at most `max_bytes`; the sparse one
+/// otherwise (intervals.h).
+struct ProgramLimits {
+  int64_t max_pairs = 0;
+  double entry_bytes = 0;
+  int64_t max_bytes = 0;
+};
+
+/// The min-max program's: options.max_min_memory_pairs, 48 bytes an entry.
+ProgramLimits min_memory_limits(const OptimalOptions& options);
+/// The truncated program's: options.max_truncated_pairs, 48 bytes and `steps` steps an entry.
+ProgramLimits truncated_limits(const OptimalOptions& options, int steps);
+/// The entries and checkpoints of a program on a chain with activations `x` (|x_0| ... |x_L|, 0).
+Intervals intervals_for(const std::vector<int64_t>& x, const ProgramLimits& limits);
+/// The bytes of a program's entries on `stages` stages: an upper bound over chains of that length
+/// (equal activations put each anchor last in its segment, which gives the most entries).
+double program_bytes(int stages, const ProgramLimits& limits);
+
+/// Throws std::length_error, before anything is allocated, when a program's entries
+/// (program_bytes) and, with slots > 0, the budgeted table exceed options.max_table_bytes; the
+/// message gives the estimate and the slots or the stages that would fit.
+void check_table_size(const char* function, int stages, int slots, const OptimalOptions& options,
+                      const ProgramLimits& limits);
+
 /// Validates the chain and checks the table size like min_feasible_budget_bytes (`function`
 /// names the caller in errors).
 MinMemoryPlan min_memory_plan(const char* function, const Chain& chain,
                               const OptimalOptions& options);
+
+/// solve_grouped (the chain valid, groups >= 1) with the chain's min-max plan computed already.
+std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, int groups,
+                                      const OptimalOptions& options, MinMemoryPlan smallest);
 
 /// The budgets a table is asked for need not be the real budget (its sizes are rounded or
 /// estimated): a binary search over asks in [low, high] for the largest whose answer

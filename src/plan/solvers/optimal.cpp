@@ -13,6 +13,7 @@
 #include "ckpt/plan/simulator.h"
 #include "ckpt/plan/solvers.h"
 #include "dp_terms.h"
+#include "intervals.h"
 #include "min_memory.h"
 
 namespace ckpt {
@@ -31,28 +32,82 @@ constexpr int kLongChainSteps = 8;
 
 __extension__ typedef __int128 Int128;
 
-// Bytes of the min-max program's table and of the budgeted table (0 slots: the first alone).
-double table_bytes(int stages, int slots) {
+// Bytes per entry of the min-max program: a MinMemory and its cost by start.
+constexpr double kMinMemoryEntryBytes = 48;
+
+// The budgeted table: (n+1)(n+2)/2 rows of slots + 1 doubles.
+double slot_table_bytes(int stages, int slots) {
   const double n = static_cast<double>(stages) + 1;
-  const double min_memory = n * n * 48;  // a MinMemory and a Cost per entry
-  return min_memory + (slots > 0 ? n * (n + 1) / 2 * (slots + 1.0) * sizeof(double) : 0.0);
+  return n * (n + 1) / 2 * (slots + 1.0) * sizeof(double);
 }
 
-// Throws std::length_error before tables of more than options.max_table_bytes are allocated.
-void check_table_size(const char* function, const Chain& chain, int slots,
-                      const OptimalOptions& options) {
-  const double bytes = table_bytes(chain.size(), slots);
-  if (bytes <= static_cast<double>(options.max_table_bytes)) return;
+// The most stages whose tables (`bytes(stages)`, growing with them) fit the limit, below `stages`.
+template <class Bytes>
+int most_stages_within(int stages, double limit, const Bytes& bytes) {
+  int low = 1, high = stages - 1;
+  while (low < high) {
+    const int middle = low + (high - low + 1) / 2;
+    if (bytes(middle) <= limit) {
+      low = middle;
+    } else {
+      high = middle - 1;
+    }
+  }
+  return low;
+}
+
+}  // namespace
+
+namespace detail {
+
+ProgramLimits min_memory_limits(const OptimalOptions& options) {
+  return {options.max_min_memory_pairs, kMinMemoryEntryBytes, options.max_table_bytes};
+}
+
+ProgramLimits truncated_limits(const OptimalOptions& options, int steps) {
+  return {options.max_truncated_pairs, 48 + 16.0 * steps, options.max_table_bytes};
+}
+
+Intervals intervals_for(const std::vector<int64_t>& x, const ProgramLimits& limits) {
+  return Intervals::within(x, limits.max_pairs,
+                           static_cast<double>(limits.max_bytes) / limits.entry_bytes);
+}
+
+double program_bytes(int stages, const ProgramLimits& limits) {
+  const std::vector<int64_t> equal(static_cast<size_t>(stages) + 2, 1);
+  return static_cast<double>(intervals_for(equal, limits).entries()) * limits.entry_bytes;
+}
+
+void check_table_size(const char* function, int stages, int slots, const OptimalOptions& options,
+                      const ProgramLimits& limits) {
+  const auto limit = static_cast<double>(options.max_table_bytes);
+  const auto bytes = [&](int n) {
+    return program_bytes(n, limits) + (slots > 0 ? slot_table_bytes(n, slots) : 0.0);
+  };
+  if (bytes(stages) <= limit) return;
+  std::string advice;
+  const double room = limit - program_bytes(stages, limits);
+  const double per_slot = slot_table_bytes(stages, 1) - slot_table_bytes(stages, 0);
+  if (slots > 0 && room >= 2 * per_slot) {
+    advice = "Use at most " + std::to_string(static_cast<int64_t>(room / per_slot) - 1) + " slots";
+  } else {
+    advice = "Merge consecutive stages into at most " +
+             std::to_string(most_stages_within(stages, limit, bytes)) +
+             " (a stage's times and sizes add up)";
+  }
   throw std::length_error(
-      std::string(function) + ": planning " + std::to_string(chain.size()) + " stages" +
-      (slots > 0 ? " with " + std::to_string(slots) + " slots" : std::string()) + " needs " +
-      std::to_string(static_cast<int64_t>(bytes / 1e6)) +
-      " MB of tables, above options.max_table_bytes (" +
-      std::to_string(options.max_table_bytes / 1000000) +
-      " MB). Use fewer slots, group stages into fewer, larger ones, or raise max_table_bytes.");
+      std::string(function) + ": planning " + std::to_string(stages) + " stages" +
+      (slots > 0 ? " with " + std::to_string(slots) + " slots" : "") + " needs " +
+      std::to_string(static_cast<int64_t>(bytes(stages) / 1e6)) + " MB of tables, above " +
+      "options.max_table_bytes (" + std::to_string(options.max_table_bytes / 1000000) + " MB). " +
+      advice + ", or raise max_table_bytes.");
 }
 
-// --- The min-max program: the smallest memory of any persistent schedule, exact. ---
+}  // namespace detail
+
+namespace {
+
+// --- The min-max program: the smallest memory of any persistent schedule (exact when dense). ---
 
 struct MinMemory {
   int64_t memory = 0;
@@ -62,21 +117,27 @@ struct MinMemory {
   int j = 0;
 };
 
+static_assert(sizeof(MinMemory) + 16 == kMinMemoryEntryBytes, "the estimate counts 48 bytes");
+
 class MinMemorySolver {
  public:
-  MinMemorySolver(const Chain& chain, bool restricted)
+  MinMemorySolver(const Chain& chain, bool restricted, const detail::ProgramLimits& limits)
       : c_(make_costs(chain, [](int64_t bytes) { return bytes; })),
         restricted_(restricted),
-        n_(static_cast<size_t>(c_.length + 1)),
-        table_(n_ * n_),
-        by_end_(n_ * n_) {
-    const int length = c_.length;
-    for (int d = 0; d <= length; ++d) {
-      for (int i = 0; i + d <= length; ++i) solve(i, i + d);
+        intervals_(detail::intervals_for(c_.x, limits)),
+        table_(intervals_.entries()),
+        by_start_(intervals_.entries()),
+        prefix_(static_cast<size_t>(c_.length) + 1),
+        forward_(static_cast<size_t>(c_.length) + 1) {
+    // Every entry reads entries of shorter intervals: (i + 1, l), (j, l) and (i, j - 1).
+    for (int i = c_.length; i >= 0; --i) {
+      fill_prefixes(i);
+      for (int l = i; l <= c_.length; l = intervals_.next_end(i, l)) solve(i, l);
     }
   }
 
   int64_t memory() const { return at(0, c_.length).memory + c_.x[0]; }
+  const detail::Intervals& intervals() const { return intervals_; }
 
   Schedule schedule() const {
     Schedule schedule;
@@ -91,18 +152,28 @@ class MinMemorySolver {
   }
 
  private:
-  const MinMemory& at(int i, int l) const {
-    return table_[static_cast<size_t>(i) * n_ + static_cast<size_t>(l)];
-  }
+  const MinMemory& at(int i, int l) const { return table_[intervals_.index(i, l)]; }
 
   static bool better(const MinMemory& a, const MinMemory& b) {
     return a.memory < b.memory || (a.memory == b.memory && a.time < b.time);
   }
 
+  // Case (a)'s terms of the entries starting at i, for each j in (i, L]: the time of Fck_i Fn_{i+1}
+  // ... Fn_{j-1} and their forward peak (forward_input_need's, with its arithmetic).
+  void fill_prefixes(int i) {
+    double prefix = 0.0;
+    int64_t forward = i < c_.length ? detail::first_forward(c_, i) : 0;
+    for (int j = i + 1; j <= c_.length; ++j) {
+      const auto sj = static_cast<size_t>(j);
+      prefix += c_.time[sj - 1];
+      if (j - 1 > i) forward = std::max(forward, c_.x[sj - 1] + c_.x[sj] + c_.tmp[sj - 1]);
+      prefix_[sj] = prefix;
+      forward_[sj] = forward;
+    }
+  }
+
   void solve(int i, int l) {
-    MinMemory best;
-    best.memory = std::numeric_limits<int64_t>::max();
-    best.time = kInfinity;
+    MinMemory best{std::numeric_limits<int64_t>::max(), kInfinity, Step::Loss, 0, 0};
     const int length = c_.length;
     if (i == length) {
       best = MinMemory{c_.x[static_cast<size_t>(length)], 0.0, Step::Loss, 0, 0};
@@ -122,24 +193,23 @@ class MinMemorySolver {
           if (better(candidate, best)) best = candidate;
         }
       }
-      double prefix = 0.0;
-      int64_t forward = detail::first_forward(c_, i);
-      for (int j = i + 1; j <= l; ++j) {
+      const int64_t after = c_.x[static_cast<size_t>(l) + 1];
+      for (int j = intervals_.next_split(i, l, i + 1); j <= l;
+           j = intervals_.next_split(i, l, j + 1)) {
         const auto sj = static_cast<size_t>(j);
-        prefix += c_.time[sj - 1];
-        const int64_t need = detail::forward_input_need(c_, i, j, l, forward);
-        const Cost& right = by_end_[static_cast<size_t>(l) * n_ + sj];  // at(j, l), contiguous
-        const MinMemory& left = at(i, j - 1);
+        const int64_t need = std::max(after + forward_[sj], c_.x[sj]) + c_.gradients_from(l + 1);
+        const MinMemory& right = at(j, l);
+        const Cost& left = by_start_[intervals_.index_by_start(i, j - 1)];
         MinMemory candidate{std::max({need, c_.x[sj] + right.memory, left.memory}),
-                            prefix + right.time + left.time, Step::ForwardInput, 0, j};
+                            prefix_[sj] + right.time + left.time, Step::ForwardInput, 0, j};
         if (better(candidate, best)) best = candidate;
       }
     }
-    table_[static_cast<size_t>(i) * n_ + static_cast<size_t>(l)] = best;
-    by_end_[static_cast<size_t>(l) * n_ + static_cast<size_t>(i)] = {best.memory, best.time};
+    table_[intervals_.index(i, l)] = best;
+    by_start_[intervals_.index_by_start(i, l)] = {best.memory, best.time};
   }
 
-  // The entries (j, l) of one l side by side: the split loop walks them by j.
+  // The entries (i, l) of one i side by side: case (a) walks (i, j - 1) by j.
   struct Cost {
     int64_t memory = 0;
     double time = 0.0;
@@ -147,9 +217,11 @@ class MinMemorySolver {
 
   Costs c_;
   bool restricted_;
-  size_t n_;
+  detail::Intervals intervals_;
   std::vector<MinMemory> table_;
-  std::vector<Cost> by_end_;
+  std::vector<Cost> by_start_;
+  std::vector<double> prefix_;
+  std::vector<int64_t> forward_;
 };
 
 }  // namespace
@@ -172,8 +244,10 @@ OptimalTable::OptimalTable(const Chain& chain, int64_t max_budget_bytes,
         std::to_string(max_budget_bytes_) +
         ". The input is held for the whole step; pass a budget in bytes that includes it.");
   }
-  check_table_size("ckpt::plan::OptimalTable", chain_, options_.slots, options_);
-  const MinMemorySolver min_memory(chain_, options_.forward_all_only_before_backward);
+  detail::check_table_size("ckpt::plan::OptimalTable", chain_.size(), options_.slots, options_,
+                           detail::min_memory_limits(options_));
+  const MinMemorySolver min_memory(chain_, options_.forward_all_only_before_backward,
+                                   detail::min_memory_limits(options_));
   min_feasible_budget_bytes_ = min_memory.memory();
   min_memory_schedule_ = min_memory.schedule();
   min_memory_time_ = 0.0;
@@ -283,8 +357,9 @@ void OptimalTable::build() {
 }
 
 detail::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
-  return detail::best_choice(*units_, options_.forward_all_only_before_backward, i, l, m,
-                             [this](int a, int b, int64_t at) { return row(a, b)[at]; });
+  return detail::best_choice(
+      *units_, options_.forward_all_only_before_backward, i, l, m,
+      [this](int a, int b, int64_t at) { return row(a, b)[at]; }, [](int) { return true; });
 }
 
 void OptimalTable::check_budget(const char* function, int64_t budget_bytes) const {
@@ -366,10 +441,29 @@ std::optional<Schedule> solve_refined(const Chain& chain, int64_t budget_bytes,
 
 // Long chains: the grouped table; where its groups fit nothing but the minimum-memory schedule
 // (near the smallest budget), the truncated exact program, which is exact there or close.
+// Whether solve_optimal refines a long chain's answer near its smallest budget with the truncated
+// program: while that takes at most 4 * max_truncated_pairs pairs (about 5900 stages by default;
+// its cost grows as L^2) and its tables fit the limit beside the min-max program's.
+bool refines_long_chain(int stages, const OptimalOptions& options) {
+  const detail::ProgramLimits limits = detail::truncated_limits(options, kLongChainSteps);
+  const std::vector<int64_t> equal(static_cast<size_t>(stages) + 2, 1);
+  const detail::Intervals intervals = detail::intervals_for(equal, limits);
+  const double bytes = detail::program_bytes(stages, detail::min_memory_limits(options)) +
+                       static_cast<double>(intervals.entries()) * limits.entry_bytes;
+  return intervals.pairs() / 4 <= options.max_truncated_pairs &&
+         bytes <= static_cast<double>(options.max_table_bytes);
+}
+
 std::optional<Schedule> solve_long(const Chain& chain, int64_t budget_bytes,
                                    const OptimalOptions& options) {
-  std::optional<Schedule> grouped = solve_grouped(chain, budget_bytes, options.groups, options);
-  if (!grouped || *grouped != solve_min_memory(chain, options)) return grouped;
+  detail::MinMemoryPlan smallest =
+      detail::min_memory_plan("ckpt::plan::solve_optimal", chain, options);
+  const Schedule min_memory = smallest.schedule;
+  std::optional<Schedule> grouped =
+      detail::solve_grouped(chain, budget_bytes, options.groups, options, std::move(smallest));
+  if (!grouped || *grouped != min_memory || !refines_long_chain(chain.size(), options)) {
+    return grouped;
+  }
   std::optional<Schedule> truncated =
       solve_truncated(chain, budget_bytes, kLongChainSteps, options);
   if (truncated && simulate(chain, *truncated).time < simulate(chain, *grouped).time) {
@@ -405,9 +499,13 @@ std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
 }
 
 int64_t optimal_table_bytes(int stages, const OptimalOptions& options) {
-  const int table_stages = stages > options.max_exact_stages ? options.groups : stages;
-  const double bytes = table_bytes(stages, 0) + table_bytes(table_stages, options.slots) -
-                       table_bytes(table_stages, 0);
+  const bool long_chain = stages > options.max_exact_stages;
+  const bool refined = long_chain && refines_long_chain(stages, options);
+  const double bytes =
+      detail::program_bytes(stages, detail::min_memory_limits(options)) +
+      (refined ? detail::program_bytes(stages, detail::truncated_limits(options, kLongChainSteps))
+               : 0.0) +
+      slot_table_bytes(long_chain ? options.groups : stages, options.slots);
   return bytes < 9.2e18 ? static_cast<int64_t>(bytes) : std::numeric_limits<int64_t>::max();
 }
 
@@ -443,8 +541,9 @@ void search_asks(const Chain& chain, int64_t budget_bytes, int64_t low, int64_t 
 MinMemoryPlan min_memory_plan(const char* function, const Chain& chain,
                               const OptimalOptions& options) {
   chain.validate();
-  check_table_size(function, chain, 0, options);
-  const MinMemorySolver solver(chain, options.forward_all_only_before_backward);
+  check_table_size(function, chain.size(), 0, options, min_memory_limits(options));
+  const MinMemorySolver solver(chain, options.forward_all_only_before_backward,
+                               min_memory_limits(options));
   return {solver.memory(), solver.schedule()};
 }
 
