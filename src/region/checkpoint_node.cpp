@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <mutex>
+#include <typeinfo>
 #include <utility>
 
 namespace ckpt {
@@ -140,13 +141,36 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
 void NonReentrantBackward::accumulate_sole_gradients_early(BorderCapture& border,
                                                            const std::vector<size_t>& needed) {
   // Holders of the accumulator when nothing else leads to it: the boundary's copy of the edge,
-  // this node's next edge, and the region's one edge into it (kept aside by the capture).
+  // this node's next edge, and the region's one edge into it (kept aside by the capture), plus
+  // the boundary copy of a nested region's node where that edge comes from one (its gradient is
+  // then the nested region's sum, handed on once), plus the enclosing region's boundary copy and
+  // next edge where it redirected this node's edge (and vouched that it is the one input).
   constexpr long kSoleHolders = 3;
+  std::vector<bool> early(boundary_.edges.size(), false);
   for (size_t k : needed) {
     const Edge& edge = boundary_.edges[k];
-    if (border.uses(k) != 1 || edge.function.use_count() != kSoleHolders) continue;
-    if (auto early = early_accumulation(edge)) border.set_receiver(k, std::move(early));
+    const long holders = kSoleHolders + static_cast<long>(border.uses_by_regions(k)) +
+                         (k < sole_through_enclosing_.size() && sole_through_enclosing_[k] ? 2 : 0);
+    if (border.uses(k) != 1 || edge.function.use_count() != holders) continue;
+    if (auto receiver = early_accumulation(edge)) {
+      border.set_receiver(k, std::move(receiver));
+      early[k] = true;
+    }
   }
+  // A nested region whose edge leads into such a leaf may add its gradient early too, sparing
+  // this region from holding it until the nested one's backward returns.
+  for (const auto& [node, edge, k] : border.region_edges()) {
+    if (early[k]) static_cast<NonReentrantBackward*>(node)->mark_sole_through_enclosing(edge);
+  }
+}
+
+void NonReentrantBackward::mark_sole_through_enclosing(size_t k) {
+  if (sole_through_enclosing_.size() <= k) sole_through_enclosing_.resize(boundary_.edges.size());
+  sole_through_enclosing_[k] = true;
+}
+
+bool is_region_node(const Node& node) {
+  return typeid(node) == typeid(NonReentrantBackward);
 }
 
 ReentrantBackward::ReentrantBackward(std::shared_ptr<RegionState> state, edge_list input_edges)

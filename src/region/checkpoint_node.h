@@ -25,6 +25,10 @@ class NonReentrantBackward final : public compat::OwningNode {
   variable_list apply(variable_list&& grads) override;
   void release_variables() override;
   std::string name() const override { return "ckpt::CheckpointBackward"; }
+  /// An enclosing region's backward, which redirected next edge k to itself, adds the gradient
+  /// of that edge's leaf into `.grad` as soon as it arrives (it is the leaf's one input): this
+  /// node may add it early itself. Set before the enclosing engine run, read during it.
+  void mark_sole_through_enclosing(size_t k);
 
  private:
   void release_owned() override {
@@ -36,6 +40,7 @@ class NonReentrantBackward final : public compat::OwningNode {
   std::shared_ptr<RegionState> state_;
   // A copy of the next edges as created: an enclosing region's recompute may redirect them.
   Boundary boundary_;
+  std::vector<bool> sole_through_enclosing_;
 };
 
 /// Reentrant: its next edges are the gradient edges of the tensor arguments. Backward recomputes

@@ -113,8 +113,7 @@ Boundary find_boundary(const edge_list& roots, const RegionMarker& marker) {
   for (const auto& root : roots) {
     if (root.function != nullptr && !marker.created_inside(*root.function)) add(root);
   }
-  walk_region(roots, marker, boundary.shape,
-              [&](Node& node, size_t i) { add(node.next_edge(i)); });
+  walk_region(roots, marker, boundary.shape, [&](Node& node, size_t i) { add(node.next_edge(i)); });
   return boundary;
 }
 
@@ -181,6 +180,7 @@ BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
                              const Boundary& boundary, std::vector<GradientReceiver> receivers)
     : receivers_(std::move(receivers)),
       uses_(boundary.edges.size(), 0),
+      uses_by_regions_(boundary.edges.size(), 0),
       terminal_(compat::make_node<BorderTerminal>(boundary.edges)) {
   // (node, its outputs that reach the border); walk_region reports a node's edges together.
   std::vector<std::pair<Node*, OutputsToBorder>> captured;
@@ -201,6 +201,10 @@ BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
       original_.emplace_back(&node, i, edge);
       const auto border = static_cast<size_t>(k);
       ++uses_[border];
+      if (is_region_node(node)) {
+        ++uses_by_regions_[border];
+        region_edges_.push_back({&node, i, border});
+      }
       if (!receivers_[border]) {
         edge = Edge();
         any_cut_ = true;

@@ -108,6 +108,15 @@ class BorderCapture {
 
   /// How many of the region's edges lead into boundary edge k (its tensor's uses in the region).
   uint32_t uses(size_t k) const { return uses_[k]; }
+  /// How many of those come from a nested region's node, which holds a copy of the edge too.
+  uint32_t uses_by_regions(size_t k) const { return uses_by_regions_[k]; }
+  /// A nested region's node's next edge `edge` that leads into boundary edge `border`.
+  struct RegionEdge {
+    Node* node;
+    size_t edge;
+    size_t border;
+  };
+  const std::vector<RegionEdge>& region_edges() const { return region_edges_; }
   /// Replaces the receiver of boundary edge k; only before the engine runs.
   void set_receiver(size_t k, GradientReceiver receiver) { receivers_[k] = std::move(receiver); }
   /// The shape of the graph inside the border, as walked.
@@ -119,6 +128,8 @@ class BorderCapture {
 
   std::vector<GradientReceiver> receivers_;
   std::vector<uint32_t> uses_;
+  std::vector<uint32_t> uses_by_regions_;
+  std::vector<RegionEdge> region_edges_;
   GraphShape shape_;
   std::mutex mutex_;
   compat::NodePtr terminal_;
@@ -137,6 +148,10 @@ class BorderCapture {
 /// once, in the outer backward. It holds the accumulator by pointer: call it only while the edge
 /// (which owns the accumulator) lives.
 std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge);
+
+/// Whether `node` stands for a non-reentrant region (checkpoint_node.h), which keeps a copy of its
+/// border's edges.
+bool is_region_node(const Node& node);
 
 /// The leaf tensor (a parameter, say) whose gradient accumulator `edge` ends at, or an undefined
 /// tensor when the edge ends elsewhere.
