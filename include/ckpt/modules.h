@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace ckpt {
 
@@ -194,10 +195,12 @@ Checkpointed(std::nullptr_t)->Checkpointed<torch::nn::AnyModule>;
 /// `Checkpointed`, like Python's `apply_activation_checkpointing(check_fn=...)`.
 ///
 /// The walk visits the whole tree depth first; `name` is the qualified name (`body.0`). A match
-/// is not looked into further. Parameter and buffer names are unchanged. Only the elements of a
-/// `Sequential` can be swapped behind the back of the code that calls them: a matching module
-/// elsewhere (a member your forward calls directly, or an element of a `ModuleList`) raises an
-/// error that names it; wrap such a member where it is declared, as in
+/// is not wrapped further inside (a warning names matches found there). A module registered at
+/// two places in the tree is visited once, with a warning: an optimizer built from the tree's
+/// `parameters()` would update its parameters twice. Parameter and buffer names are unchanged. Only
+/// the elements of a `Sequential` can be swapped behind the back of the code that calls them: a
+/// matching module elsewhere (a member your forward calls directly, or an element of a
+/// `ModuleList`) raises an error that names it; wrap such a member where it is declared, as in
 /// `block = register_module("block", ckpt::Checkpointed(Block()))`.
 ///
 /// Example:
@@ -210,5 +213,15 @@ void apply_checkpointing(
     torch::nn::Module& root,
     const std::function<bool(const std::string& name, const torch::nn::Module& module)>& predicate,
     const CheckpointOptions& options = {});
+
+/// The parameters of `module` and its submodules, each once. LibTorch's `parameters()` lists a
+/// module registered at two places (a `PlannedSequential` registered beside the `Sequential` it
+/// runs) twice, and an optimizer built from that list updates those parameters twice.
+///
+/// Example:
+/// ```
+/// torch::optim::SGD optimizer(ckpt::distinct_parameters(*model), /*lr=*/0.1);
+/// ```
+std::vector<at::Tensor> distinct_parameters(const torch::nn::Module& module);
 
 }  // namespace ckpt

@@ -2,6 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace ckpt {
@@ -40,18 +44,46 @@ struct Match {
   std::string key;
 };
 
+// What the walk has seen: each module once by address (a module registered at two places in the
+// tree is one object), and the matches found inside a match, which are not wrapped again.
+struct Walk {
+  const Predicate& predicate;
+  std::vector<Match> matches;
+  std::unordered_map<const torch::nn::Module*, std::string> seen;
+  std::vector<std::pair<std::string, std::string>> twice;   // (first name, second name)
+  std::vector<std::pair<std::string, std::string>> nested;  // (outer match, inner match)
+};
+
+// Records `module` at `name`; false when the walk met the same object before.
+bool first_visit(Walk& walk, const torch::nn::Module& module, const std::string& name) {
+  const auto [it, inserted] = walk.seen.emplace(&module, name);
+  if (!inserted) walk.twice.emplace_back(it->second, name);
+  return inserted;
+}
+
+// The matches inside a match: they stay as they are, since the outer region recomputes them.
+void find_nested(Walk& walk, const torch::nn::Module& parent, const std::string& prefix,
+                 const std::string& outer) {
+  for (const auto& item : parent.named_children()) {
+    const std::string name = prefix + "." + item.key();
+    if (!first_visit(walk, *item.value(), name)) continue;
+    if (walk.predicate(name, *item.value())) walk.nested.emplace_back(outer, name);
+    find_nested(walk, *item.value(), name, outer);
+  }
+}
+
 // Finds the matches below `parent` and checks that each can be swapped, before anything changes.
-void find_matches(torch::nn::Module& parent, const std::string& prefix, const Predicate& predicate,
-                  std::vector<Match>& matches) {
+void find_matches(Walk& walk, torch::nn::Module& parent, const std::string& prefix) {
   auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&parent);
   const auto children = parent.named_children();
   for (size_t i = 0; i < children.size(); ++i) {
     const std::string& key = children[i].key();
     torch::nn::Module& child = *children[i].value();
     const std::string name = prefix.empty() ? key : prefix + "." + key;
+    if (!first_visit(walk, child, name)) continue;
     if (dynamic_cast<CheckpointedBase*>(&child) != nullptr) continue;  // checkpointed already
-    if (!predicate(name, child)) {
-      find_matches(child, name, predicate, matches);
+    if (!walk.predicate(name, child)) {
+      find_matches(walk, child, name);
       continue;
     }
     TORCH_CHECK(sequential != nullptr, "ckpt::apply_checkpointing: '", name, "' (", child.name(),
@@ -60,7 +92,27 @@ void find_matches(torch::nn::Module& parent, const std::string& prefix, const Pr
                 "only the elements of a torch::nn::Sequential can. Wrap it where it is "
                 "registered, as in `block = register_module(\"block\", "
                 "ckpt::Checkpointed(Block(...)))`, or narrow the predicate. Nothing was changed.");
-    matches.push_back({sequential, i, key});
+    walk.matches.push_back({sequential, i, key});
+    find_nested(walk, child, name, name);
+  }
+}
+
+void warn_about(const Walk& walk) {
+  if (!walk.nested.empty()) {
+    TORCH_WARN("ckpt::apply_checkpointing: '", walk.nested.front().second, "'",
+               walk.nested.size() > 1 ? " and " + std::to_string(walk.nested.size() - 1) + " more"
+                                      : std::string(),
+               " match inside '", walk.nested.front().first,
+               "', which is wrapped whole, and are not wrapped again: a region inside a region is "
+               "recomputed twice. Narrow the predicate to the modules you mean.");
+  }
+  if (!walk.twice.empty()) {
+    TORCH_WARN("ckpt::apply_checkpointing: '", walk.twice.front().first, "' and '",
+               walk.twice.front().second,
+               "' are the same module, registered twice in this tree (a PlannedSequential "
+               "registered beside the Sequential it runs, say): the tree's parameters() lists its "
+               "parameters twice, so an optimizer built from it updates them twice. Register it "
+               "once, or build the optimizer from ckpt::distinct_parameters(root).");
   }
 }
 
@@ -69,14 +121,24 @@ void find_matches(torch::nn::Module& parent, const std::string& prefix, const Pr
 void apply_checkpointing(torch::nn::Module& root, const Predicate& predicate,
                          const CheckpointOptions& options) {
   TORCH_CHECK(predicate != nullptr, "ckpt::apply_checkpointing: the predicate is empty.");
-  std::vector<Match> matches;
-  find_matches(root, "", predicate, matches);
-  for (const Match& match : matches) {
+  Walk walk{predicate, {}, {}, {}, {}};
+  find_matches(walk, root, "");
+  warn_about(walk);
+  for (const Match& match : walk.matches) {
     torch::nn::AnyModule& element = *(match.sequential->begin() + match.index);
     torch::nn::AnyModule wrapped(Checkpointed(element, options));
     element = wrapped;  // what the Sequential's forward calls
     match.sequential->replace_module(match.key, wrapped.ptr());  // what its tree shows
   }
+}
+
+std::vector<at::Tensor> distinct_parameters(const torch::nn::Module& module) {
+  std::vector<at::Tensor> distinct;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& parameter : module.parameters()) {
+    if (seen.insert(parameter.unsafeGetTensorImpl()).second) distinct.push_back(parameter);
+  }
+  return distinct;
 }
 
 }  // namespace ckpt

@@ -257,8 +257,9 @@ TEST_F(ModulesTest, ApplyCheckpointingWalksAModuleTreeInPlace) {
     seen.push_back(name);
     return name == "body.0" || name == "body.3";
   });
+  // The walk asks about the whole tree, inside matches too, so that a nested match is named.
   EXPECT_EQ(seen, (std::vector<std::string>{"stem", "body", "body.0", "body.1", "body.2", "body.3",
-                                            "head"}));
+                                            "body.3.linear", "head"}));
   EXPECT_TRUE(model->body[0]->as<ckpt::CheckpointedBase>());
   EXPECT_TRUE(model->body[3]->as<ckpt::CheckpointedBase>());
   EXPECT_FALSE(model->body[1]->as<ckpt::CheckpointedBase>());
@@ -285,6 +286,37 @@ TEST_F(ModulesTest, ApplyCheckpointingNamesAMatchItCannotSwapAndChangesNothing) 
                                 }),
       "'head' (torch::nn::LinearImpl) matches, but it is a member of");
   EXPECT_FALSE(model->body[0]->as<ckpt::CheckpointedBase>());
+}
+
+// Issue 29, item 8: nested matches were left unwrapped silently, and a module registered twice
+// made an optimizer update its parameters twice without a word.
+TEST_F(ModulesTest, ApplyCheckpointingWarnsAboutNestedMatchesAndModulesRegisteredTwice) {
+  torch::nn::Sequential net(Nested(), torch::nn::Linear(10, 10));
+  {
+    ckpt::test::WarningCapture warnings;
+    ckpt::apply_checkpointing(*net, [](const std::string& name, const torch::nn::Module&) {
+      return name == "0" || name == "0.linear";
+    });
+    EXPECT_TRUE(warnings.contains("'0.linear'")) << ::testing::PrintToString(warnings.messages);
+    EXPECT_TRUE(warnings.contains("not wrapped again"));
+  }
+  struct TwiceImpl : torch::nn::Module {
+    TwiceImpl() {
+      chain = register_module("chain", torch::nn::Sequential(torch::nn::Linear(4, 4)));
+      planned =
+          register_module("planned", ckpt::PlannedSequential(chain, ckpt::Budget::parse("100%")));
+    }
+    torch::nn::Sequential chain{nullptr};
+    ckpt::PlannedSequential planned{nullptr};
+  };
+  TwiceImpl twice;
+  EXPECT_EQ(twice.parameters().size(), 4u);  // LibTorch lists the Linear's two tensors twice
+  EXPECT_EQ(ckpt::distinct_parameters(twice).size(), 2u);
+  ckpt::test::WarningCapture warnings;
+  ckpt::apply_checkpointing(twice,
+                            [](const std::string&, const torch::nn::Module&) { return false; });
+  EXPECT_TRUE(warnings.contains("registered twice")) << ::testing::PrintToString(warnings.messages);
+  EXPECT_TRUE(warnings.contains("distinct_parameters"));
 }
 
 }  // namespace
