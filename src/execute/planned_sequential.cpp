@@ -201,18 +201,21 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
       detail::storage_regions(profile, options.selective_policy()));
   plan::OptimalOptions optimal;
   optimal.slots = options.slots();
-  const int64_t minimum = plan::min_feasible_budget_bytes(profile, optimal);
+  // The plain chain always fits in its own measured peak, even where the model's minimum is
+  // above it.
+  const int64_t minimum =
+      std::min(plan::min_feasible_budget_bytes(profile, optimal), no_checkpoint_peak_bytes);
   int64_t budget_bytes = budget_.resolve(no_checkpoint_peak_bytes, minimum);
   const plan::SolverSpec solver = parse_solver(options.solver());
   const bool optimal_solver = solver.name == "optimal";
-  const bool fits_plain_chain = budget_bytes >= no_checkpoint_peak_bytes;
-  const bool store_everything = optimal_solver && fits_plain_chain;
-  if (optimal_solver && !store_everything && budget_bytes < minimum) {
+  if (optimal_solver && budget_bytes < minimum) {
     if (!options.fall_back_to_minimum()) throw InfeasibleBudget(budget_bytes, minimum);
     TORCH_WARN("ckpt::PlannedSequential: no schedule fits in a budget of ", budget_bytes,
                " bytes; planning for the smallest feasible budget, ", minimum, " bytes.");
     budget_bytes = minimum;
   }
+  const bool fits_plain_chain = budget_bytes >= no_checkpoint_peak_bytes;
+  const bool store_everything = optimal_solver && fits_plain_chain;
   plan::Schedule schedule = plan::solve_no_checkpoint(profile);
   if (!store_everything) {
     plan::Plan solved =
