@@ -25,6 +25,7 @@ endif()
 if(CKPT_HAS_DISTRIBUTED)
   add_library(ckpt_distributed
     src/compat/c10d_compat.cpp
+    src/distributed/bounded_wait.cpp
     src/distributed/data_parallel.cpp
     src/distributed/process_group.cpp
   )

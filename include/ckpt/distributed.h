@@ -75,10 +75,12 @@ bool backend_available(Backend backend);
 /// same group.
 class ProcessGroup {
  public:
-  /// Joins the group: checks the options, rendezvouses through rank 0's TCPStore (every rank
-  /// checks that all agree on the world size and that no rank is taken twice), then creates the
-  /// backend. Raises an error saying what was wrong when the port is in use, the rank is out of
-  /// range, the world sizes disagree, or the other ranks don't arrive within the timeout.
+  /// Joins the group: checks the options (the master address must resolve), rendezvouses through
+  /// rank 0's TCPStore (every rank checks that all agree on the world size and that no rank is
+  /// taken twice), then creates the backend. Raises an error saying what was wrong when the
+  /// address does not resolve, the port is in use, the rank is out of range, the world sizes
+  /// disagree, or rank 0 or the other ranks don't answer within the timeout (a rank 0 that accepts
+  /// connections but is stopped included).
   /// Ignores SIGPIPE unless the program handles it (docs/distributed.md: a dying peer would
   /// otherwise kill this process through Gloo's socket writes).
   static ProcessGroup join(const RendezvousOptions& options, Backend backend = Backend::Gloo);
@@ -98,6 +100,9 @@ class ProcessGroup {
   void broadcast(std::vector<at::Tensor> tensors, int root = 0) const;
   /// Returns when every rank has called it.
   void barrier() const;
+  /// Every rank's `bytes` (of any length), in rank order; blocks until done. For comparing what
+  /// the ranks were started with, such as a serialization of their settings.
+  std::vector<std::string> all_gather(const std::string& bytes) const;
 
   struct Impl;
   /// The c10d objects behind the group (src/distributed/process_group_impl.h).
@@ -115,6 +120,13 @@ struct DataParallelOptions {
   TORCH_ARG(int64_t, bucket_bytes) = int64_t{25} << 20;
   /// Bytes of the first bucket, small so that the first all-reduce starts early. Default: 1 MiB
   TORCH_ARG(int64_t, first_bucket_bytes) = int64_t{1} << 20;
+  /// Allow parameters that get no gradient in some steps (a branch not taken), as
+  /// DistributedDataParallel's find_unused_parameters: before each backward, call
+  /// `prepare_for_backward(outputs)`, which searches the outputs' graph for the parameters that
+  /// will get one. A parameter unused on every rank keeps no gradient for the step; one used on
+  /// some ranks gets the average with zeros from the others. Default: false (every parameter must
+  /// get its gradient in every step, and no graph is searched)
+  TORCH_ARG(bool, find_unused_parameters) = false;
 };
 
 /// Data-parallel training of `module` over `group`: gradients averaged in buckets during the
@@ -123,15 +135,16 @@ struct DataParallelOptions {
 /// Works with every ckpt strategy: `checkpoint` (non-reentrant; reentrant too, as long as each
 /// parameter is used inside one reentrant region only), `checkpoint_sequential`, `Checkpointed`,
 /// `PlannedSequential` and selective checkpointing. Every parameter that requires grad must get
-/// its gradient exactly once per step, in one backward pass (there is no unused-parameter
-/// search); a parameter whose gradient arrives twice raises an error that says why. That happens
-/// under `use_reentrant(true)` when a parameter is used in several regions, or in a region and
-/// outside it (a tied weight): each reentrant region accumulates its parameters' gradients in a
+/// its gradient exactly once per step, in one backward pass, unless `find_unused_parameters(true)`
+/// allows it none; a parameter whose gradient arrives twice raises an error that says why. That
+/// happens under `use_reentrant(true)` when a parameter is used in several regions, or in a region
+/// and outside it (a tied weight): each reentrant region accumulates its parameters' gradients in a
 /// backward of its own. The default non-reentrant variant delivers each gradient once.
 class DataParallel {
  public:
   /// Broadcasts rank 0's parameters and buffers to every rank (after checking that all ranks
-  /// have the same parameter shapes) and sets up the buckets.
+  /// have the same parameters: an error on every rank names the first that differs) and sets up
+  /// the buckets.
   DataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup group,
                DataParallelOptions options = {});
   ~DataParallel();
@@ -139,9 +152,17 @@ class DataParallel {
   DataParallel& operator=(const DataParallel&) = delete;
 
   /// Call before the forward pass of each training step: the backward that follows averages the
-  /// gradients. Raises an error when the previous step's reduction did not finish (a parameter
-  /// that got no gradient).
+  /// gradients. Raises an error, naming them, when parameters got no gradient in the previous
+  /// step without `find_unused_parameters(true)` (that step's gradients were not averaged).
   void begin_step();
+
+  /// With `find_unused_parameters(true)`, call after the forward pass and before the backward,
+  /// with the tensors the backward starts from (the loss): finds the parameters their graph does
+  /// not reach. Without that option it does nothing.
+  ///
+  /// Example: `parallel.begin_step(); auto loss = ...; parallel.prepare_for_backward({loss});
+  /// loss.backward();`
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
 
   /// How many times each parameter (in `module->parameters()` order) had its gradient all-reduced
   /// in the last step: 1 each after a complete backward.

@@ -118,16 +118,15 @@ std::shared_ptr<Reducer> construct_reducer(const std::vector<at::Tensor>& params
                                            const Indices& indices,
                                            const std::vector<size_t>& per_bucket,
                                            const GroupPtr& group, int64_t bucket_bytes,
-                                           int64_t first_bucket_bytes) {
+                                           int64_t first_bucket_bytes, bool find_unused) {
   const std::vector<bool> sparse(params.size(), false);
   const Names names;
   if constexpr (kReducerWithLimits) {
     return std::make_shared<Reducer>(params, indices, per_bucket, group, sparse, bucket_bytes,
-                                     /*find_unused_parameters=*/false,
-                                     /*gradient_as_bucket_view=*/false, names, first_bucket_bytes);
+                                     find_unused, /*gradient_as_bucket_view=*/false, names,
+                                     first_bucket_bytes);
   } else {
-    return std::make_shared<Reducer>(params, indices, group, sparse, bucket_bytes,
-                                     /*find_unused_parameters=*/false,
+    return std::make_shared<Reducer>(params, indices, group, sparse, bucket_bytes, find_unused,
                                      /*gradient_as_bucket_view=*/false, names, first_bucket_bytes,
                                      /*skip_all_reduce_unused_params=*/false,
                                      /*use_python_reducer=*/false, std::vector<int64_t>{});
@@ -138,7 +137,8 @@ std::shared_ptr<Reducer> construct_reducer(const std::vector<at::Tensor>& params
 
 std::shared_ptr<c10d::Reducer> make_reducer(const std::vector<at::Tensor>& params,
                                             const GroupPtr& group, int64_t bucket_bytes,
-                                            int64_t first_bucket_bytes) {
+                                            int64_t first_bucket_bytes,
+                                            bool find_unused_parameters) {
   const std::vector<size_t> limits{static_cast<size_t>(first_bucket_bytes),
                                    static_cast<size_t>(bucket_bytes)};
   const std::vector<bool> sparse(params.size(), false);
@@ -150,7 +150,7 @@ std::shared_ptr<c10d::Reducer> make_reducer(const std::vector<at::Tensor>& param
   std::reverse(indices.begin(), indices.end());
   std::reverse(per_bucket.begin(), per_bucket.end());
   return construct_reducer<c10d::Reducer>(params, indices, per_bucket, group, bucket_bytes,
-                                          first_bucket_bytes);
+                                          first_bucket_bytes, find_unused_parameters);
 }
 
 }  // namespace compat

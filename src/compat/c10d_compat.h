@@ -49,10 +49,11 @@ GroupPtr make_nccl_group(const StorePtr& store, int rank, int size,
                          std::chrono::milliseconds timeout);
 
 /// A Reducer over `params` with buckets of at most `bucket_bytes` (the first `first_bucket_bytes`)
-/// that averages dense gradients, without the unused-parameter search.
+/// that averages dense gradients, with the unused-parameter search when `find_unused_parameters`.
 std::shared_ptr<c10d::Reducer> make_reducer(const std::vector<at::Tensor>& params,
                                             const GroupPtr& group, int64_t bucket_bytes,
-                                            int64_t first_bucket_bytes);
+                                            int64_t first_bucket_bytes,
+                                            bool find_unused_parameters);
 
 }  // namespace compat
 }  // namespace ckpt

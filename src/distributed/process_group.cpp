@@ -1,5 +1,10 @@
 #include "process_group_impl.h"
 
+#include "bounded_wait.h"
+
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
@@ -10,10 +15,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -159,6 +168,37 @@ void rendezvous(c10d::Store& store, const RendezvousOptions& options) {
   }
 }
 
+// Rank 0's store and the rendezvous, as seen from another rank, within the timeout (plus a
+// margin, so that c10d's own errors come first where it has them): c10d's client would wait for
+// ever on a rank 0 that accepts connections but never answers (bounded_wait.h).
+StorePtr join_store_within_timeout(const RendezvousOptions& options,
+                                   const std::vector<sockaddr_storage>& store_addresses) {
+  auto store = std::make_shared<StorePtr>();
+  auto abandoned = std::make_shared<std::atomic<bool>>(false);
+  detail::run_bounded(
+      options.timeout() + std::chrono::seconds(2), store_addresses,
+      [store, options, abandoned] {
+        StorePtr connected = connect_store(options);
+        if (abandoned->load()) return;  // too late: the caller has given up
+        rendezvous(*connected, options);
+        *store = std::move(connected);
+      },
+      [&](bool connected) {
+        abandoned->store(true);
+        TORCH_CHECK(!connected, "ckpt::ProcessGroup::join: rank ", options.rank(),
+                    " connected to rank 0's store at ", address_text(options),
+                    ", but it did not answer within ", seconds_text(options.timeout()),
+                    ": the process there is stopped (SIGSTOP, a debugger) or hung, or the port "
+                    "belongs to another program. Check that rank 0 runs, and that this is its "
+                    "master address and port.");
+        TORCH_CHECK(false, "ckpt::ProcessGroup::join: rank ", options.rank(),
+                    " could not reach rank 0's store at ", address_text(options), " within ",
+                    seconds_text(options.timeout()),
+                    ". Check that rank 0 runs, with the same master address and port.");
+      });
+  return *store;
+}
+
 // The address of this machine's interface that leads to `host`: what the others can reach this
 // rank at, if they reach rank 0 the same way (a UDP "connect" only picks the route; nothing is
 // sent). GLOO_SOCKET_IFNAME, as torch.distributed reads it, is left to the caller. Empty when
@@ -234,15 +274,21 @@ void ignore_sigpipe_unless_handled() {
 
 ProcessGroup ProcessGroup::join(const RendezvousOptions& options, Backend backend) {
   check_options(options);
+  // An address that does not resolve fails here, at once, not after c10d's retries.
+  const auto store_addresses = detail::resolve_tcp(options.master_addr(), options.master_port());
   ignore_sigpipe_unless_handled();
   auto impl = std::make_shared<Impl>();
   impl->rank = options.rank();
   impl->world_size = options.world_size();
   impl->backend = backend;
   impl->timeout = options.timeout();
-  impl->store = connect_store(options);
+  if (options.rank() == 0) {  // the store is this process's own
+    impl->store = connect_store(options);
+    rendezvous(*impl->store, options);
+  } else {
+    impl->store = join_store_within_timeout(options, store_addresses);
+  }
   impl->port = compat::tcp_store_port(impl->store);
-  rendezvous(*impl->store, options);
   if (backend == Backend::Nccl) {
     impl->group =
         compat::make_nccl_group(impl->store, impl->rank, impl->world_size, options.timeout());
@@ -291,6 +337,34 @@ void ProcessGroup::broadcast(std::vector<at::Tensor> tensors, int root) const {
 
 void ProcessGroup::barrier() const {
   impl_->group->barrier()->wait();
+}
+
+std::vector<std::string> ProcessGroup::all_gather(const std::string& bytes) const {
+  // Collectives need tensors of one size on every rank: the lengths first, then the bytes padded
+  // to the longest. NCCL's tensors live on the GPU.
+  const auto on =
+      at::TensorOptions().device(impl_->backend == Backend::Nccl ? at::kCUDA : at::kCPU);
+  const auto gather = [this](const at::Tensor& mine) {
+    std::vector<std::vector<at::Tensor>> all(1);
+    for (int r = 0; r < impl_->world_size; ++r) all[0].push_back(at::empty_like(mine));
+    std::vector<at::Tensor> input{mine};
+    impl_->group->allgather(all, input)->wait();
+    for (auto& tensor : all[0]) tensor = tensor.cpu();
+    return all[0];
+  };
+  const auto lengths =
+      gather(at::full({1}, static_cast<int64_t>(bytes.size()), on.dtype(at::kLong)));
+  int64_t longest = 1;
+  for (const auto& length : lengths) longest = std::max(longest, length.item<int64_t>());
+  at::Tensor padded = at::zeros({longest}, at::kByte);
+  std::memcpy(padded.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  const auto everyone = gather(padded.to(on.device()));
+  std::vector<std::string> result;
+  for (int r = 0; r < impl_->world_size; ++r) {
+    const auto* data = everyone[r].data_ptr<uint8_t>();
+    result.emplace_back(data, data + lengths[r].item<int64_t>());
+  }
+  return result;
 }
 
 }  // namespace ckpt

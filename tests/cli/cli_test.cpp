@@ -247,6 +247,31 @@ TEST(Cli, PlanRefusesChainsWhoseSizesOverflow) {
   expect_refused("plan --chain " + path + " --budget 1MB", 1, "2^60 bytes");
 }
 
+// ~~~ errors: one line each ~~~
+
+// Issue 27, item 16: an error echoed a whole offending value (a 20 MB line). The middle of a long
+// message is left out; its start and its advice stay.
+TEST(Cli, ErrorsEchoAtMostAThousandBytesOfAHugeValue) {
+  const std::string huge(100000, 'x');
+  for (const std::string& args : {"plan --chain " + chain("homogeneous.json") + " --budget " + huge,
+                                  kTiny + "--strategy " + huge, kTiny + "--layers " + huge}) {
+    const Result result = run(args, "timeout 20");
+    EXPECT_EQ(result.code, 2) << result.err.size();
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1);
+    EXPECT_LE(result.err.size(), 1100u);
+    EXPECT_NE(result.err.find("bytes left out ...]"), std::string::npos) << result.err;
+  }
+  const Result budget = run("plan --chain " + chain("homogeneous.json") + " --budget " + huge);
+  EXPECT_NE(budget.err.find("or \"min\" for the smallest feasible budget)\n"), std::string::npos)
+      << budget.err;
+}
+
+// A value with a newline in it stays on one line, the newline shown as \n.
+TEST(Cli, ErrorsShowControlCharactersAsEscapes) {
+  expect_refused("plan --chain " + chain("homogeneous.json") + " --budget \"$(printf '12\\nMB')\"",
+                 2, "'12\\nMB'");
+}
+
 // ~~~ train: bad options ~~~
 
 // Each once crashed (signed overflow, then a store through a null pointer) or ran on.
@@ -488,6 +513,19 @@ TEST(Cli, BenchChecksOutputPathsBeforeAnyWork) {
   EXPECT_EQ(result.code, 2);
   EXPECT_NE(result.err.find("--plot: the folder '/nonexistent'"), std::string::npos) << result.err;
   EXPECT_EQ(result.out.find("| none |"), std::string::npos);  // nothing ran
+}
+
+// Issue 27, item 8: `train` capped --threads, `bench` did not, and crashed 16-23 s later.
+TEST(Cli, BenchRefusesMoreThreadsThanTheMachineHas) {
+  expect_refused("bench --quick --no-python --threads 100000", 2, "--threads must be at most");
+}
+
+// Issue 27, item 16: a device LibTorch can't parse printed a backtrace and exited with 1.
+TEST(Cli, BenchRefusesDevicesItCannotUse) {
+  expect_refused("bench --quick --no-python --device foo/cuda", 2,
+                 "--device 'foo/cuda' is not a device");
+  expect_refused("bench --quick --no-python --device cuda:99", 2, "--device cuda:99: this machine");
+  expect_refused("bench --quick --no-python --device meta", 2, "runs on cpu or cuda[:N] only");
 }
 
 TEST(Cli, BenchRejectsUnknownModel) {

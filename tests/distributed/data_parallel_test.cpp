@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -211,5 +212,129 @@ INSTANTIATE_TEST_SUITE_P(Strategies, DataParallelMatchesOneProcess, testing::Val
                            return test.param.strategy + "_" + std::to_string(test.param.world) +
                                   "_ranks";
                          });
+
+// ~~~ find_unused_parameters: a branch taken in some steps only ~~~
+
+namespace unused {
+
+// A chain, and a branch added to its output in even steps only.
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl() {
+    torch::manual_seed(11);
+    chain =
+        register_module("chain", torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(),
+                                                       torch::nn::Linear(16, 6)));
+    branch = register_module("branch", torch::nn::Linear(6, 6));
+  }
+  torch::Tensor forward(const std::string& strategy, const torch::Tensor& x, bool with_branch) {
+    const auto plain = [this, with_branch](const torch::Tensor& input) {
+      const torch::Tensor y = chain->forward(input);
+      return with_branch ? y + branch(input) : y;
+    };
+    if (strategy == "none") return plain(x);
+    if (strategy == "checkpoint") return ckpt::checkpoint(plain, x);
+    if (strategy == "selective") {
+      return ckpt::checkpoint(ckpt::CheckpointOptions().policy(ckpt::save_matmuls()), plain, x);
+    }
+    const torch::Tensor y = ckpt::checkpoint_sequential(chain, 2, x);  // "sequential"
+    return with_branch ? y + branch(x) : y;
+  }
+  torch::nn::Sequential chain{nullptr};
+  torch::nn::Linear branch{nullptr};
+};
+TORCH_MODULE(Branchy);
+
+// K steps data-parallel with find_unused_parameters, then alone on the whole batch: the same
+// parameters, and each parameter reduced once per step.
+void train_and_compare(const std::string& strategy, int rank, int world, int port) {
+  const auto group = ckpt::ProcessGroup::join(
+      ckpt::RendezvousOptions().rank(rank).world_size(world).master_port(port).timeout(
+          std::chrono::seconds(30)));
+  Branchy model;
+  ckpt::DataParallel parallel(model.ptr(), group,
+                              ckpt::DataParallelOptions().find_unused_parameters(true));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const auto batch = global_batch(step);
+    optimizer.zero_grad();
+    parallel.begin_step();
+    const torch::Tensor loss = torch::nn::functional::mse_loss(
+        model->forward(strategy, local_rows(batch.first, rank, world), step % 2 == 0),
+        local_rows(batch.second, rank, world));
+    parallel.prepare_for_backward({loss});
+    loss.backward();
+    optimizer.step();
+    for (const int64_t count : parallel.reductions()) {
+      TORCH_CHECK(count == 1, "step ", step, ": a parameter was reduced ", count, " times");
+    }
+  }
+  Branchy alone;
+  torch::optim::SGD alone_optimizer(alone->parameters(), torch::optim::SGDOptions(0.1));
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const auto batch = global_batch(step);
+    alone_optimizer.zero_grad();
+    torch::nn::functional::mse_loss(alone->forward("none", batch.first, step % 2 == 0),
+                                    batch.second)
+        .backward();
+    alone_optimizer.step();
+  }
+  const auto expected = alone->named_parameters();
+  for (const auto& item : model->named_parameters()) {
+    const torch::Tensor& theirs = expected[item.key()];
+    TORCH_CHECK(torch::allclose(item.value(), theirs, /*rtol=*/1e-6, /*atol=*/1e-6), "rank ", rank,
+                ", ", strategy, ": parameter ", item.key(), " differs from one process by ",
+                (item.value() - theirs).abs().max().item<float>());
+  }
+}
+
+class FindUnusedParameters : public testing::TestWithParam<std::string> {};
+
+TEST_P(FindUnusedParameters, BranchTakenInSomeStepsMatchesOneProcess) {
+  const std::string strategy = GetParam();
+  const int port = free_port();
+  const auto outcomes = run_ranks(
+      2, [&](int rank) { train_and_compare(strategy, rank, 2, port); }, kDeadline);
+  for (const auto& outcome : outcomes) ASSERT_TRUE(outcome.ok()) << describe(outcomes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, FindUnusedParameters,
+                         testing::Values("none", "checkpoint", "sequential", "selective"));
+
+// A branch that rank 0 takes and rank 1 does not: both get the same gradient for it, rank 0's
+// divided by the world size (DistributedDataParallel's rule: an unused parameter contributes 0).
+TEST(FindUnusedParametersAcrossRanks, BranchOfOneRankIsAveragedWithZeros) {
+  const int port = free_port();
+  const auto outcomes = run_ranks(
+      2,
+      [port](int rank) {
+        const auto group = ckpt::ProcessGroup::join(
+            ckpt::RendezvousOptions().rank(rank).world_size(2).master_port(port).timeout(
+                std::chrono::seconds(30)));
+        Branchy model;
+        Branchy twin;  // the same weights (same seed), trained alone on rank 0's rows
+        ckpt::DataParallel parallel(model.ptr(), group,
+                                    ckpt::DataParallelOptions().find_unused_parameters(true));
+        const auto batch = global_batch(0);
+        const torch::Tensor x = local_rows(batch.first, rank, 2);
+        const torch::Tensor y = local_rows(batch.second, rank, 2);
+        parallel.begin_step();
+        const torch::Tensor loss =
+            torch::nn::functional::mse_loss(model->forward("checkpoint", x, rank == 0), y);
+        parallel.prepare_for_backward({loss});
+        loss.backward();
+        torch::Tensor expected = torch::zeros_like(model->branch->weight);
+        if (rank == 0) {
+          torch::nn::functional::mse_loss(twin->forward("none", x, true), y).backward();
+          expected = twin->branch->weight.grad() / 2;
+        }
+        group.all_reduce_sum(expected);  // rank 0's, on every rank
+        TORCH_CHECK(torch::allclose(model->branch->weight.grad(), expected, 1e-6, 1e-7), "rank ",
+                    rank, ": the branch's gradient is not rank 0's halved");
+      },
+      kDeadline);
+  for (const auto& outcome : outcomes) ASSERT_TRUE(outcome.ok()) << describe(outcomes);
+}
+
+}  // namespace unused
 
 }  // namespace

@@ -185,6 +185,47 @@ TEST(ProcessGroupErrors, RankThatNeverComesTimesOutNamingIt) {
   EXPECT_LT(outcomes[0].seconds, 30) << describe(outcomes);
 }
 
+// A rank 0 stopped by SIGSTOP still accepts connections (the kernel completes them) but never
+// answers: c10d's client then waited for ever (issue 27, item 4). A listening socket that never
+// accepts is the same thing, without a second process.
+TEST(ProcessGroupErrors, RankZeroThatAcceptsButNeverAnswersTimesOut) {
+  const auto outcomes = run_ranks(
+      1,
+      [](int) {
+        const int silent = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in address{};
+        address.sin_family = AF_INET;
+        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t length = sizeof address;
+        TORCH_CHECK(bind(silent, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                        listen(silent, 16) == 0 &&
+                        getsockname(silent, reinterpret_cast<sockaddr*>(&address), &length) == 0,
+                    "the test could not listen on a port");
+        ckpt::ProcessGroup::join(options(1, 2, ntohs(address.sin_port), 2));
+      },
+      kDeadline);
+  EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message, "but it did not answer within 2 s"))
+      << describe(outcomes);
+  EXPECT_LT(outcomes[0].seconds, 10) << describe(outcomes);
+}
+
+// An address that does not resolve fails before any connection attempt, not after c10d's
+// retries (153 s against a timeout of 60 s in issue 27, item 14).
+TEST(ProcessGroupErrors, MasterAddressThatDoesNotResolveFailsAtOnce) {
+  for (const char* address : {"256.1.1.1", "no-such-host.invalid"}) {
+    const auto outcomes = run_ranks(
+        1,
+        [address](int) { ckpt::ProcessGroup::join(options(1, 2, 29500, 60).master_addr(address)); },
+        kDeadline);
+    EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+    EXPECT_TRUE(contains(outcomes[0].message,
+                         std::string("the master address '") + address + "' does not resolve"))
+        << describe(outcomes);
+    EXPECT_LT(outcomes[0].seconds, 20) << describe(outcomes);
+  }
+}
+
 TEST(ProcessGroupErrors, EnvironmentAsTorchrunSetsIt) {
   const auto outcomes = run_ranks(
       1,
@@ -233,6 +274,117 @@ TEST(DataParallelErrors, ReentrantRegionsSharingAParameterSayWhy) {
     EXPECT_TRUE(contains(outcome.message, "received its gradient a second time"))
         << describe(outcomes);
   }
+}
+
+// Ranks that build different models (a --width that differs, issue 27 item 16) stop with the same
+// error on every rank, naming the parameter: not rank 1 naming the shapes while rank 0 gets Gloo's
+// message about a closed connection.
+TEST(DataParallelErrors, ModelsThatDifferSaySoOnEveryRank) {
+  const int port = free_port();
+  const auto outcomes = run_ranks(
+      2,
+      [port](int rank) {
+        const auto group = ckpt::ProcessGroup::join(options(rank, 2, port));
+        torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                                    torch::nn::Linear(16, rank == 0 ? 4 : 6));
+        ckpt::DataParallel parallel(model.ptr(), group);
+      },
+      kDeadline);
+  for (const auto& outcome : outcomes) {
+    EXPECT_EQ(outcome.exit_code, 1) << describe(outcomes);
+    EXPECT_TRUE(contains(outcome.message,
+                         "the ranks' models differ: parameter #2: rank 0 has '2.weight' Float "
+                         "[4, 16] strides [16, 1], but rank 1 has '2.weight' Float [6, 16]"))
+        << describe(outcomes);
+  }
+}
+
+TEST(DataParallelErrors, ModelsWithDifferentParameterCountsSaySo) {
+  const int port = free_port();
+  const auto outcomes = run_ranks(
+      2,
+      [port](int rank) {
+        const auto group = ckpt::ProcessGroup::join(options(rank, 2, port));
+        torch::nn::Sequential model(torch::nn::Linear(8, 8));
+        if (rank == 1) model->push_back(torch::nn::Linear(8, 8));
+        ckpt::DataParallel parallel(model.ptr(), group);
+      },
+      kDeadline);
+  for (const auto& outcome : outcomes) {
+    EXPECT_EQ(outcome.exit_code, 1) << describe(outcomes);
+    EXPECT_TRUE(contains(outcome.message, "rank 0 has no parameter #2 (it has 2)"))
+        << describe(outcomes);
+  }
+}
+
+// A parameter that gets no gradient in a step leaves its bucket unreduced: the next begin_step
+// names it and points at ckpt's option (it pointed at Python's find_unused_parameters).
+TEST(DataParallelErrors, ParameterWithoutGradientIsNamedWithCkptsOption) {
+  const int port = free_port();
+  const auto outcomes = run_ranks(
+      2,
+      [port](int rank) {
+        const auto group = ckpt::ProcessGroup::join(options(rank, 2, port));
+        torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8));
+        ckpt::DataParallel parallel(model.ptr(), group);
+        for (int step = 0; step < 2; ++step) {
+          parallel.begin_step();
+          model[0]->as<torch::nn::Linear>()->forward(torch::randn({2, 8})).sum().backward();
+        }
+      },
+      kDeadline);
+  for (const auto& outcome : outcomes) {
+    EXPECT_EQ(outcome.exit_code, 1) << describe(outcomes);
+    EXPECT_TRUE(contains(outcome.message,
+                         "in the previous step, these parameters got no gradient: '1.weight' "
+                         "(#2, shape [8, 8]), '1.bias' (#3, shape [8])"))
+        << describe(outcomes);
+    EXPECT_TRUE(contains(outcome.message, "DataParallelOptions().find_unused_parameters(true)"))
+        << describe(outcomes);
+  }
+}
+
+TEST(DataParallelErrors, FindUnusedParametersNeedsPrepareForBackward) {
+  const auto outcomes = run_ranks(
+      1,
+      [](int) {
+        const auto group = ckpt::ProcessGroup::join(options(0, 1, 0));
+        torch::nn::Linear model(4, 4);
+        ckpt::DataParallel parallel(model.ptr(), group,
+                                    ckpt::DataParallelOptions().find_unused_parameters(true));
+        parallel.begin_step();
+        model(torch::randn({2, 4})).sum().backward();
+      },
+      kDeadline);
+  EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message, "got its gradient before prepare_for_backward"))
+      << describe(outcomes);
+}
+
+// A reentrant region's parameters are not in the graph of its outputs, so the search counts them
+// as unused; their gradient then arrives anyway.
+TEST(DataParallelErrors, FindUnusedParametersWithReentrantRegionsSaysWhy) {
+  const auto outcomes = run_ranks(
+      1,
+      [](int) {
+        const auto group = ckpt::ProcessGroup::join(options(0, 1, 0));
+        torch::nn::Linear first(4, 4);
+        torch::nn::Linear inner(4, 4);
+        torch::nn::Sequential model(first, inner);
+        ckpt::DataParallel parallel(model.ptr(), group,
+                                    ckpt::DataParallelOptions().find_unused_parameters(true));
+        parallel.begin_step();
+        const torch::Tensor loss =
+            ckpt::checkpoint(
+                ckpt::CheckpointOptions().use_reentrant(true),
+                [&](const torch::Tensor& x) { return inner(x); }, first(torch::randn({2, 4})))
+                .sum();
+        parallel.prepare_for_backward({loss});
+        loss.backward();
+      },
+      kDeadline);
+  EXPECT_EQ(outcomes[0].exit_code, 1) << describe(outcomes);
+  EXPECT_TRUE(contains(outcomes[0].message, "counted it as unused")) << describe(outcomes);
 }
 
 // scripts/gpu-check.sh runs this one: a world of one rank on NCCL.

@@ -3,13 +3,19 @@
 #include "errors.h"
 #include "output_path.h"
 #include "svg_chart.h"
+#include "train_args.h"
 #include "units.h"
+
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+#include <torch/cuda.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 
 #ifdef CKPT_CLI_HAVE_BENCH
@@ -145,14 +151,40 @@ std::vector<Chart> bench_charts(const std::vector<bench::BenchRow>& rows) {
 }  // namespace
 #endif
 
+namespace {
+
+// `--device`: the CPU, or a CUDA device this machine has.
+void validate_device(const std::string& text) {
+  std::optional<c10::Device> device;
+  try {
+    device = c10::Device(text);
+  } catch (const c10::Error&) {
+    throw UsageError("--device '" + text + "' is not a device; use cpu, cuda or cuda:N");
+  }
+  if (device->is_cpu()) return;
+  if (!device->is_cuda()) {
+    throw UsageError("--device " + text + ": the benchmark runs on cpu or cuda[:N] only");
+  }
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  if (count == 0) {
+    throw UsageError("--device " + text +
+                     ": this machine (or this LibTorch) has no CUDA device; use --device cpu");
+  }
+  if (device->has_index() && device->index() >= count) {
+    throw UsageError("--device " + text + ": this machine has " + std::to_string(count) +
+                     " CUDA device(s), cuda:0 to cuda:" + std::to_string(count - 1));
+  }
+}
+
+}  // namespace
+
 int run_bench(const BenchArgs& args) {
   if (args.steps < 1)
     throw UsageError("--steps must be a positive integer, but got " + std::to_string(args.steps));
   if (args.warmup < 0)
     throw UsageError("--warmup must be >= 0, but got " + std::to_string(args.warmup));
-  if (args.threads < 1)
-    throw UsageError("--threads must be a positive integer, but got " +
-                     std::to_string(args.threads));
+  validate_threads(args.threads, MachineLimits::of_this_machine(), "--threads");
+  validate_device(args.device);
   for (const std::string& model : args.models) {
     if (model != "mlp" && model != "resnet" && model != "transformer" && model != "small") {
       throw UsageError("--models: unknown model '" + model +

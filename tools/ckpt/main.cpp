@@ -6,8 +6,11 @@
 #include "plan_command.h"
 #include "train_command.h"
 
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 
@@ -19,9 +22,29 @@ namespace ckpt {
 namespace cli {
 namespace {
 
-int error(const std::string& message, int code) {
-  std::cerr << "ckpt: error: " << message << "\n";
-  return code;
+// Whatever escapes a thread of the program (LibTorch's, Gloo's) ends it the same way: one line.
+[[noreturn]] void on_terminate() {
+  std::string message = "internal error: the program ended without handling an error";
+  if (const std::exception_ptr current = std::current_exception()) {
+    try {
+      std::rethrow_exception(current);
+    } catch (const c10::Error& e) {
+      report_torch_error(e.what(), e.what_without_backtrace());
+      std::_Exit(kExitFailure);
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = "internal error: an exception of an unknown type";
+    }
+  }
+  report_error(message, kExitFailure);
+  std::_Exit(kExitFailure);
+}
+
+// c10d logs each retry and failure of a connection on stderr, with stack traces; the program
+// reports its errors in one line. TORCH_CPP_LOG_LEVEL (LibTorch's switch) brings the logs back.
+void quiet_libtorch_logs() {
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 3;  // fatal
 }
 
 int run(int argc, char** argv) {
@@ -43,7 +66,7 @@ int run(int argc, char** argv) {
 
   if (argc <= 1) {
     std::cerr << app.help();
-    return error("a command is required: train, plan or bench", kExitUsage);
+    return report_error("a command is required: train, plan or bench", kExitUsage);
   }
   try {
     app.parse(argc, argv);
@@ -53,8 +76,8 @@ int run(int argc, char** argv) {
     }
     const std::string command =
         app.get_subcommands().empty() ? "" : app.get_subcommands().front()->get_name() + " ";
-    return error(std::string(e.what()) + " (run 'ckpt " + command + "--help' for usage)",
-                 kExitUsage);
+    return report_error(std::string(e.what()) + " (run 'ckpt " + command + "--help' for usage)",
+                        kExitUsage);
   }
 
   try {
@@ -62,11 +85,15 @@ int run(int argc, char** argv) {
     if (train->parsed()) return run_train(train_args);
     if (bench->parsed()) return run_bench(bench_args);
   } catch (const UsageError& e) {
-    return error(e.what(), kExitUsage);
+    return report_error(e.what(), kExitUsage);
+  } catch (const c10::Error& e) {
+    return report_torch_error(e.what(), e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return error(e.what(), kExitFailure);
+    return report_error(e.what(), kExitFailure);
+  } catch (...) {
+    return report_error("internal error: an exception of an unknown type", kExitFailure);
   }
-  return error("no command given", kExitUsage);
+  return report_error("no command given", kExitUsage);
 }
 
 }  // namespace
@@ -74,5 +101,11 @@ int run(int argc, char** argv) {
 }  // namespace ckpt
 
 int main(int argc, char** argv) {
-  return ckpt::cli::run(argc, argv);
+  std::set_terminate(ckpt::cli::on_terminate);
+  ckpt::cli::quiet_libtorch_logs();
+  try {
+    return ckpt::cli::run(argc, argv);
+  } catch (...) {  // from building the command line, before any command runs
+    ckpt::cli::on_terminate();
+  }
 }

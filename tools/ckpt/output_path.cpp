@@ -2,7 +2,10 @@
 
 #include "errors.h"
 
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <stdexcept>
 #include <system_error>
 
 #include <unistd.h>
@@ -27,6 +30,19 @@ void check_output_path(const std::string& path, const std::string& option) {
   const bool exists = fs::exists(file, error);
   if (access((exists ? file : folder).c_str(), W_OK) != 0) {
     throw UsageError(option + ": '" + (exists ? path : folder.string()) + "' is not writable");
+  }
+}
+
+void write_whole_file(const std::string& path, const std::string& text, const std::string& option) {
+  const std::string partial = path + ".partial-" + std::to_string(getpid());
+  bool written = false;
+  {
+    std::ofstream file(partial, std::ios::binary);
+    written = static_cast<bool>(file << text) && static_cast<bool>(file.flush());
+  }
+  if (!written || std::rename(partial.c_str(), path.c_str()) != 0) {
+    std::remove(partial.c_str());
+    throw std::runtime_error(option + ": cannot write '" + path + "'");
   }
 }
 

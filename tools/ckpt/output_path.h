@@ -11,5 +11,10 @@ namespace cli {
 /// folder is missing or read-only, or it names a folder. Creates nothing; an empty path passes.
 void check_output_path(const std::string& path, const std::string& option);
 
+/// Writes `text` to `path` (the value of `option`) whole or not at all: into a file of its own
+/// next to it, renamed over `path` once complete, so that a process killed while writing leaves
+/// no truncated file behind. Throws std::runtime_error naming the option when it cannot.
+void write_whole_file(const std::string& path, const std::string& text, const std::string& option);
+
 }  // namespace cli
 }  // namespace ckpt

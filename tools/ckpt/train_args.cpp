@@ -39,6 +39,11 @@ MachineLimits MachineLimits::of_this_machine() {
   return machine;
 }
 
+void validate_threads(int64_t threads, const MachineLimits& machine, const std::string& option) {
+  check_range(threads, machine.cores, option,
+              "this machine's hardware threads; more only slow a step down");
+}
+
 double min_training_bytes(const TrainArgs& args) {
   const double layers = static_cast<double>(args.layers);
   const double width = static_cast<double>(args.width);
@@ -61,8 +66,7 @@ void validate_train_args(const TrainArgs& args, const MachineLimits& machine) {
   check_range(args.context, kMaxSize, "--context", "the model's size limit");
   check_range(args.batch, kMaxSize, "--batch", "the model's size limit");
   check_range(args.steps, std::numeric_limits<int>::max(), "--steps", "the step counter");
-  check_range(args.threads, machine.cores, "--threads",
-              "this machine's hardware threads; more only slow a step down");
+  validate_threads(args.threads, machine, "--threads");
   if (args.width % args.heads != 0) {
     throw UsageError("--heads (" + std::to_string(args.heads) + ") must divide --width (" +
                      std::to_string(args.width) + ")");

@@ -31,9 +31,13 @@ struct TrainArgs {
   int64_t ranks = 0;
   int64_t rank = -1;
   int64_t world_size = 0;
+  bool ranks_given = false;  // the three above were on the command line
+  bool rank_given = false;
+  bool world_size_given = false;
   std::string master_addr = "127.0.0.1";
   int64_t master_port = 29500;
-  bool dropout_given = false;  // a data-parallel run defaults to no dropout
+  int64_t timeout_seconds = 60;  // how long the ranks wait for each other
+  bool dropout_given = false;    // a data-parallel run defaults to no dropout
   std::string dtype = "float32";
 };
 
@@ -43,6 +47,10 @@ struct MachineLimits {
   int64_t cores = 1;        // hardware threads
   static MachineLimits of_this_machine();
 };
+
+/// Throws UsageError when `threads` (the value of `option`) is not in [1, the machine's hardware
+/// threads]: more only slow a step down, and LibTorch's thread pool fails on absurd counts.
+void validate_threads(int64_t threads, const MachineLimits& machine, const std::string& option);
 
 /// A lower bound of the bytes one step without checkpointing needs (weights, gradients, AdamW
 /// state and the attention and MLP activations autograd keeps), in floating point so that no size

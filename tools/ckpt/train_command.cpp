@@ -6,6 +6,7 @@
 #include "errors.h"
 #include "gpt.h"
 #include "memory_plot.h"
+#include "output_path.h"
 #include "progress.h"
 #include "train_distributed.h"
 #include "train_recorder.h"
@@ -510,10 +511,7 @@ void write_json(const TrainArgs& args, const Corpus& corpus, const Strategy& str
     document["step_time_ratio"] =
         base_ms > 0 ? checkpointed.median_ms(instrumented_step) / base_ms : 0.0;
   }
-  std::ofstream file(args.json_path);
-  if (!(file << document.dump(2) << "\n")) {
-    throw std::runtime_error("--json: cannot write '" + args.json_path + "'");
-  }
+  write_whole_file(args.json_path, document.dump(2) + "\n", "--json");
 }
 
 void write_plot(const TrainArgs& args, const Strategy& strategy, const BothRuns& runs) {
@@ -549,28 +547,24 @@ int run_train(const TrainArgs& args) {
   if (wants_distributed(args)) return run_train_distributed(args);
   validate_train_args(args, MachineLimits::of_this_machine());
   const Strategy strategy = parse_strategy(args.strategy, args.layers + 2);
-  try {
-    torch::set_num_threads(static_cast<int>(args.threads));
-    const Corpus corpus = load_corpus(args.corpus, args.context + 2);
-    print_header(args, corpus, strategy);
+  torch::set_num_threads(static_cast<int>(args.threads));
+  const Corpus corpus = load_corpus(args.corpus, args.context + 2);
+  print_header(args, corpus, strategy);
 
-    SigintGuard sigint;
-    const bool instrument = !args.plot_path.empty() || !args.trace_path.empty();
-    const int instrumented_step = static_cast<int>(std::min<int64_t>(1, args.steps - 1));
-    const BothRuns runs = train_both(args, corpus, strategy, instrument);
-    if (runs.interrupted) {
-      std::fprintf(stderr, "ckpt: interrupted; summary of the steps run so far\n");
-    }
-    print_summary(args, strategy, runs.baseline, runs.checkpointed ? &*runs.checkpointed : nullptr,
-                  instrumented_step);
-    if (!args.json_path.empty()) write_json(args, corpus, strategy, runs, instrumented_step);
-    if (!args.plot_path.empty()) write_plot(args, strategy, runs);
-    if (!args.trace_path.empty()) write_trace(args, strategy, runs);
-    if (!args.json_path.empty()) std::printf("json:  %s\n", args.json_path.c_str());
-    return runs.interrupted ? kExitInterrupted : kExitOk;
-  } catch (const c10::Error& error) {
-    throw std::runtime_error(error.what_without_backtrace());
+  SigintGuard sigint;
+  const bool instrument = !args.plot_path.empty() || !args.trace_path.empty();
+  const int instrumented_step = static_cast<int>(std::min<int64_t>(1, args.steps - 1));
+  const BothRuns runs = train_both(args, corpus, strategy, instrument);
+  if (runs.interrupted) {
+    std::fprintf(stderr, "ckpt: interrupted; summary of the steps run so far\n");
   }
+  print_summary(args, strategy, runs.baseline, runs.checkpointed ? &*runs.checkpointed : nullptr,
+                instrumented_step);
+  if (!args.json_path.empty()) write_json(args, corpus, strategy, runs, instrumented_step);
+  if (!args.plot_path.empty()) write_plot(args, strategy, runs);
+  if (!args.trace_path.empty()) write_trace(args, strategy, runs);
+  if (!args.json_path.empty()) std::printf("json:  %s\n", args.json_path.c_str());
+  return runs.interrupted ? kExitInterrupted : kExitOk;
 }
 
 StrategyForward strategy_forward(const TrainArgs& args, const Corpus& corpus,

@@ -3,7 +3,9 @@
 #include "corpus.h"
 #include "errors.h"
 #include "gpt.h"
+#include "output_path.h"
 #include "progress.h"
+#include "rank_launcher.h"
 #include "train_strategy.h"
 #include "units.h"
 
@@ -17,9 +19,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,10 +27,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <optional>
-#include <thread>
+#include <sstream>
+#include <utility>
 
 namespace ckpt {
 namespace cli {
@@ -52,10 +51,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long the ranks wait for each other: the rendezvous, and each all-reduce once a rank has
-// died or hangs. Bounds how long the survivors take to stop.
-constexpr std::chrono::seconds kGroupTimeout(60);
 constexpr int kMaxLocalRanks = 64;
+constexpr int64_t kMaxTimeoutSeconds = 86400;
+// Once a local rank has failed, how long the others have past the group's timeout to stop.
+constexpr std::chrono::seconds kStopMargin(30);
 
 // What one run (one rank of the data-parallel training, or the single process) measured.
 struct RankRun {
@@ -79,6 +78,21 @@ double median_after_first(std::vector<double> values) {
 }
 
 void check_distributed_args(const TrainArgs& args) {
+  if (args.ranks_given && args.ranks < 1) {
+    throw UsageError("--ranks must be at least 1 (local processes), but got " +
+                     std::to_string(args.ranks));
+  }
+  if (args.world_size_given && args.world_size < 1) {
+    throw UsageError("--world-size must be at least 1 (processes of the group), but got " +
+                     std::to_string(args.world_size));
+  }
+  if (args.rank_given && args.rank < 0) {
+    throw UsageError("--rank must be at least 0, but got " + std::to_string(args.rank));
+  }
+  if (args.timeout_seconds < 1 || args.timeout_seconds > kMaxTimeoutSeconds) {
+    throw UsageError("--timeout must be between 1 and " + std::to_string(kMaxTimeoutSeconds) +
+                     " seconds, but got " + std::to_string(args.timeout_seconds));
+  }
   if (args.ranks > 0 && args.rank >= 0) {
     throw UsageError(
         "--ranks N starts N local processes; --rank joins an outside group: use one "
@@ -88,10 +102,7 @@ void check_distributed_args(const TrainArgs& args) {
     throw UsageError("--ranks must be at most " + std::to_string(kMaxLocalRanks) +
                      " local processes, but got " + std::to_string(args.ranks));
   }
-  if (args.ranks < 0) {
-    throw UsageError("--ranks must be positive, but got " + std::to_string(args.ranks));
-  }
-  if (args.world_size != 0 && args.rank < 0 && args.ranks == 0) {
+  if (args.world_size_given && !args.rank_given && !args.ranks_given) {
     throw UsageError("--world-size needs --rank, this process's rank in the outside group");
   }
   if (args.rank >= 0 && args.world_size < 1) {
@@ -290,11 +301,80 @@ void write_json(const TrainArgs& args, const Report& report) {
       {"peak_bytes_per_rank", report.peak_per_rank},
       {"peak_ratio", static_cast<double>(largest_peak) /
                          static_cast<double>(std::max<int64_t>(1, report.single.peak()))}};
-  std::ofstream file(args.json_path);
-  if (!(file << document.dump(2) << "\n")) {
-    throw std::runtime_error("--json: cannot write '" + args.json_path + "'");
-  }
+  write_whole_file(args.json_path, document.dump(2) + "\n", "--json");
   std::printf("json:  %s\n", args.json_path.c_str());
+}
+
+// A number as the shortest text that reads back as the same double.
+std::string exact_text(double value) {
+  for (int digits = 6;; ++digits) {
+    std::ostringstream text;
+    text.precision(digits);
+    text << value;
+    if (std::stod(text.str()) == value || digits >= 17) return text.str();
+  }
+}
+
+// The settings every rank must share, one `name=value` line each: with different steps, sizes or
+// text, the collectives would mismatch (Gloo aborts); with a different learning rate or seed, the
+// replicas would drift apart without a word. Threads, output files and the rendezvous are each
+// rank's own.
+std::string shared_settings(const TrainArgs& args, const Corpus& corpus) {
+  uint64_t hash = 1469598103934665603ULL;  // FNV-1a of the text
+  for (const int64_t token : corpus.tokens) {
+    hash = (hash ^ static_cast<uint64_t>(token)) * 1099511628211ULL;
+  }
+  std::ostringstream corpus_text;
+  corpus_text << corpus.tokens.size() << " characters, vocabulary " << corpus.vocabulary.size()
+              << ", FNV-1a " << std::hex << hash;
+  const std::vector<std::pair<std::string, std::string>> settings = {
+      {"--layers", std::to_string(args.layers)},
+      {"--width", std::to_string(args.width)},
+      {"--heads", std::to_string(args.heads)},
+      {"--context", std::to_string(args.context)},
+      {"--batch", std::to_string(args.batch)},
+      {"--steps", std::to_string(args.steps)},
+      {"--strategy", args.strategy},
+      {"--seed", std::to_string(args.seed)},
+      {"--lr", exact_text(args.lr)},
+      {"--dropout", exact_text(args.dropout)},
+      {"--untied", args.untied ? "yes" : "no"},
+      {"--dtype", args.dtype},
+      {"--corpus", corpus_text.str()}};
+  std::string text;
+  for (const auto& [name, value] : settings) text += name + "=" + value + "\n";
+  return text;
+}
+
+// Every rank compares every rank's settings with rank 0's, so that each stops with the same
+// error naming what differs.
+void check_same_settings(const ProcessGroup& group, const TrainArgs& args, const Corpus& corpus) {
+  const std::vector<std::string> all = group.all_gather(shared_settings(args, corpus));
+  const auto lines = [](const std::string& text) {
+    std::vector<std::string> result;
+    std::istringstream stream(text);
+    for (std::string line; std::getline(stream, line);) result.push_back(line);
+    return result;
+  };
+  const std::vector<std::string> reference = lines(all[0]);
+  std::string differences;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const std::string name = reference[i].substr(0, reference[i].find('='));
+    std::string values;
+    bool differs = false;
+    for (size_t rank = 0; rank < all.size(); ++rank) {
+      const std::vector<std::string> theirs = lines(all[rank]);
+      const std::string line = i < theirs.size() ? theirs[i] : name + "=?";
+      differs = differs || line != reference[i];
+      values += (rank == 0 ? "rank " : ", rank ") + std::to_string(rank) + ": " +
+                line.substr(line.find('=') + 1);
+    }
+    if (differs) differences += (differences.empty() ? "" : "; ") + name + " (" + values + ")";
+  }
+  if (!differences.empty()) {
+    throw UsageError("the ranks were started with different settings: " + differences +
+                     ". Start every rank with the same training options");
+  }
 }
 
 // This process as rank `args.rank` of `args.world_size`: trains, gathers, and on rank 0 runs the
@@ -303,12 +383,14 @@ int run_rank(const TrainArgs& given) {
   const TrainArgs args = rank_args(given, static_cast<int>(given.world_size));
   torch::set_num_threads(static_cast<int>(args.threads));
   const Corpus corpus = load_corpus(args.corpus, args.context + 2);
-  const ProcessGroup group = ProcessGroup::join(RendezvousOptions()
-                                                    .master_addr(args.master_addr)
-                                                    .master_port(static_cast<int>(args.master_port))
-                                                    .rank(static_cast<int>(args.rank))
-                                                    .world_size(static_cast<int>(args.world_size))
-                                                    .timeout(kGroupTimeout));
+  const ProcessGroup group =
+      ProcessGroup::join(RendezvousOptions()
+                             .master_addr(args.master_addr)
+                             .master_port(static_cast<int>(args.master_port))
+                             .rank(static_cast<int>(args.rank))
+                             .world_size(static_cast<int>(args.world_size))
+                             .timeout(std::chrono::seconds(args.timeout_seconds)));
+  check_same_settings(group, args, corpus);
   if (group.rank() == 0) {
     std::printf(
         "ckpt train: data-parallel over %d ranks (c10d, Gloo, %s:%lld), batch %lld = %d x "
@@ -337,14 +419,11 @@ int run_rank_reporting(const TrainArgs& args) {
   try {
     return run_rank(args);
   } catch (const UsageError& error) {
-    std::fprintf(stderr, "ckpt: error: %s%s\n", who.c_str(), error.what());
-    return kExitUsage;
+    return report_error(who + error.what(), kExitUsage);
   } catch (const c10::Error& error) {
-    std::fprintf(stderr, "ckpt: error: %s%s\n", who.c_str(), error.what_without_backtrace());
-    return kExitFailure;
+    return report_torch_error(error.what(), error.what_without_backtrace(), who);
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "ckpt: error: %s%s\n", who.c_str(), error.what());
-    return kExitFailure;
+    return report_error(who + error.what(), kExitFailure);
   }
 }
 
@@ -364,63 +443,20 @@ int free_loopback_port() {
   return port;
 }
 
-// Waits for the ranks. Once one has failed, the others get the group's timeout (plus a margin)
-// to stop by themselves, and are then killed: nothing hangs.
-int wait_for_ranks(std::vector<pid_t> children) {
-  int result = kExitOk;
-  std::optional<Clock::time_point> first_failure;
-  while (!children.empty()) {
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      children.erase(std::remove(children.begin(), children.end(), pid), children.end());
-      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : kExitFailure;
-      if (WIFSIGNALED(status)) {
-        std::fprintf(stderr, "ckpt: error: a rank (process %d) was killed by signal %d\n",
-                     static_cast<int>(pid), WTERMSIG(status));
-      }
-      if (code != kExitOk && result == kExitOk) result = code;
-      if (code != kExitOk && !first_failure) first_failure = Clock::now();
-      continue;
-    }
-    if (first_failure && Clock::now() - *first_failure > kGroupTimeout + std::chrono::seconds(30)) {
-      for (const pid_t child : children) kill(child, SIGKILL);
-      std::fprintf(stderr, "ckpt: error: %zu rank(s) did not stop after another failed; killed\n",
-                   children.size());
-      for (const pid_t child : children) waitpid(child, nullptr, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return result;
-}
-
 // --ranks N: N processes on the loopback, forked before this one has done any LibTorch work.
 int launch_local_ranks(const TrainArgs& args) {
   rank_args(args, static_cast<int>(args.ranks));  // a bad --batch fails here, once
   const int port = free_loopback_port();
-  std::fflush(nullptr);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < args.ranks; ++rank) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      for (const pid_t child : children) kill(child, SIGKILL);
-      throw std::runtime_error("cannot start rank " + std::to_string(rank) + " (fork failed)");
-    }
-    if (pid == 0) {
-      TrainArgs own = args;
-      own.rank = rank;
-      own.world_size = args.ranks;
-      own.master_addr = "127.0.0.1";
-      own.master_port = port;
-      own.ranks = 0;
-      const int code = run_rank_reporting(own);
-      std::fflush(nullptr);
-      _exit(code);  // the backends' threads are not joined; the process ends here
-    }
-    children.push_back(pid);
-  }
-  return wait_for_ranks(children);
+  return launch_ranks(static_cast<int>(args.ranks),
+                      std::chrono::seconds(args.timeout_seconds) + kStopMargin, [&](int rank) {
+                        TrainArgs own = args;
+                        own.rank = rank;
+                        own.world_size = args.ranks;
+                        own.master_addr = "127.0.0.1";
+                        own.master_port = port;
+                        own.ranks = 0;
+                        return run_rank_reporting(own);
+                      });
 }
 
 }  // namespace
@@ -438,6 +474,11 @@ void add_distributed_options(CLI::App* train, TrainArgs& args) {
   train->add_option("--master-port", args.master_port, "Port of rank 0's rendezvous store")
       ->capture_default_str();
   train
+      ->add_option("--timeout", args.timeout_seconds,
+                   "Seconds the ranks wait for each other (the rendezvous, each all-reduce) "
+                   "before failing")
+      ->capture_default_str();
+  train
       ->add_option("--dtype", args.dtype,
                    "Weights and activations of a data-parallel run: float32, or float64 to tell "
                    "the method's error from float32 rounding, which AdamW amplifies over steps")
@@ -445,17 +486,24 @@ void add_distributed_options(CLI::App* train, TrainArgs& args) {
       ->capture_default_str();
   // Runs once the whole command line is parsed.
   train->callback([train, &args] {
-    args.dropout_given = train->get_option("--dropout")->count() > 0;
-    if (train->get_option("--dtype")->count() > 0 && !wants_distributed(args)) {
-      throw CLI::ValidationError("--dtype",
-                                 "applies to data-parallel training only (--ranks, "
-                                 "--rank or the torchrun environment)");
+    const auto given = [train](const char* name) { return train->get_option(name)->count() > 0; };
+    args.dropout_given = given("--dropout");
+    args.ranks_given = given("--ranks");
+    args.rank_given = given("--rank");
+    args.world_size_given = given("--world-size");
+    for (const char* name : {"--dtype", "--timeout"}) {
+      if (given(name) && !wants_distributed(args)) {
+        throw CLI::ValidationError(name,
+                                   "applies to data-parallel training only (--ranks, "
+                                   "--rank or the torchrun environment)");
+      }
     }
   });
 }
 
 bool wants_distributed(const TrainArgs& args) {
-  return args.ranks != 0 || args.rank >= 0 || args.world_size != 0 || environment_has_rendezvous();
+  return args.ranks_given || args.rank_given || args.world_size_given ||
+         environment_has_rendezvous();
 }
 
 #ifndef CKPT_CLI_HAVE_DISTRIBUTED
@@ -468,7 +516,7 @@ int run_train_distributed(const TrainArgs&) {
 #else
 int run_train_distributed(const TrainArgs& given) {
   TrainArgs args = given;
-  if (args.ranks == 0 && args.rank < 0) {  // torchrun's environment
+  if (!args.ranks_given && !args.rank_given && !args.world_size_given) {  // torchrun's
     const RendezvousOptions environment = RendezvousOptions::from_environment();
     args.rank = environment.rank();
     args.world_size = environment.world_size();
@@ -478,7 +526,11 @@ int run_train_distributed(const TrainArgs& given) {
   check_distributed_args(args);
   validate_train_args(args, MachineLimits::of_this_machine());
   if (args.ranks > 0) return launch_local_ranks(args);
-  return run_rank_reporting(args);
+  const int code = run_rank_reporting(args);
+  // As a forked rank does: c10d's and Gloo's threads (a connection attempt given up at the
+  // timeout among them) are not joined, and must not run into the static destructors.
+  std::fflush(nullptr);
+  _exit(code);
 }
 #endif
 
