@@ -16,6 +16,8 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/version.h>
 
+#include "version.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -23,11 +25,6 @@
 #include <string>
 #include <type_traits>
 #include <utility>
-
-/// True when the LibTorch being compiled against is at least `major.minor`.
-#define CKPT_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) ||       \
-   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace ckpt {
 namespace compat {
