@@ -125,7 +125,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
 // dense CPU and dense emulated-device tensors are, as dense CPU and CUDA ones are.
 bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
   auto dense = [](const at::Tensor& t) {
-    return t.layout() == c10::kStrided && (t.device().is_cpu() || t.device().is_privateuseone());
+    return t.layout() == c10::kStrided &&
+           (t.device().is_cpu() || t.device().type() == c10::DeviceType::PrivateUse1);
   };
   return (dense(self) && dense(from)) ||
          self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
@@ -136,6 +137,7 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 void register_kernels() {
   // The registrations last as long as their Library objects: kept for the process.
   static torch::Library* kernels = nullptr;
+  static torch::Library* autograd = nullptr;
   static torch::Library* fallback = nullptr;
   if (kernels != nullptr) return;
   constexpr auto key = c10::DispatchKey::PrivateUse1;
@@ -150,6 +152,11 @@ void register_kernels() {
   kernels->impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   kernels->impl("native_dropout", TORCH_FN(native_dropout));
   kernels->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  // A composite-implicit operator with a backend kernel needs one for the backend's autograd key
+  // too (LibTorch 1.13 leaves that key without one).
+  autograd = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1,
+                                __FILE__, __LINE__);
+  autograd->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   fallback = new torch::Library(torch::Library::IMPL, "_", key, __FILE__, __LINE__);
   fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
 }

@@ -4,6 +4,7 @@
 #include <ckpt/emulated_device.h>
 #include <ckpt/memory_tracker.h>
 
+#include "emulated_device/streams.h"
 #include "support/support.h"
 
 #include <ATen/autocast_mode.h>
@@ -245,7 +246,7 @@ TEST(EmulatedDeviceTest, ACopyOnAnotherStreamIsNotThereUntilWaitedFor) {
 }
 
 TEST(EmulatedDeviceTest, ACopyToTheHostOnAnotherStreamIsNotThereUntilSynchronized) {
-  const auto side = guard_impl().getNewStream(dev(1), 0);
+  const auto side = ckpt::emulated_device::detail::new_stream(1);
   const auto source = torch::ones({1000}, on(1));
   auto target = torch::zeros({1000});
   {
@@ -275,18 +276,22 @@ TEST(EmulatedDeviceTest, KernelsOnAStreamRunAfterTheStreamsEarlierWork) {
 }
 
 TEST(EmulatedDeviceTest, EventsTimeTheWorkBetweenThem) {
-  const auto side = guard_impl().getNewStream(dev(0), 0);
-  c10::Event start(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
-  c10::Event stop(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  namespace detail = ckpt::emulated_device::detail;
+  const auto side = detail::new_stream(0);
+  void* start = nullptr;
+  void* stop = nullptr;
   {
     ckpt::emulated_device::StreamHold hold(side);
-    start.record(side);
-    stop.record(side);
+    guard_impl().record(&start, side, 0, c10::EventFlag::BACKEND_DEFAULT);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    EXPECT_FALSE(stop.query());
+    guard_impl().record(&stop, side, 0, c10::EventFlag::BACKEND_DEFAULT);
+    EXPECT_FALSE(guard_impl().queryEvent(stop));
   }
-  stop.synchronize();
-  EXPECT_GE(start.elapsedTime(stop), 0.0);
+  detail::synchronize_event(stop);
+  EXPECT_TRUE(guard_impl().queryEvent(stop));
+  EXPECT_GE(detail::elapsed_milliseconds(start, stop), 0.0);
+  guard_impl().destroyEvent(start, 0);
+  guard_impl().destroyEvent(stop, 0);
 }
 
 // ~~~ Autocast ~~~
