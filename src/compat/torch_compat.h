@@ -148,6 +148,11 @@ class MessageWarningHandler : public c10::WarningHandler {
 /// device-generic accelerator hooks (CUDA, XPU, MPS, HPU, MTIA, PrivateUse1, ...); 1.13 knows CUDA.
 bool device_initialized(c10::DeviceType type);
 
+/// The accelerator type LibTorch uses by default when one is available at run time, as Python's
+/// `torch.accelerator.current_accelerator(check_available=True)`: 2.x asks `at::getAccelerator()`
+/// (a registered PrivateUse1 backend first, then CUDA, XPU, ...); 1.13 knows CUDA.
+c10::optional<c10::DeviceType> current_accelerator();
+
 /// The default random generator of `device` (CPU or any accelerator this LibTorch has hooks for).
 at::Generator default_generator(c10::Device device);
 
