@@ -49,5 +49,13 @@ AutocastScope::~AutocastScope() {
   apply(previous_);
 }
 
+CastCacheOff::CastCacheOff() : previous_(at::autocast::is_autocast_cache_enabled()) {
+  at::autocast::set_autocast_cache_enabled(false);
+}
+
+CastCacheOff::~CastCacheOff() {
+  at::autocast::set_autocast_cache_enabled(previous_);
+}
+
 }  // namespace detail
 }  // namespace ckpt

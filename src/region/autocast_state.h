@@ -52,5 +52,21 @@ class AutocastScope {
   bool active_;
 };
 
+/// Turns autocast's cast cache off for its lifetime, and back to what it was afterwards. A region's
+/// forward and its recompute run with it off: a cast that the cache held from before the region
+/// would give the forward a gradient edge into that cast, which a recompute after the autocast
+/// context ended (and its cache with it) could not reproduce; with it off, both passes cast inside
+/// the region, into the same edges. A weight used twice in a region under autocast is cast twice.
+class CastCacheOff {
+ public:
+  CastCacheOff();
+  ~CastCacheOff();
+  CastCacheOff(const CastCacheOff&) = delete;
+  CastCacheOff& operator=(const CastCacheOff&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace detail
 }  // namespace ckpt

@@ -15,7 +15,8 @@ namespace ckpt {
 namespace detail {
 
 /// For its lifetime: the RNG holds the forward's stashed state (when one was stashed), autocast
-/// is as it was in the forward, `ckpt::is_recomputing()` is true, and the buffers of `modules`
+/// is as it was in the forward (its cast cache off, as in a region's forward),
+/// `ckpt::is_recomputing()` is true, and the buffers of `modules`
 /// are snapshotted. Afterwards the RNG and autocast are put back and the buffers written back,
 /// also when an exception leaves the scope.
 class RecomputeScope {
@@ -31,6 +32,7 @@ class RecomputeScope {
  private:
   c10::optional<RngFork> fork_;
   AutocastScope autocast_;
+  CastCacheOff cast_cache_off_;  // after autocast_, which sets the forward's cache flag
   RecomputeMark mark_;
   BufferGuard buffers_;
 };

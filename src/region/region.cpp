@@ -157,7 +157,8 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
 Region::~Region() = default;
 
 Region::ForwardScope::ForwardScope(Region& region)
-    : grad_mode_(!region.state_->options.use_reentrant()) {
+    : grad_mode_(!region.state_->options.use_reentrant()),
+      cast_cache_off_(std::make_unique<CastCacheOff>()) {
   RegionState& state = *region.state_;
   if (state.kept) {
     // A second run must start from the same random state: without a stash, keep the graph.
