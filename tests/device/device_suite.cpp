@@ -33,7 +33,7 @@ std::optional<std::string> DeviceTest::missing_rng() const {
 std::optional<std::string> DeviceTest::missing_autocast() const {
   if (!compat::autocast_available(type())) {
     return std::string("LibTorch " TORCH_VERSION " has no autocast for ") +
-           c10::DeviceTypeName(type());
+           c10::DeviceTypeName(type(), /*lower_case=*/true);
   }
   return std::nullopt;
 }

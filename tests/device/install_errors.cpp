@@ -14,9 +14,6 @@
 
 namespace {
 
-// Stands for another library's PrivateUse1 backend.
-struct OtherBackend final : c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::PrivateUse1> {};
-
 int expect_error(int devices, const std::string& expected) {
   try {
     ckpt::emulated_device::install(devices);
@@ -34,8 +31,10 @@ int expect_error(int devices, const std::string& expected) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "held") {
-    static c10::impl::DeviceGuardImplRegistrar other(c10::DeviceType::PrivateUse1,
-                                                     new OtherBackend());
+    // Stands for another library's PrivateUse1 backend.
+    static c10::impl::DeviceGuardImplRegistrar other(
+        c10::DeviceType::PrivateUse1,
+        new c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::PrivateUse1>());
     return expect_error(2, "another backend holds c10::DeviceType::PrivateUse1");
   }
   if (mode == "late") {
