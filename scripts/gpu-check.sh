@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU and a Python whose torch is a CUDA build: builds ckpt against
-# that torch's LibTorch, runs the *_CUDA tests (none may skip), and benchmarks the bench models on
+# that torch's LibTorch, runs the device suite's CUDA instances (tests/device: none may skip but
+# those that need two GPUs, on a machine with one), and benchmarks the bench models on
 # the GPU (and one rank of data-parallel training on NCCL): peak memory (the caching allocator's statistics) and step time for no checkpointing,
 # checkpoint_sequential and planned schedules, one table per model.
 #   CKPT_PYTHON  the Python with torch (default: python3)
@@ -21,15 +22,24 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$torch_dir;$torch_dir/share/cmake" -DCKPT_PYTHON="$(command -v "$py")" \
   -DCKPT_BUILD_TOOLS=OFF > "$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" --target ckpt_tests ckpt_distributed_tests compare_bench \
-  2>&1 | tail -n 20
+cmake --build build-gpu -j "$(nproc)" --target ckpt_device_tests ckpt_distributed_tests \
+  compare_bench 2>&1 | tail -n 20
 
-echo "=== CUDA tests"
-./build-gpu/tests/ckpt_tests --gtest_filter='*_CUDA' 2>&1 | tee "$out/cuda-tests.txt"
-if grep -q '\[  SKIPPED \]' "$out/cuda-tests.txt"; then
-  echo "gpu-check: some CUDA tests skipped although a GPU is present" >&2
+echo "=== The device suite on CUDA"
+./build-gpu/tests/ckpt_device_tests --gtest_filter='Devices/*/CUDA' 2>&1 |
+  tee "$out/cuda-tests.txt"
+skipped=$(awk '/^\[  SKIPPED \] Devices\// { sub(/,$/, "", $4); print $4 }' "$out/cuda-tests.txt" |
+  sort -u | wc -l)
+two_gpu=$(grep -c '^needs 2 devices of this type' "$out/cuda-tests.txt" || true)
+if ! grep -q '^\[  PASSED  \]' "$out/cuda-tests.txt" || grep -q '^\[  FAILED  \]' "$out/cuda-tests.txt"; then
+  echo "gpu-check: the device suite failed on CUDA" >&2
   exit 1
 fi
+if [ "$skipped" -ne "$two_gpu" ]; then
+  echo "gpu-check: $((skipped - two_gpu)) CUDA tests skipped although a GPU is present" >&2
+  exit 1
+fi
+[ "$two_gpu" -eq 0 ] || echo "gpu-check: $two_gpu tests skipped: they need two GPUs"
 
 echo "=== Data-parallel training on NCCL, one rank"
 ./build-gpu/tests/ckpt_distributed_tests --gtest_filter='*_CUDA' 2>&1 |

@@ -38,13 +38,16 @@ struct CheckpointOptions {
   TORCH_ARG(bool, debug) = false;
 };
 
-/// The device type whose RNG state is preserved when the tensor arguments of a region sit on no
-/// device other than the CPU, as `torch.utils.checkpoint.DefaultDeviceType` does in Python.
+/// The device type whose RNG and autocast state a region preserves when its tensor arguments sit
+/// on no device other than the CPU, as `torch.utils.checkpoint.DefaultDeviceType` does in
+/// PyTorch's newest Python.
 ///
 /// Among the tensor arguments, CUDA is preferred when several non-CPU device types are present
 /// (with a warning), otherwise the single non-CPU device type found is used.
 struct DefaultDeviceType {
-  /// Sets the fallback device type. Default: `c10::DeviceType::CUDA`.
+  /// Sets the fallback device type. Default: LibTorch's current accelerator when one is
+  /// available at run time (`at::getAccelerator()`: CUDA on a machine with a GPU, a registered
+  /// PrivateUse1 backend before it), else the CPU.
   static void set_device_type(c10::DeviceType type);
   /// Returns the fallback device type.
   static c10::DeviceType get_device_type();

@@ -114,6 +114,19 @@ bool device_initialized(c10::DeviceType type) {
 #endif
 }
 
+c10::optional<c10::DeviceType> current_accelerator() {
+#if CKPT_TORCH_AT_LEAST(2, 3)
+  const auto type = at::accelerator::getAccelerator(/*checked=*/false);
+#else
+  const c10::optional<c10::DeviceType> type =
+      at::hasCUDA() ? c10::make_optional(c10::DeviceType::CUDA) : c10::nullopt;
+#endif
+  // Available at run time: its devices are there (a CUDA build on a machine without a GPU has
+  // none).
+  if (!type || c10::impl::getDeviceGuardImpl(*type)->deviceCount() == 0) return c10::nullopt;
+  return *type;
+}
+
 at::Generator default_generator(c10::Device device) {
   return at::globalContext().defaultGenerator(device);
 }

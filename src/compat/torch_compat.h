@@ -16,6 +16,8 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/version.h>
 
+#include "version.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -23,11 +25,6 @@
 #include <string>
 #include <type_traits>
 #include <utility>
-
-/// True when the LibTorch being compiled against is at least `major.minor`.
-#define CKPT_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) ||       \
-   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace ckpt {
 namespace compat {
@@ -150,6 +147,11 @@ class MessageWarningHandler : public c10::WarningHandler {
 /// Whether the runtime of an accelerator type has been started in this process. 2.x asks the
 /// device-generic accelerator hooks (CUDA, XPU, MPS, HPU, MTIA, PrivateUse1, ...); 1.13 knows CUDA.
 bool device_initialized(c10::DeviceType type);
+
+/// The accelerator type LibTorch uses by default when one is available at run time, as Python's
+/// `torch.accelerator.current_accelerator(check_available=True)`: 2.x asks `at::getAccelerator()`
+/// (a registered PrivateUse1 backend first, then CUDA, XPU, ...); 1.13 knows CUDA.
+c10::optional<c10::DeviceType> current_accelerator();
 
 /// The default random generator of `device` (CPU or any accelerator this LibTorch has hooks for).
 at::Generator default_generator(c10::Device device);

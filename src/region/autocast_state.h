@@ -52,9 +52,11 @@ class AutocastScope {
   bool active_;
 };
 
-/// Turns autocast's cast cache off for its lifetime. Inside a region or a planned stage every
-/// cast is made there: a cached one could come from outside the graph the region walks (an earlier
-/// run of it, or code before it), and one cached under no grad has no history at all.
+/// Turns autocast's cast cache off for its lifetime, and back to what it was afterwards. A region's
+/// forward and its recompute run with it off: a cast that the cache held from before the region
+/// would give the forward a gradient edge into that cast, which a recompute after the autocast
+/// context ended (and its cache with it) could not reproduce; with it off, both passes cast inside
+/// the region, into the same edges. A weight used twice in a region under autocast is cast twice.
 class AutocastCacheOff {
  public:
   AutocastCacheOff();

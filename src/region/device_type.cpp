@@ -2,6 +2,7 @@
 
 #include <ckpt/options.h>
 
+#include "compat/torch_compat.h"
 #include "rng_state.h"
 
 #include <c10/util/Exception.h>
@@ -11,15 +12,18 @@
 
 namespace ckpt {
 namespace {
-std::atomic<c10::DeviceType> g_default_device_type{c10::DeviceType::CUDA};
+// -1 until set: the current accelerator then, as in PyTorch's newest DefaultDeviceType.
+std::atomic<int> g_default_device_type{-1};
 }  // namespace
 
 void DefaultDeviceType::set_device_type(c10::DeviceType type) {
-  g_default_device_type = type;
+  g_default_device_type = static_cast<int>(type);
 }
 
 c10::DeviceType DefaultDeviceType::get_device_type() {
-  return g_default_device_type;
+  const int set = g_default_device_type.load();
+  if (set >= 0) return static_cast<c10::DeviceType>(set);
+  return compat::current_accelerator().value_or(c10::DeviceType::CPU);
 }
 
 namespace detail {

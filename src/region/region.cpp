@@ -209,15 +209,17 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
   const c10::DeviceType device_type = infer_device_type(inputs);
   if (options.preserve_rng_state()) state.rng.emplace(inputs, device_type);
   state.autocast = AutocastState::current(device_type);
+  state.cast_cache_off.emplace();
   state.inputs = std::move(inputs);
   marker_ = std::make_unique<RegionMarker>();
 }
 
-Region::~Region() = default;
+Region::~Region() {
+  state_->cast_cache_off.reset();  // the forward is over
+}
 
 Region::ForwardScope::ForwardScope(Region& region)
-    : grad_mode_(!region.state_->options.use_reentrant()),
-      cache_off_(std::make_unique<AutocastCacheOff>()) {
+    : grad_mode_(!region.state_->options.use_reentrant()) {
   RegionState& state = *region.state_;
   if (state.kept) {
     // A second run must start from the same random state: without a stash, keep the graph. An

@@ -48,6 +48,9 @@ struct RegionState {
   VersionSnapshot versions;
   c10::optional<RngStash> rng;  // empty without preserve_rng_state
   AutocastState autocast;
+  // Autocast's cast cache is off while the region's forward runs: from the Region's construction
+  // to its destruction (see AutocastCacheOff).
+  c10::optional<AutocastCacheOff> cast_cache_off;
   std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
   std::vector<size_t> connected;    // which outputs feed the backward node, by its input number
   RecomputeFn recompute;

@@ -17,6 +17,8 @@ LAYERS = {
     "include/ckpt/execute": 4, "src/execute": 4,
     "include/ckpt/profiler.h": 5, "include/ckpt/memory_tracker.h": 5, "src/measure": 5,
     "include/ckpt/planned_sequential.h": 6, "include/ckpt/ckpt.h": 6,
+    # ckpt::emulated_device: an accelerator for tests, beside ckpt on the LibTorch shim alone.
+    "include/ckpt/emulated_device.h": 0, "src/emulated_device": 0,
     # ckpt::distributed: data-parallel training under any strategy, on top of the whole library.
     "include/ckpt/distributed.h": 6, "src/distributed": 6,
 }
@@ -38,7 +40,7 @@ def included_path(name):
     if name.startswith("ckpt/"):
         return "include/" + name
     if name.split("/")[0] in {"compat", "region", "chains", "plan", "execute", "measure",
-                                  "distributed"}:
+                                  "distributed", "emulated_device"}:
         return "src/" + name
     return None
 

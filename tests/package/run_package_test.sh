@@ -14,3 +14,4 @@ cmake -S "$here/consumer" -B "$work/build" -G "$generator" -DCMAKE_BUILD_TYPE=Re
 cmake --build "$work/build" > "$work/build.log"
 "$work/build/app"
 if [ -x "$work/build/app_distributed" ]; then "$work/build/app_distributed"; fi
+"$work/build/app_emulated_device"

@@ -86,12 +86,14 @@ INSTANTIATE_TEST_SUITE_P(Variants, CheckpointRngTest, ::testing::Values(false, t
                          ckpt::test::VariantName());
 
 TEST(DefaultDeviceTypeTest, SetAndGet) {
-  EXPECT_EQ(ckpt::DefaultDeviceType::get_device_type(), c10::DeviceType::CUDA);
+  // Unset, it is the current accelerator (CUDA with a GPU), else the CPU, as in PyTorch's newest.
+  const auto fallback = ckpt::compat::current_accelerator().value_or(c10::DeviceType::CPU);
+  EXPECT_EQ(ckpt::DefaultDeviceType::get_device_type(), fallback);
   ckpt::DefaultDeviceType::set_device_type(c10::DeviceType::Meta);
   EXPECT_EQ(ckpt::DefaultDeviceType::get_device_type(), c10::DeviceType::Meta);
   // With only CPU tensors, the default device type is the one inferred.
   EXPECT_EQ(ckpt::detail::infer_device_type({torch::randn({1})}), c10::DeviceType::Meta);
-  ckpt::DefaultDeviceType::set_device_type(c10::DeviceType::CUDA);
+  ckpt::DefaultDeviceType::set_device_type(fallback);
 }
 
 TEST(DefaultDeviceTypeTest, InfersTheDeviceTypeOfNonCpuArguments) {

@@ -1,4 +1,5 @@
-// Test entry point. Tests named *_CUDA skip themselves (CKPT_SKIP_WITHOUT_CUDA) without a GPU.
+// Test entry point. Tests named *_CUDA skip themselves without a GPU; the device tests have their
+// own (tests/device/main.cpp).
 
 #include <gtest/gtest.h>
 

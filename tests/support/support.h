@@ -90,13 +90,6 @@ class WarningCapture : public ckpt::compat::MessageWarningHandler {
 }  // namespace test
 }  // namespace ckpt
 
-/// Skips the calling test where no CUDA device is present (CI has none; scripts/gpu-check.sh
-/// runs these tests on a machine with one).
-#define CKPT_SKIP_WITHOUT_CUDA()                                                   \
-  do {                                                                             \
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device is present"; \
-  } while (0)
-
 /// Asserts that `statement` throws a c10::Error whose message contains `substring`.
 #define CKPT_EXPECT_THROWS_WITH(statement, substring)                                       \
   do {                                                                                      \

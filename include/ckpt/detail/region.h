@@ -58,7 +58,6 @@ class CachingMode;
 class RecordingMode;
 class DispatchModeGuard;
 class BufferGuard;
-class AutocastCacheOff;
 
 /// One checkpointed call. Construct it just before running the function (it stashes the RNG and
 /// autocast state and marks where the region's autograd graph begins), run the function inside a
@@ -116,7 +115,6 @@ class Region {
 
    private:
     at::AutoGradMode grad_mode_;
-    std::unique_ptr<AutocastCacheOff> cache_off_;
     std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
     std::unique_ptr<DispatchModeGuard> caching_guard_;

@@ -1,0 +1,313 @@
+// The emulated accelerator itself (ckpt::emulated_device): operators on its memory, its allocator's
+// statistics, its generators, the autograd engine's device threads, streams and events, autocast.
+
+#include <ckpt/emulated_device.h>
+#include <ckpt/memory_tracker.h>
+
+#include "emulated_device/streams.h"
+#include "support/support.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+
+#include <chrono>
+#include <thread>
+
+namespace {
+
+using ckpt::test::bit_equal;
+
+c10::Device dev(int index = 0) {
+  return ckpt::emulated_device::device(index);
+}
+
+torch::TensorOptions on(int index = 0) {
+  return torch::TensorOptions().device(dev(index));
+}
+
+const c10::impl::DeviceGuardImplInterface& guard_impl() {
+  return *c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
+}
+
+TEST(EmulatedDeviceTest, InstallIsIdempotentAndKeepsItsDeviceCount) {
+  ckpt::emulated_device::install(2);  // main() installed it with 2 devices
+  EXPECT_TRUE(ckpt::emulated_device::installed());
+  EXPECT_EQ(ckpt::emulated_device::device_count(), 2);
+  EXPECT_EQ(guard_impl().deviceCount(), 2);
+  CKPT_EXPECT_THROWS_WITH(ckpt::emulated_device::install(3), "installed with 2 device(s)");
+  CKPT_EXPECT_THROWS_WITH(ckpt::emulated_device::install(0), "between 1 and 16");
+  CKPT_EXPECT_THROWS_WITH(ckpt::emulated_device::device(2), "out of range");
+  EXPECT_EQ(torch::zeros({1}, on(1)).device().str(), ckpt::emulated_device::name() + ":1");
+}
+
+TEST(EmulatedDeviceTest, OperatorsWithCpuKernelsGiveTheCpuResultsToTheBit) {
+  torch::manual_seed(0);
+  const auto a = torch::randn({8, 16}), b = torch::randn({16, 4});
+  auto f = [](const at::Tensor& x, const at::Tensor& y) {
+    auto h = torch::gelu(x).matmul(y);
+    h = torch::softmax(h, 1) + h.t().contiguous().t() * 2;
+    return torch::cat({h, h.index({torch::indexing::Slice(1, 3)})}, 0).cumsum(0);
+  };
+  const auto on_device = f(a.to(dev()), b.to(dev()));
+  EXPECT_EQ(on_device.device(), dev());
+  EXPECT_TRUE(bit_equal(on_device.cpu(), f(a, b)));
+}
+
+TEST(EmulatedDeviceTest, OperatorsLibTorchComposesForEveryBackendRunTheComposition) {
+  // native_layer_norm has a CPU kernel and a composition for other backends: the device runs the
+  // composition, whose rounding may differ from the CPU kernel's.
+  torch::manual_seed(0);
+  const auto a = torch::randn({8, 16}), w = torch::randn({16});
+  const auto on_device = torch::layer_norm(a.to(dev()), {16}, w.to(dev()));
+  EXPECT_TRUE(ckpt::test::close(on_device.cpu(), torch::layer_norm(a, {16}, w)));
+}
+
+TEST(EmulatedDeviceTest, ViewsAndInPlaceOperatorsShareTheDeviceMemory) {
+  auto x = torch::arange(6, on().dtype(torch::kFloat)).view({2, 3});
+  auto column = x.t().select(0, 1);
+  EXPECT_EQ(column.device(), dev());
+  column.add_(10);
+  EXPECT_TRUE(bit_equal(x.cpu(), torch::tensor({{0.f, 11.f, 2.f}, {3.f, 14.f, 5.f}})));
+  EXPECT_EQ(x.storage().data(), column.storage().data());
+  EXPECT_EQ(x._version(), 1);
+}
+
+TEST(EmulatedDeviceTest, OutVariantsResizeTheDeviceTensor) {
+  auto out = torch::empty({0}, on());
+  const auto a = torch::ones({2, 3}, on()), b = torch::full({2, 3}, 2.f, on());
+  torch::add_out(out, a, b);
+  EXPECT_EQ(out.device(), dev());
+  EXPECT_TRUE(bit_equal(out.cpu(), torch::full({2, 3}, 3.f)));
+  EXPECT_EQ(out.storage().nbytes(), 6 * sizeof(float));
+}
+
+TEST(EmulatedDeviceTest, TensorsMoveBetweenDevicesAndOperatorsRefuseToMixThem) {
+  const auto x = torch::randn({5}, on(0));
+  const auto y = x.to(dev(1));
+  EXPECT_EQ(y.device(), dev(1));
+  EXPECT_TRUE(bit_equal(x.cpu(), y.cpu()));
+  CKPT_EXPECT_THROWS_WITH(x + y, "Expected all tensors to be on the same device");
+  const c10::DeviceGuard guard(dev(1));
+  EXPECT_EQ(torch::empty({1}, torch::TensorOptions().device(c10::DeviceType::PrivateUse1)).device(),
+            dev(1));
+}
+
+TEST(EmulatedDeviceTest, ModulesMoveToTheDeviceAndTrainThere) {
+  torch::manual_seed(0);
+  torch::nn::Linear cpu_layer(4, 3);
+  torch::nn::Linear layer(4, 3);
+  layer->weight.set_data(cpu_layer->weight.detach().clone());
+  layer->bias.set_data(cpu_layer->bias.detach().clone());
+  layer->to(dev(1));
+  EXPECT_EQ(layer->weight.device(), dev(1));
+  const auto x = torch::randn({2, 4});
+  layer(x.to(dev(1))).pow(2).sum().backward();
+  cpu_layer(x).pow(2).sum().backward();
+  EXPECT_EQ(layer->weight.grad().device(), dev(1));
+  EXPECT_TRUE(bit_equal(layer->weight.grad().cpu(), cpu_layer->weight.grad()));
+}
+
+TEST(EmulatedDeviceTest, TheAllocatorKeepsCudaStyleStatistics) {
+  const auto before = ckpt::emulated_device::memory_stats(0);
+  {
+    auto big = torch::empty({1 << 20}, on());  // 4 MiB
+    auto small = torch::empty({1}, on());      // rounded up to 512 bytes
+    const auto now = ckpt::emulated_device::memory_stats(0);
+    EXPECT_EQ(now.allocated_bytes - before.allocated_bytes, (4 << 20) + 512);
+    EXPECT_EQ(now.allocations - before.allocations, 2);
+    EXPECT_EQ(ckpt::emulated_device::memory_stats(1).allocated_bytes,
+              ckpt::emulated_device::memory_stats(1).allocated_bytes);
+  }
+  const auto after = ckpt::emulated_device::memory_stats(0);
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
+  EXPECT_GE(after.peak_allocated_bytes, before.allocated_bytes + (4 << 20) + 512);
+  ckpt::emulated_device::reset_peak_memory(0);
+  EXPECT_EQ(ckpt::emulated_device::memory_stats(0).peak_allocated_bytes, after.allocated_bytes);
+}
+
+TEST(EmulatedDeviceTest, MemoryTrackerReadsItThroughTheDeviceGenericAllocatorInterface) {
+  if (!ckpt::MemoryTracker::can_measure(dev(1))) {
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no device-generic allocator statistics";
+  }
+  ckpt::MemoryTracker tracker(dev(1));
+  const int64_t before = tracker.current_bytes();
+  {
+    auto t = torch::empty({1 << 20}, on(1));
+    EXPECT_EQ(tracker.current_bytes() - before, 4 << 20);
+    EXPECT_EQ(ckpt::emulated_device::memory_stats(1).allocated_bytes, tracker.current_bytes());
+  }
+  EXPECT_EQ(tracker.current_bytes(), before);
+  EXPECT_EQ(tracker.peak_bytes() - before, 4 << 20);
+  tracker.reset_peak();
+  EXPECT_EQ(tracker.peak_bytes(), before);
+}
+
+// ~~~ Generators ~~~
+
+at::Tensor generator_state(at::Generator generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+TEST(EmulatedDeviceTest, DropoutOnADeviceDrawsFromThatDevicesGenerator) {
+  const auto cpu = generator_state(at::detail::getDefaultCPUGenerator());
+  const auto device0 = generator_state(ckpt::emulated_device::default_generator(0));
+  const auto device1 = generator_state(ckpt::emulated_device::default_generator(1));
+  const auto x = torch::ones({1000}, on(0));
+  const auto y = torch::dropout(x, 0.5, /*train=*/true);
+  EXPECT_GT((y == 0).sum().item<int64_t>(), 0);
+  EXPECT_TRUE(bit_equal(generator_state(at::detail::getDefaultCPUGenerator()), cpu));
+  EXPECT_FALSE(bit_equal(generator_state(ckpt::emulated_device::default_generator(0)), device0));
+  EXPECT_TRUE(bit_equal(generator_state(ckpt::emulated_device::default_generator(1)), device1));
+  // The same state gives the same mask again.
+  auto generator = ckpt::emulated_device::default_generator(0);
+  generator.set_state(device0);
+  EXPECT_TRUE(bit_equal(torch::dropout(x, 0.5, true).cpu(), y.cpu()));
+}
+
+TEST(EmulatedDeviceTest, RandomFactoriesDrawFromTheDevicesGenerator) {
+  auto generator = ckpt::emulated_device::default_generator(1);
+  generator.set_current_seed(5);
+  const auto first = torch::randn({16}, on(1));
+  generator.set_current_seed(5);
+  EXPECT_TRUE(bit_equal(torch::randn({16}, on(1)).cpu(), first.cpu()));
+  at::Generator cpu = at::detail::createCPUGenerator(5);
+  CKPT_EXPECT_THROWS_WITH(torch::randn({16}, cpu, on(1)), "generator");
+}
+
+TEST(EmulatedDeviceTest, LibTorchsDeviceGenericCodeFindsTheGenerators) {
+  if (!ckpt::emulated_device::has_accelerator_hooks()) {
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no accelerator hooks for PrivateUse1";
+  }
+  auto generator = ckpt::compat::default_generator(dev(1));
+  EXPECT_EQ(generator.unsafeGetGeneratorImpl(),
+            ckpt::emulated_device::default_generator(1).unsafeGetGeneratorImpl());
+  torch::manual_seed(11);
+  EXPECT_EQ(generator.current_seed(), 11u);
+}
+
+// ~~~ The autograd engine's device threads ~~~
+
+struct RecordThread : torch::autograd::Function<RecordThread> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) {
+    return x * 2;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    backward_thread() = std::this_thread::get_id();
+    return {grads[0] * 2};
+  }
+  static std::thread::id& backward_thread() {
+    static std::thread::id id;
+    return id;
+  }
+};
+
+std::thread::id backward_thread_of(const torch::TensorOptions& options) {
+  const auto x = torch::ones({3}, options).requires_grad_();
+  RecordThread::apply(x).sum().backward();
+  return RecordThread::backward_thread();
+}
+
+TEST(EmulatedDeviceTest, BackwardOfDeviceTensorsRunsOnTheEnginesDeviceThreads) {
+  const auto caller = std::this_thread::get_id();
+  EXPECT_EQ(backward_thread_of(torch::TensorOptions()), caller);  // CPU: the calling thread
+  const auto device0 = backward_thread_of(on(0));
+  const auto device1 = backward_thread_of(on(1));
+  EXPECT_NE(device0, caller);
+  EXPECT_NE(device1, caller);
+  EXPECT_NE(device0, device1);
+  EXPECT_EQ(backward_thread_of(on(0)), device0);
+}
+
+// ~~~ Streams and events ~~~
+
+TEST(EmulatedDeviceTest, ACopyOnAnotherStreamIsNotThereUntilWaitedFor) {
+  const auto side = guard_impl().getStreamFromGlobalPool(dev(0), false);
+  const auto source = torch::ones({1000});
+  auto target = torch::zeros({1000}, on(0));
+  c10::Event copied(c10::DeviceType::PrivateUse1);
+  {
+    ckpt::emulated_device::StreamHold hold(side);
+    {
+      const c10::StreamGuard on_side(side);
+      target.copy_(source, /*non_blocking=*/true);
+      copied.record(side);
+    }
+    // A read on the default stream that does not wait sees the old values.
+    EXPECT_EQ(target.sum().item<float>(), 0.f);
+    EXPECT_FALSE(copied.query());
+  }
+  copied.block(guard_impl().getStream(dev(0)));  // the default stream waits for the copy
+  EXPECT_EQ(target.sum().item<float>(), 1000.f);
+  EXPECT_TRUE(copied.query());
+}
+
+TEST(EmulatedDeviceTest, ACopyToTheHostOnAnotherStreamIsNotThereUntilSynchronized) {
+  const auto side = ckpt::emulated_device::detail::new_stream(1);
+  const auto source = torch::ones({1000}, on(1));
+  auto target = torch::zeros({1000});
+  {
+    ckpt::emulated_device::StreamHold hold(side);
+    const c10::StreamGuard on_side(side);
+    target.copy_(source, /*non_blocking=*/true);
+    EXPECT_EQ(target.sum().item<float>(), 0.f);
+  }
+  guard_impl().synchronizeStream(side);
+  EXPECT_EQ(target.sum().item<float>(), 1000.f);
+}
+
+TEST(EmulatedDeviceTest, KernelsOnAStreamRunAfterTheStreamsEarlierWork) {
+  const auto side = guard_impl().getStreamFromGlobalPool(dev(0), false);
+  const auto source = torch::ones({1000});
+  auto target = torch::zeros({1000}, on(0));
+  const c10::StreamGuard on_side(side);
+  auto hold = std::make_unique<ckpt::emulated_device::StreamHold>(side);
+  target.copy_(source, /*non_blocking=*/true);
+  std::thread releaser([&hold] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    hold.reset();
+  });
+  // The sum runs on the side stream too: it waits for the copy, which waits for the release.
+  EXPECT_EQ(target.sum().item<float>(), 1000.f);
+  releaser.join();
+}
+
+TEST(EmulatedDeviceTest, EventsTimeTheWorkBetweenThem) {
+  namespace detail = ckpt::emulated_device::detail;
+  const auto side = detail::new_stream(0);
+  void* start = nullptr;
+  void* stop = nullptr;
+  {
+    ckpt::emulated_device::StreamHold hold(side);
+    guard_impl().record(&start, side, 0, c10::EventFlag::BACKEND_DEFAULT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    guard_impl().record(&stop, side, 0, c10::EventFlag::BACKEND_DEFAULT);
+    EXPECT_FALSE(guard_impl().queryEvent(stop));
+  }
+  detail::synchronize_event(stop);
+  EXPECT_TRUE(guard_impl().queryEvent(stop));
+  EXPECT_GE(detail::elapsed_milliseconds(start, stop), 0.0);
+  guard_impl().destroyEvent(start, 0);
+  guard_impl().destroyEvent(stop, 0);
+}
+
+// ~~~ Autocast ~~~
+
+TEST(EmulatedDeviceTest, AutocastCastsMatrixProductsOnTheDevice) {
+  if (!ckpt::compat::autocast_available(c10::DeviceType::PrivateUse1)) {
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no autocast for PrivateUse1";
+  }
+  const auto a = torch::randn({4, 4}, on()), b = torch::randn({4, 4}, on());
+  ckpt::compat::set_autocast_enabled(c10::DeviceType::PrivateUse1, true);
+  const auto product = torch::mm(a, b);
+  const auto sum = a + b;
+  ckpt::compat::set_autocast_enabled(c10::DeviceType::PrivateUse1, false);
+  EXPECT_EQ(product.scalar_type(), ckpt::compat::autocast_dtype(c10::DeviceType::PrivateUse1));
+  EXPECT_NE(product.scalar_type(), torch::kFloat);
+  EXPECT_EQ(sum.scalar_type(), torch::kFloat);
+}
+
+}  // namespace
