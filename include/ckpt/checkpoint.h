@@ -45,7 +45,7 @@ decltype(auto) apply_forward(Fn& fn, Tuple& args) {
 
 // Modules among the function and its arguments: a module holder (`torch::nn::Linear`,
 // `torch::nn::AnyModule`, ...) or a `std::shared_ptr` to a module. Modules a lambda captures are
-// out of sight; pass them as arguments to have their buffers restored.
+// out of sight: the region finds their buffer writes by watching operators (Region).
 template <class T>
 auto add_module(int /*prefer*/, const T& value, ModuleList& out)
     -> decltype(value.is_empty(), std::shared_ptr<torch::nn::Module>(value.ptr()), void()) {
@@ -155,9 +155,11 @@ auto checkpoint_checked(const CheckpointOptions& options, F&& fn, Args&&... args
 ///
 /// When `fn` is a module (a holder such as `torch::nn::Sequential`, or a `std::shared_ptr` to
 /// one), or modules are among the arguments, the recompute leaves their buffers as the forward
-/// left them: BatchNorm's running statistics move once per step. A result of a struct type of
-/// your own needs a `ckpt_tensors` function (see docs/user-types.md); without one the call does
-/// not compile.
+/// left them: BatchNorm's running statistics move once per step. State it cannot see (a
+/// TorchScript module's statistics, or those of a module a lambda captures) is found in the first
+/// forward at each call site, with a warning, and put back after each recompute there. A result of
+/// a struct type of your own needs a `ckpt_tensors` function (see docs/user-types.md); without one
+/// the call does not compile.
 ///
 /// Under `torch::NoGradGuard` it simply runs `fn`. See `CheckpointOptions` for the variants and
 /// https://pytorch.org/docs/stable/checkpoint.html for the Python original.

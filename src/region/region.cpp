@@ -6,6 +6,7 @@
 #include "dispatch_mode.h"
 #include "graph.h"
 #include "op_record.h"
+#include "outside_writes.h"
 #include "recompute_scope.h"
 #include "region_state.h"
 #include "selective.h"
@@ -85,10 +86,27 @@ void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) co
   }
 }
 
+namespace {
+
+// The outside state a call site's forward found, where it still exists.
+std::vector<c10::Storage> live_outside_state(CallSite& site) {
+  if (!site.watched_outside_state.load()) return {};
+  const std::lock_guard<std::mutex> lock(site.outside_state_mutex);
+  std::vector<c10::Storage> live;
+  for (const auto& weak : site.outside_state) {
+    if (auto storage = weak.lock()) live.emplace_back(std::move(storage));
+  }
+  return live;
+}
+
+}  // namespace
+
 void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const {
   if (!options.determinism_check() || forward == recomputed) return;
-  TORCH_CHECK(false, "ckpt::checkpoint: the recomputation of the region built a different autograd "
-              "graph (", recomputed.nodes, " operations) than the forward pass (", forward.nodes,
+  TORCH_CHECK(false,
+              "ckpt::checkpoint: the recomputation of the region built a different autograd "
+              "graph (",
+              recomputed.nodes, " operations) than the forward pass (", forward.nodes,
               " operations), so its gradients would not be those of the forward. A module switched "
               "between train() and eval() after the forward pass does this (a validation pass "
               "before the backward, say): ckpt recomputes in the forward's mode the modules it "
@@ -110,6 +128,7 @@ std::vector<at::Tensor> RegionState::run_recompute(
   }
   const RecomputeScope scope(rng, autocast, training, modules);
   const at::AutoGradMode grad_mode(true);
+  const StorageSnapshot outside(outside_state);
   if (!kept && !options.debug()) return recompute(replacement);
   std::optional<ReplayMode> replay;
   std::vector<std::string> recompute_ops;
@@ -181,6 +200,7 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
   RegionState& state = *state_;
   state.options = options;
   state.input_copies = InputCopies(inputs, site_->written_inputs.load());
+  state.outside_state = live_outside_state(*site_);
   for (size_t i = 0; i < inputs.size(); ++i) {
     TORCH_CHECK(!inputs[i].defined() || !inputs[i].is_inference(),
                 "ckpt::checkpoint: tensor argument #", i,
@@ -219,7 +239,7 @@ Region::~Region() {
 }
 
 Region::ForwardScope::ForwardScope(Region& region)
-    : grad_mode_(!region.state_->options.use_reentrant()) {
+    : region_(region), grad_mode_(!region.state_->options.use_reentrant()) {
   RegionState& state = *region.state_;
   if (state.kept) {
     // A second run must start from the same random state: without a stash, keep the graph. An
@@ -234,12 +254,23 @@ Region::ForwardScope::ForwardScope(Region& region)
     recording_ = std::make_unique<RecordingMode>(state.forward_ops);
     recording_guard_ = std::make_unique<DispatchModeGuard>(*recording_);
   }
+  // The first forward at a call site looks for writes into state ckpt was not told about.
+  if (!region.site_->watched_outside_state.load()) {
+    outside_ = std::make_unique<OutsideStateWatch>(state.inputs, state.modules);
+    outside_guard_ = std::make_unique<DispatchModeGuard>(*outside_);
+  }
 }
 
 Region::ForwardScope::~ForwardScope() = default;
 
 void Region::ForwardScope::finished() {
   if (buffers_) buffers_->dismiss();
+  if (outside_) {
+    outside_guard_.reset();
+    std::string first;
+    std::vector<c10::Storage> changed = outside_->changed(first);
+    region_.changed_outside_state(std::move(changed), first);
+  }
 }
 
 bool Region::ForwardScope::failed_on_released_graph(const c10::Error& error) const {
@@ -260,6 +291,28 @@ void Region::prepare_second_forward() {
       "selectively checkpointed region, whose forward lets go of their saved tensors as it goes. "
       "The region ran the function again keeping them, and will keep them at this call site from "
       "now on.");
+}
+
+// What the first forward at a call site found: data outside the region's arguments and modules
+// that its function changed would change again in every recompute.
+void Region::changed_outside_state(std::vector<c10::Storage> changed, const std::string& first) {
+  site_->watched_outside_state.store(true);
+  if (changed.empty()) return;
+  {
+    const std::lock_guard<std::mutex> lock(site_->outside_state_mutex);
+    if (!site_->outside_state.empty()) return;  // another thread's first forward found it
+    for (const auto& storage : changed) {
+      site_->outside_state.emplace_back(storage.getWeakStorageImpl());
+    }
+  }
+  state_->outside_state = std::move(changed);
+  TORCH_WARN("ckpt::checkpoint: the checkpointed function changed ", first,
+             ", which is neither "
+             "one of its arguments nor a buffer of a module ckpt was given: the running "
+             "statistics of a TorchScript module, say, or of a C++ module a lambda captures. A "
+             "recompute would change it a second time, so recomputes at this call site copy it "
+             "before and put it back after. Pass a C++ module as an argument to the region (or "
+             "checkpoint the module itself) to have its buffers restored as its own.");
 }
 
 // The function wrote into a tensor argument that was not copied, so the recompute cannot start

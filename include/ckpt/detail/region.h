@@ -7,11 +7,16 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/Storage.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 namespace torch {
@@ -40,6 +45,12 @@ struct CallSite {
   /// #i, bit 63: #63 and beyond): the region copies them before the function from now on, so
   /// that its recompute starts from their values before the write.
   std::atomic<uint64_t> written_inputs{0};
+  /// A forward here was watched for changes to state ckpt was not told about (the running
+  /// statistics of a TorchScript module, or of a module a lambda captures).
+  std::atomic<bool> watched_outside_state{false};
+  /// The data of that state, which recomputes here copy before and write back after.
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outside_state;
+  std::mutex outside_state_mutex;
 };
 
 /// The call site of the code identified by `code` (the address of a static of its own) running
@@ -58,6 +69,7 @@ class CachingMode;
 class RecordingMode;
 class DispatchModeGuard;
 class BufferGuard;
+class OutsideStateWatch;
 
 /// One checkpointed call. Construct it just before running the function (it stashes the RNG and
 /// autocast state and marks where the region's autograd graph begins), run the function inside a
@@ -114,12 +126,15 @@ class Region {
     bool failed_on_released_graph(const c10::Error& error) const;
 
    private:
+    Region& region_;
     at::AutoGradMode grad_mode_;
     std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
     std::unique_ptr<DispatchModeGuard> caching_guard_;
     std::unique_ptr<RecordingMode> recording_;  // innermost: it sees the calls the cache answers
     std::unique_ptr<DispatchModeGuard> recording_guard_;
+    std::unique_ptr<OutsideStateWatch> outside_;  // innermost: sees every operator called
+    std::unique_ptr<DispatchModeGuard> outside_guard_;
   };
 
  public:
@@ -132,6 +147,7 @@ class Region {
   std::vector<at::Tensor> finish_reentrant(std::vector<at::Tensor> outputs);
   void prepare_second_forward();
   bool wrote_into_inputs_unexpectedly();
+  void changed_outside_state(std::vector<c10::Storage> changed, const std::string& first);
 
   std::shared_ptr<RegionState> state_;
   std::shared_ptr<CallSite> site_;

@@ -1,0 +1,129 @@
+#include "outside_writes.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/nn/module.h>
+
+#include <sstream>
+
+namespace ckpt {
+namespace detail {
+namespace {
+
+const c10::StorageImpl* storage_of(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl()
+                                                  : nullptr;
+}
+
+template <class Visit>
+void for_each_tensor(const c10::IValue& value, Visit visit) {
+  if (value.isTensor()) visit(value.toTensor());
+  if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList().vec()) visit(t);
+  }
+}
+
+// Normalizations that update running statistics in place, which some of their schemas do not
+// mark as written (native_batch_norm's running_mean and running_var).
+bool updates_running_statistics(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  return name.find("batch_norm") != std::string::npos ||
+         name.find("instance_norm") != std::string::npos;
+}
+
+// What ckpt runs itself (copies, comparisons) reaches neither the modes below (a recording or
+// replaying mode counts operators) nor autograd.
+struct ModesOff {
+  c10::impl::ExcludeDispatchKeyGuard off{c10::DispatchKey::Fake};
+  at::NoGradGuard no_grad;
+};
+
+// All of `storage`'s bytes, through a tensor of its own (its own version counter).
+at::Tensor bytes_of(const c10::Storage& storage) {
+  const auto n = static_cast<int64_t>(storage.nbytes());
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
+      .set_(storage, 0, {n}, {1});
+}
+
+}  // namespace
+
+OutsideStateWatch::OutsideStateWatch(const std::vector<at::Tensor>& known,
+                                     const ModuleList& modules) {
+  for (const auto& tensor : known) inside_.insert(storage_of(tensor));
+  for (const auto& module : modules) {
+    for (const auto& tensor : module->parameters()) inside_.insert(storage_of(tensor));
+    for (const auto& tensor : module->buffers()) inside_.insert(storage_of(tensor));
+  }
+}
+
+OutsideStateWatch::~OutsideStateWatch() {
+  if (seen_.empty()) return;
+  const ModesOff off;
+  for (const Seen& seen : seen_) bytes_of(seen.storage).copy_(seen.before);
+}
+
+void OutsideStateWatch::see(const c10::OperatorHandle& op, const at::Tensor& tensor) {
+  const c10::StorageImpl* storage = storage_of(tensor);
+  if (storage == nullptr || tensor.requires_grad() || !inside_.insert(storage).second) return;
+  const ModesOff off;
+  std::ostringstream what;
+  what << "a tensor of shape " << tensor.sizes() << " (" << tensor.scalar_type() << ") that "
+       << operator_label(op.operator_name()) << " wrote into";
+  seen_.push_back({tensor.storage(), bytes_of(tensor.storage()).clone(), what.str()});
+}
+
+void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  const size_t first = stack->size() - arguments.size();
+  const bool updates_statistics = updates_running_statistics(op);
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::AliasInfo* alias = arguments[i].alias_info();
+    if (!updates_statistics && (alias == nullptr || !alias->isWrite())) continue;
+    for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) { see(op, t); });
+  }
+  run(op, stack);
+  // Fresh results (no alias in the schema) belong to the function; views and in-place results
+  // share an argument's data, which keeps its own standing.
+  const auto& returns = schema.returns();
+  const size_t results = std::min(returns.size(), stack->size());
+  for (size_t i = 0; i < results; ++i) {
+    if (returns[i].alias_info() != nullptr) continue;
+    for_each_tensor((*stack)[stack->size() - results + i],
+                    [&](const at::Tensor& t) { inside_.insert(storage_of(t)); });
+  }
+}
+
+std::vector<c10::Storage> OutsideStateWatch::changed(std::string& first) {
+  std::vector<c10::Storage> changed;
+  {
+    const ModesOff off;
+    for (const Seen& seen : seen_) {
+      if (at::equal(bytes_of(seen.storage), seen.before)) continue;
+      if (changed.empty()) first = seen.what;
+      changed.push_back(seen.storage);
+    }
+  }
+  seen_.clear();
+  return changed;
+}
+
+StorageSnapshot::StorageSnapshot(const std::vector<c10::Storage>& storages) {
+  if (storages.empty()) return;
+  const ModesOff off;
+  for (const auto& storage : storages) {
+    aliases_.push_back(bytes_of(storage));
+    saved_.push_back(aliases_.back().clone());
+  }
+}
+
+StorageSnapshot::~StorageSnapshot() {
+  if (aliases_.empty()) return;
+  const ModesOff off;
+  for (size_t i = 0; i < aliases_.size(); ++i) aliases_[i].copy_(saved_[i]);
+}
+
+}  // namespace detail
+}  // namespace ckpt

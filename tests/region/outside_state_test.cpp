@@ -1,0 +1,146 @@
+// Issue 29, item 6: a module ckpt cannot see (a TorchScript module, or a C++ module a lambda
+// captures) updated its BatchNorm statistics in the forward and again in every recompute. The
+// first forward at a call site now looks for writes into such state, warns once, and from then on
+// the recompute puts that state back, so it moves once per step as without checkpointing.
+
+#include <ckpt/ckpt.h>
+#include <ckpt/selective.h>
+
+#include "support/support.h"
+
+#include <torch/csrc/jit/api/module.h>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+using ckpt::test::bit_equal;
+
+// BatchNorm written in TorchScript, as torch::jit::load would give it.
+torch::jit::Module scripted_batch_norm(int64_t features) {
+  torch::jit::Module module("ScriptedBatchNorm");
+  module.register_parameter("weight", torch::rand({features}).requires_grad_(), false);
+  module.register_parameter("bias", torch::rand({features}).requires_grad_(), false);
+  module.register_buffer("running_mean", torch::zeros({features}));
+  module.register_buffer("running_var", torch::ones({features}));
+  module.register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+  module.register_attribute("training", c10::BoolType::get(), true);
+  module.define(R"(
+def forward(self, x):
+    if self.training:
+        self.num_batches_tracked += 1
+    return torch.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
+                            self.training, 0.1, 1e-5, False)
+)");
+  return module;
+}
+
+// Everything a step leaves behind: the input gradients, every parameter gradient, every buffer.
+struct After {
+  std::vector<torch::Tensor> tensors;
+  std::vector<std::string> warnings;
+};
+
+void expect_same(const After& actual, const After& expected) {
+  ASSERT_EQ(actual.tensors.size(), expected.tensors.size());
+  for (size_t i = 0; i < actual.tensors.size(); ++i) {
+    EXPECT_TRUE(bit_equal(actual.tensors[i], expected.tensors[i])) << "tensor #" << i;
+  }
+}
+
+// Four training steps of linear -> scripted BatchNorm -> tanh, the scripted module captured by
+// the lambda; checkpointed with `options` or plain. `Site` gives each test its own call site.
+template <int Site>
+After train_scripted(const c10::optional<ckpt::CheckpointOptions>& options) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(8, 8);
+  torch::jit::Module batch_norm = scripted_batch_norm(8);
+  auto block = [&](const torch::Tensor& x) {
+    return torch::tanh(batch_norm.forward({linear(x)}).toTensor());
+  };
+  After after;
+  ckpt::test::WarningCapture warnings;
+  for (int step = 0; step < 4; ++step) {
+    auto x = torch::randn({6, 8}, torch::requires_grad());
+    auto y = options ? ckpt::checkpoint(*options, block, x) : block(x);
+    y.pow(2).sum().backward();
+    after.tensors.push_back(x.grad());
+  }
+  for (const auto& p : linear->parameters()) after.tensors.push_back(p.grad());
+  for (const auto& p : batch_norm.parameters()) after.tensors.push_back(p.grad());
+  for (const auto& b : batch_norm.buffers()) after.tensors.push_back(b);
+  after.warnings = warnings.messages;
+  return after;
+}
+
+int count_containing(const std::vector<std::string>& messages, const std::string& text) {
+  int n = 0;
+  for (const auto& m : messages) n += m.find(text) != std::string::npos;
+  return n;
+}
+
+TEST(OutsideStateTest, ATorchScriptBatchNormMovesItsStatisticsOncePerStep) {
+  const After plain = train_scripted<0>(c10::nullopt);
+  EXPECT_EQ(plain.tensors.back().item<int64_t>(), 4);  // num_batches_tracked
+  const After checkpointed = train_scripted<1>(ckpt::CheckpointOptions());
+  expect_same(checkpointed, plain);
+  EXPECT_EQ(count_containing(checkpointed.warnings, "neither one of its arguments"), 1)
+      << ::testing::PrintToString(checkpointed.warnings);
+  EXPECT_EQ(count_containing(checkpointed.warnings, "aten::"), 1);
+}
+
+TEST(OutsideStateTest, EveryVariantPutsTheStateBack) {
+  const After plain = train_scripted<0>(c10::nullopt);
+  expect_same(train_scripted<2>(ckpt::CheckpointOptions().use_reentrant(true)), plain);
+  expect_same(train_scripted<3>(ckpt::CheckpointOptions().policy(ckpt::save_matmuls())), plain);
+  // debug(true) compares the recompute's operators with the forward's: the copies the region
+  // makes to put the state back are not among them.
+  expect_same(train_scripted<4>(ckpt::CheckpointOptions().debug(true)), plain);
+}
+
+// A C++ BatchNorm the lambda captures, not passed as an argument: the same, with a warning.
+template <int Site>
+After train_captured(bool checkpointed) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(8, 8);
+  torch::nn::BatchNorm1d batch_norm(8);
+  auto block = [&](const torch::Tensor& x) { return torch::tanh(batch_norm(linear(x))); };
+  After after;
+  ckpt::test::WarningCapture warnings;
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({6, 8}, torch::requires_grad());
+    auto y = checkpointed ? ckpt::checkpoint(block, x) : block(x);
+    y.pow(2).sum().backward();
+    after.tensors.push_back(x.grad());
+  }
+  for (const auto& p : linear->parameters()) after.tensors.push_back(p.grad());
+  for (const auto& p : batch_norm->parameters()) after.tensors.push_back(p.grad());
+  for (const auto& b : batch_norm->buffers()) after.tensors.push_back(b);
+  after.warnings = warnings.messages;
+  return after;
+}
+
+TEST(OutsideStateTest, ACapturedModuleMovesItsStatisticsOncePerStep) {
+  const After checkpointed = train_captured<1>(true);
+  expect_same(checkpointed, train_captured<0>(false));
+  EXPECT_EQ(count_containing(checkpointed.warnings, "Pass a C++ module as an argument"), 1);
+}
+
+// A module passed as an argument is restored by the region itself: nothing to watch, no warning.
+TEST(OutsideStateTest, AModuleArgumentNeedsNoWatching) {
+  torch::nn::Linear linear(8, 8);
+  torch::nn::BatchNorm1d batch_norm(8);
+  ckpt::test::WarningCapture warnings;
+  for (int step = 0; step < 2; ++step) {
+    auto x = torch::randn({6, 8}, torch::requires_grad());
+    auto y = ckpt::checkpoint(
+        [&](const torch::Tensor& t, torch::nn::BatchNorm1d bn) { return bn(linear(t)); }, x,
+        batch_norm);
+    y.pow(2).sum().backward();
+  }
+  EXPECT_EQ(batch_norm->num_batches_tracked.item<int64_t>(), 2);
+  EXPECT_EQ(count_containing(warnings.messages, "neither one of its arguments"), 0);
+}
+
+}  // namespace
