@@ -8,17 +8,22 @@
 #include <torch/arg.h>
 #include <torch/nn/modules/container/any.h>
 
+#include <c10/util/Optional.h>
+
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 namespace ckpt {
 
 /// Options for `profile_chain`.
 struct ProfileOptions {
-  /// Timed repetitions of each stage's forward and backward; the median is kept. Default: 5
-  TORCH_ARG(int, repeats) = 5;
-  /// Untimed repetitions before timing. Default: 1
-  TORCH_ARG(int, warmup) = 1;
+  /// Timed repetitions of each stage's forward and backward; the median is kept. One is enough
+  /// for the memory sizes, which don't vary, and keeps planning to a few plain steps' time; more
+  /// give steadier times. Default: 1
+  TORCH_ARG(int, repeats) = 1;
+  /// Untimed repetitions before timing. Default: 0
+  TORCH_ARG(int, warmup) = 0;
   /// Also measure each stage run as a checkpointed region, which keeps only its output during
   /// the forward and recomputes in its backward, and offer it to the planner as storage option
   /// 1 where it keeps less. Default: true
@@ -67,6 +72,8 @@ int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stag
                                    const ProfileOptions& options = {});
 
 /// The profiler `PlannedSequential` plans with: `profile_chain` and `measure_no_checkpoint_peak`.
+/// The plain step that `profile` runs to calibrate also answers `no_checkpoint_peak` for the same
+/// stages and sample right after it, so planning runs one plain step fewer.
 class MeasuringProfiler : public ChainProfiler {
  public:
   explicit MeasuringProfiler(ProfileOptions options = {}) : options_(options) {}
@@ -76,7 +83,17 @@ class MeasuringProfiler : public ChainProfiler {
                              const at::Tensor& sample_input) override;
 
  private:
+  struct PlainPeak {
+    std::vector<const torch::nn::Module*> stages;
+    const c10::TensorImpl* sample = nullptr;
+    int64_t bytes = 0;
+  };
+  static PlainPeak key_of(const std::vector<torch::nn::AnyModule>& stages,
+                          const at::Tensor& sample_input);
+
   ProfileOptions options_;
+  std::mutex mutex_;
+  c10::optional<PlainPeak> plain_peak_;  // of the last profile, until asked for
 };
 
 }  // namespace ckpt

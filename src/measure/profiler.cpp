@@ -101,6 +101,26 @@ class SwappedGradients {
   std::vector<at::Tensor> params_, saved_;
 };
 
+// Zero gradient buffers for the parameters of `stage` that have none, for its lifetime.
+class GradientBuffers {
+ public:
+  explicit GradientBuffers(const torch::nn::AnyModule& stage) {
+    for (auto& p : stage.ptr()->parameters()) {
+      if (!p.requires_grad() || p.grad().defined()) continue;
+      p.mutable_grad() = at::zeros_like(p);
+      made_.push_back(p);
+    }
+  }
+  ~GradientBuffers() {
+    for (auto& p : made_) p.mutable_grad().reset();
+  }
+  GradientBuffers(const GradientBuffers&) = delete;
+  GradientBuffers& operator=(const GradientBuffers&) = delete;
+
+ private:
+  std::vector<at::Tensor> made_;
+};
+
 // The bytes of the parameter gradients each stage's backward creates (Stage::gradient_bytes): a
 // parameter shared by several stages counts in the last, whose backward runs first.
 std::vector<int64_t> gradient_bytes_per_stage(const std::vector<torch::nn::AnyModule>& stages) {
@@ -136,6 +156,9 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::
     forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
 
     at::Tensor grad_output = at::ones_like(graph.output());
+    // The backward accumulates into buffers made only now, as a step's gradients appear only in
+    // its backward: before, they would lift the forward's peak above the plain step's.
+    const GradientBuffers buffers(stage);
     tracker.reset_peak();
     const int64_t before_backward = tracker.current_bytes();
     compat::synchronize(device);
@@ -220,20 +243,40 @@ void run_plain_step(const std::vector<torch::nn::AnyModule>& stages,
   if (x.requires_grad()) x.backward(at::ones_like(x));
 }
 
+struct PlainStep {
+  double seconds = 0;
+  int64_t peak_bytes = 0;  // above what lived before it
+};
+
+// A plain step from the gradients a training step starts from (none after zero_grad(), or
+// buffers it accumulates into), so that measuring never needs more memory than the step itself.
+PlainStep measure_plain_step(const std::vector<torch::nn::AnyModule>& stages,
+                             const at::Tensor& sample_input, const ProfileOptions& options,
+                             MemoryTracker& tracker) {
+  const SwappedGradients grads(modules_of(stages), options.count_parameter_gradients()
+                                                       ? SwappedGradients::Start::None
+                                                       : SwappedGradients::Start::ZeroBuffers);
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes();
+  compat::synchronize(sample_input.device());
+  const auto start = Clock::now();
+  run_plain_step(stages, sample_input);
+  const double seconds = seconds_since(start, sample_input.device());
+  return {seconds, tracker.peak_bytes() - before};
+}
+
 // Scales the chain's times so that its plain step, as the simulator predicts it, takes the median
 // measured plain step. Stages timed one by one miss what a step shares between them (warm caches,
 // the allocator's free lists) and add what isolating each of them costs. One factor for the whole
-// chain leaves every plan as it was.
+// chain leaves every plan as it was. `plain_peak` gets the steps' peak.
 plan::Chain calibrated_to_step(plan::Chain chain, const std::vector<torch::nn::AnyModule>& stages,
-                               const at::Tensor& sample_input, const ProfileOptions& options) {
-  const SwappedGradients grads(modules_of(stages), SwappedGradients::Start::ZeroBuffers);
+                               const at::Tensor& sample_input, const ProfileOptions& options,
+                               MemoryTracker& tracker, int64_t& plain_peak) {
   std::vector<double> times;
   for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
-    compat::synchronize(sample_input.device());
-    const auto start = Clock::now();
-    run_plain_step(stages, sample_input);
-    const double time = seconds_since(start, sample_input.device());
-    if (r >= options.warmup()) times.push_back(time);
+    const PlainStep step = measure_plain_step(stages, sample_input, options, tracker);
+    plain_peak = std::max(plain_peak, step.peak_bytes);
+    if (r >= options.warmup()) times.push_back(step.seconds);
   }
   const double predicted = plan::simulate(chain, plan::solve_no_checkpoint(chain)).time;
   const double measured = median(times);
@@ -241,25 +284,49 @@ plan::Chain calibrated_to_step(plan::Chain chain, const std::vector<torch::nn::A
   return plan::scale_times(std::move(chain), measured / predicted);
 }
 
-}  // namespace
-
-int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
-                                   const at::Tensor& sample_input, const ProfileOptions& options) {
-  check_can_profile(stages, sample_input, "ckpt::measure_no_checkpoint_peak");
-  MemoryTracker tracker = tracker_for(sample_input.device());
-  const GeneratorStates generators(sample_input.device());
-  const detail::BufferGuard buffers(modules_of(stages), /*active=*/true);
-  const SwappedGradients grads(modules_of(stages), options.count_parameter_gradients()
-                                                       ? SwappedGradients::Start::None
-                                                       : SwappedGradients::Start::ZeroBuffers);
-  tracker.reset_peak();
-  const int64_t before = tracker.current_bytes();
-  run_plain_step(stages, sample_input);
-  return tracker.peak_bytes() - before;
+// Measures one stage on its input into `measured`: the sizes and times of the planner's model,
+// and the storage options that keep less than the plain stage. Returns the stage's output.
+at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
+                         const ProfileOptions& options, MemoryTracker& tracker,
+                         plan::Stage& measured) {
+  const plan::StorageOption full =
+      measure_full_storage(stage, x, input_grad, nullptr, options, tracker);
+  // A region option is worth offering only where it keeps less than the plain stage, and the
+  // selective one only where its policy keeps something more than the checkpointed one.
+  int64_t checkpointed_saved = -1;
+  auto offer = [&](const CheckpointOptions& region, const char* name) {
+    plan::StorageOption option =
+        measure_full_storage(stage, x, input_grad, &region, options, tracker);
+    option.name = name;
+    const bool useful =
+        option.saved_bytes < full.saved_bytes && option.saved_bytes > checkpointed_saved;
+    if (useful) measured.alternatives.push_back(option);
+    return option.saved_bytes;
+  };
+  if (options.checkpointed_option())
+    checkpointed_saved = offer(CheckpointOptions(), "checkpointed");
+  if (options.selective_option()) {
+    offer(CheckpointOptions().policy(options.selective_option()), "selective");
+  }
+  NoGradForward no_grad = measure_no_grad_forward(stage, x, options, tracker);
+  measured.forward_time = no_grad.time;
+  measured.forward_all_time = full.forward_time;
+  measured.backward_time = full.backward_time;
+  measured.output_bytes = storage_bytes(no_grad.output);
+  measured.saved_bytes = std::max(full.saved_bytes, measured.output_bytes);
+  measured.forward_tmp_bytes = std::max<int64_t>(no_grad.tmp_bytes, 0);
+  measured.forward_all_tmp_bytes = full.forward_tmp_bytes;
+  measured.backward_tmp_bytes = full.backward_tmp_bytes;
+  for (auto& option : measured.alternatives) {
+    option.saved_bytes = std::max(option.saved_bytes, measured.output_bytes);
+  }
+  return std::move(no_grad.output);
 }
 
-plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
-                          const at::Tensor& sample_input, const ProfileOptions& options) {
+// profile_chain, and with calibrate_to_step the peak of its plain steps in `plain_peak`.
+plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stages,
+                                  const at::Tensor& sample_input, const ProfileOptions& options,
+                                  int64_t* plain_peak) {
   check_can_profile(stages, sample_input, "ckpt::profile_chain");
   TORCH_CHECK(options.repeats() >= 1, "ckpt::profile_chain: repeats must be at least 1, but got ",
               options.repeats(), ".");
@@ -274,59 +341,69 @@ plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
   at::Tensor x = sample_input.detach();
   for (size_t i = 0; i < stages.size(); ++i) {
     auto stage = stages[i];
-    const SwappedGradients grads({stage.ptr()}, SwappedGradients::Start::ZeroBuffers);
+    const SwappedGradients grads({stage.ptr()}, SwappedGradients::Start::None);
     const bool input_grad = i > 0 ? is_differentiable(x) : sample_input.requires_grad();
     plan::Stage measured{};
-    const plan::StorageOption full =
-        measure_full_storage(stage, x, input_grad, nullptr, options, tracker);
-    // A region option is worth offering only where it keeps less than the plain stage, and the
-    // selective one only where its policy keeps something more than the checkpointed one.
-    int64_t checkpointed_saved = -1;
-    auto offer = [&](const CheckpointOptions& region, const char* name) {
-      plan::StorageOption option =
-          measure_full_storage(stage, x, input_grad, &region, options, tracker);
-      option.name = name;
-      const bool useful =
-          option.saved_bytes < full.saved_bytes && option.saved_bytes > checkpointed_saved;
-      if (useful) measured.alternatives.push_back(option);
-      return option.saved_bytes;
-    };
-    if (options.checkpointed_option()) {
-      checkpointed_saved = offer(CheckpointOptions(), "checkpointed");
-    }
-    if (options.selective_option()) {
-      offer(CheckpointOptions().policy(options.selective_option()), "selective");
-    }
-    const NoGradForward no_grad = measure_no_grad_forward(stage, x, options, tracker);
-    const at::Tensor& output = no_grad.output;
-    const int64_t forward_none_tmp = no_grad.tmp_bytes;
-    measured.forward_time = no_grad.time;
-    measured.forward_all_time = full.forward_time;
-    measured.backward_time = full.backward_time;
-    measured.output_bytes = storage_bytes(output);
-    measured.saved_bytes = std::max(full.saved_bytes, measured.output_bytes);
-    measured.forward_tmp_bytes = std::max<int64_t>(forward_none_tmp, 0);
-    measured.forward_all_tmp_bytes = full.forward_tmp_bytes;
-    measured.backward_tmp_bytes = full.backward_tmp_bytes;
+    x = measure_stage(stage, x, input_grad, options, tracker, measured);
     if (options.count_parameter_gradients()) measured.gradient_bytes = gradient_bytes[i];
-    for (auto& option : measured.alternatives) {
-      option.saved_bytes = std::max(option.saved_bytes, measured.output_bytes);
-    }
     chain.stages.push_back(measured);
-    x = output;
   }
-  return options.calibrate_to_step()
-             ? calibrated_to_step(std::move(chain), stages, sample_input, options)
-             : chain;
+  if (!options.calibrate_to_step()) return chain;
+  x = at::Tensor();  // the last stage's output would sit beside the plain step
+  int64_t peak = 0;
+  chain = calibrated_to_step(std::move(chain), stages, sample_input, options, tracker, peak);
+  if (plain_peak != nullptr) *plain_peak = peak;
+  return chain;
+}
+
+}  // namespace
+
+int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
+                                   const at::Tensor& sample_input, const ProfileOptions& options) {
+  check_can_profile(stages, sample_input, "ckpt::measure_no_checkpoint_peak");
+  MemoryTracker tracker = tracker_for(sample_input.device());
+  const GeneratorStates generators(sample_input.device());
+  const detail::BufferGuard buffers(modules_of(stages), /*active=*/true);
+  return measure_plain_step(stages, sample_input, options, tracker).peak_bytes;
+}
+
+plan::Chain profile_chain(const std::vector<torch::nn::AnyModule>& stages,
+                          const at::Tensor& sample_input, const ProfileOptions& options) {
+  return profile_and_calibrate(stages, sample_input, options, nullptr);
+}
+
+MeasuringProfiler::PlainPeak MeasuringProfiler::key_of(
+    const std::vector<torch::nn::AnyModule>& stages, const at::Tensor& sample_input) {
+  PlainPeak key;
+  for (const auto& stage : stages) key.stages.push_back(stage.ptr().get());
+  key.sample = sample_input.unsafeGetTensorImpl();
+  return key;
 }
 
 plan::Chain MeasuringProfiler::profile(const std::vector<torch::nn::AnyModule>& stages,
                                        const at::Tensor& sample_input) {
-  return profile_chain(stages, sample_input, options_);
+  int64_t peak = -1;
+  plan::Chain chain = profile_and_calibrate(stages, sample_input, options_, &peak);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  plain_peak_.reset();
+  if (peak >= 0) {
+    plain_peak_ = key_of(stages, sample_input);
+    plain_peak_->bytes = peak;
+  }
+  return chain;
 }
 
 int64_t MeasuringProfiler::no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
                                               const at::Tensor& sample_input) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const PlainPeak key = key_of(stages, sample_input);
+    const bool same =
+        plain_peak_ && plain_peak_->stages == key.stages && plain_peak_->sample == key.sample;
+    const int64_t bytes = same ? plain_peak_->bytes : -1;
+    plain_peak_.reset();
+    if (same) return bytes;
+  }
   return measure_no_checkpoint_peak(stages, sample_input, options_);
 }
 

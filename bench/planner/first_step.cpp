@@ -1,0 +1,94 @@
+// What planning costs: the first step of a PlannedSequential (profiling, solving, then the step)
+// against a plain training step of the same chain, in time and in peak memory, for the bench
+// models and ckpt train's GPT (issue 29, item 3). Peaks come from the counting allocator, above
+// what lived before the step; every step starts without parameter gradients (zero_grad()).
+//
+//   first_step [--quick] [--budget 50%]
+
+#include <ckpt/memory_tracker.h>
+#include <ckpt/planned_sequential.h>
+#include <ckpt/profiler.h>
+
+#include "bench_models.h"
+#include "gpt.h"
+
+#include <ATen/ops/randint.h>
+#include <torch/nn/module.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Measured {
+  double seconds = 0;
+  int64_t peak = 0;
+};
+
+Measured measure(torch::nn::Module& model, const std::function<at::Tensor()>& step) {
+  for (auto& p : model.parameters()) p.mutable_grad().reset();
+  ckpt::MemoryTracker tracker;
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes();
+  const auto start = Clock::now();
+  step().backward();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return {seconds, tracker.peak_bytes() - before};
+}
+
+void report(const std::string& name, torch::nn::Sequential chain, const at::Tensor& input,
+            const std::string& budget) {
+  const auto loss = [](const at::Tensor& y) { return y.to(at::kFloat).pow(2).mean(); };
+  Measured plain;
+  for (int i = 0; i < 3; ++i) {  // the last of three: allocator and caches warm
+    plain = measure(*chain, [&] { return loss(chain->forward(input)); });
+  }
+  std::vector<torch::nn::AnyModule> stages;
+  for (const auto& stage : *chain) stages.push_back(stage);
+  const Measured profiling = measure(*chain, [&] {
+    ckpt::profile_chain(stages, input);
+    return at::zeros({1}).requires_grad_().sum();
+  });
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::parse(budget),
+                                  ckpt::PlannedSequentialOptions().fall_back_to_minimum(true));
+  const Measured first = measure(*planned, [&] { return loss(planned(input)); });
+  const Measured second = measure(*planned, [&] { return loss(planned(input)); });
+  std::printf("| %s | %.3f s | %.1f MiB | %.2fx | %.3f s (%.1fx) | %.1f MiB (%.2fx) | %.2fx |\n",
+              name.c_str(), plain.seconds, plain.peak / 1048576.0,
+              static_cast<double>(profiling.peak) / static_cast<double>(plain.peak), first.seconds,
+              first.seconds / plain.seconds, first.peak / 1048576.0,
+              static_cast<double>(first.peak) / static_cast<double>(plain.peak),
+              static_cast<double>(second.peak) / static_cast<double>(plain.peak));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string budget = "50%";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--budget") == 0 && i + 1 < argc) budget = argv[++i];
+  }
+  std::printf("budget %s\n\n", budget.c_str());
+  std::printf(
+      "| model | plain step | plain peak | profile_chain's peak | first planned step | its peak | "
+      "next step's peak |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const char* name : {"mlp", "resnet", "transformer"}) {
+    const auto config = ckpt::models::model_config(name, quick);
+    report(name, ckpt::models::build_model(config), ckpt::models::make_input(config), budget);
+  }
+  ckpt::models::GptConfig gpt;  // ckpt train's defaults
+  gpt.vocab = 65;
+  gpt.layers = quick ? 2 : 8;
+  torch::manual_seed(0);
+  report("gpt (ckpt train)", ckpt::models::make_gpt(gpt),
+         at::randint(gpt.vocab, {8, gpt.context}, at::kLong), budget);
+  return 0;
+}
