@@ -143,4 +143,29 @@ TEST(OutsideStateTest, AModuleArgumentNeedsNoWatching) {
   EXPECT_EQ(count_containing(warnings.messages, "neither one of its arguments"), 0);
 }
 
+// A TorchScript module passed as an argument is no torch::nn::Module either: watched the same way.
+TEST(OutsideStateTest, ATorchScriptModuleArgumentIsWatchedToo) {
+  torch::manual_seed(0);
+  torch::jit::Module batch_norm = scripted_batch_norm(8);
+  torch::jit::Module reference = batch_norm.deepcopy();
+  auto block = [](const torch::Tensor& x, torch::jit::Module module) {
+    return torch::tanh(module.forward({x}).toTensor());
+  };
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({6, 8}, torch::requires_grad());
+    auto plain_x = x.detach().requires_grad_();
+    ckpt::checkpoint(block, x, batch_norm).pow(2).sum().backward();
+    block(plain_x, reference).pow(2).sum().backward();
+    EXPECT_TRUE(bit_equal(x.grad(), plain_x.grad()));
+  }
+  std::vector<torch::Tensor> actual_list, expected_list;
+  for (const auto& b : batch_norm.buffers()) actual_list.push_back(b);
+  for (const auto& b : reference.buffers()) expected_list.push_back(b);
+  ASSERT_EQ(actual_list.size(), 3u);
+  for (size_t i = 0; i < actual_list.size(); ++i) {
+    EXPECT_TRUE(bit_equal(actual_list[i], expected_list[i])) << "buffer " << i;
+  }
+  EXPECT_EQ(actual_list[2].item<int64_t>(), 3);
+}
+
 }  // namespace
