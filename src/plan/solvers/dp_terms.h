@@ -112,6 +112,22 @@ inline int64_t first_forward(const Costs& c, int i) {
   return c.x[static_cast<size_t>(i + 1)] + c.tmp[static_cast<size_t>(i)];
 }
 
+// Case (a)'s terms of the entries starting at i, for each j in (i, L]: the time of Fck_i Fn_{i+1}
+// ... Fn_{j-1} (`prefix[j]`) and their forward peak (`forward[j]`, with forward_input_need's
+// arithmetic).
+inline void fill_forward_input_prefixes(const Costs& c, int i, std::vector<double>& prefix,
+                                        std::vector<int64_t>& forward) {
+  double time = 0.0;
+  int64_t peak = i < c.length ? first_forward(c, i) : 0;
+  for (int j = i + 1; j <= c.length; ++j) {
+    const auto sj = static_cast<size_t>(j);
+    time += c.time[sj - 1];
+    if (j - 1 > i) peak = std::max(peak, c.x[sj - 1] + c.x[sj] + c.tmp[sj - 1]);
+    prefix[sj] = time;
+    forward[sj] = peak;
+  }
+}
+
 // What a table entry does first: the loss (the chain is done), forward_all of its first stage
 // (with a storage option), or forward_input and forward_none up to a later stage j.
 enum class Step { Infeasible, Loss, ForwardAll, ForwardInput };

@@ -46,7 +46,7 @@ class ExactProgram {
         forward_(static_cast<size_t>(c_.length) + 1) {
     // Every entry reads entries of shorter intervals: (i + 1, l), (j, l) and (i, j - 1).
     for (int i = c_.length; i >= 0 && completed_; --i) {
-      fill_prefixes(i);
+      fill_forward_input_prefixes(c_, i, prefix_, forward_);
       for (int l = i; l <= c_.length && completed_; l = intervals_.next_end(i, l)) build(i, l);
     }
   }
@@ -82,20 +82,6 @@ class ExactProgram {
     const Breakpoint* found = std::upper_bound(
         first(i, l), last(i, l), m, [](int64_t at, const Breakpoint& p) { return at < p.memory; });
     return found == first(i, l) ? kInfinity : (found - 1)->time;
-  }
-
-  // Case (a)'s terms of the entries starting at i, for each j in (i, L]: the time of Fck_i Fn_{i+1}
-  // ... Fn_{j-1} and their forward peak (forward_input_need's, with its arithmetic).
-  void fill_prefixes(int i) {
-    double prefix = 0.0;
-    int64_t forward = i < c_.length ? detail::first_forward(c_, i) : 0;
-    for (int j = i + 1; j <= c_.length; ++j) {
-      const auto sj = static_cast<size_t>(j);
-      prefix += c_.time[sj - 1];
-      if (j - 1 > i) forward = std::max(forward, c_.x[sj - 1] + c_.x[sj] + c_.tmp[sj - 1]);
-      prefix_[sj] = prefix;
-      forward_[sj] = forward;
-    }
   }
 
   void build(int i, int l) {
@@ -216,7 +202,7 @@ class ExactProgram {
   int64_t work_ = 0;
   std::vector<Breakpoint> pool_;  // every entry's steps
   std::vector<Span> spans_, spans_by_start_;
-  std::vector<double> prefix_;  // fill_prefixes
+  std::vector<double> prefix_;  // fill_forward_input_prefixes
   std::vector<int64_t> forward_;
   std::vector<Breakpoint> envelope_, candidate_, merged_;  // scratch of build()
 };

@@ -131,7 +131,7 @@ class MinMemorySolver {
         forward_(static_cast<size_t>(c_.length) + 1) {
     // Every entry reads entries of shorter intervals: (i + 1, l), (j, l) and (i, j - 1).
     for (int i = c_.length; i >= 0; --i) {
-      fill_prefixes(i);
+      fill_forward_input_prefixes(c_, i, prefix_, forward_);
       for (int l = i; l <= c_.length; l = intervals_.next_end(i, l)) solve(i, l);
     }
   }
@@ -156,20 +156,6 @@ class MinMemorySolver {
 
   static bool better(const MinMemory& a, const MinMemory& b) {
     return a.memory < b.memory || (a.memory == b.memory && a.time < b.time);
-  }
-
-  // Case (a)'s terms of the entries starting at i, for each j in (i, L]: the time of Fck_i Fn_{i+1}
-  // ... Fn_{j-1} and their forward peak (forward_input_need's, with its arithmetic).
-  void fill_prefixes(int i) {
-    double prefix = 0.0;
-    int64_t forward = i < c_.length ? detail::first_forward(c_, i) : 0;
-    for (int j = i + 1; j <= c_.length; ++j) {
-      const auto sj = static_cast<size_t>(j);
-      prefix += c_.time[sj - 1];
-      if (j - 1 > i) forward = std::max(forward, c_.x[sj - 1] + c_.x[sj] + c_.tmp[sj - 1]);
-      prefix_[sj] = prefix;
-      forward_[sj] = forward;
-    }
   }
 
   void solve(int i, int l) {
