@@ -87,8 +87,10 @@ void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) co
 
 void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const {
   if (!options.determinism_check() || forward == recomputed) return;
-  TORCH_CHECK(false, "ckpt::checkpoint: the recomputation of the region built a different autograd "
-              "graph (", recomputed.nodes, " operations) than the forward pass (", forward.nodes,
+  TORCH_CHECK(false,
+              "ckpt::checkpoint: the recomputation of the region built a different autograd "
+              "graph (",
+              recomputed.nodes, " operations) than the forward pass (", forward.nodes,
               " operations), so its gradients would not be those of the forward. A module switched "
               "between train() and eval() after the forward pass does this (a validation pass "
               "before the backward, say): ckpt recomputes in the forward's mode the modules it "
@@ -109,6 +111,7 @@ std::vector<at::Tensor> RegionState::run_recompute(
     replacement = &from_copies;
   }
   const RecomputeScope scope(rng, autocast, training, modules);
+  const LabelScope label(child_label(memory_label, "recompute"));
   const at::AutoGradMode grad_mode(true);
   if (!kept && !options.debug()) return recompute(replacement);
   std::optional<ReplayMode> replay;
@@ -179,6 +182,8 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
                std::shared_ptr<CallSite> site)
     : state_(std::make_shared<RegionState>()), site_(std::move(site)) {
   RegionState& state = *state_;
+  state.memory_label = next_region_label();
+  const LabelScope label(state.memory_label);  // what the region stashes is its own
   state.options = options;
   state.input_copies = InputCopies(inputs, site_->written_inputs.load());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -219,7 +224,7 @@ Region::~Region() {
 }
 
 Region::ForwardScope::ForwardScope(Region& region)
-    : grad_mode_(!region.state_->options.use_reentrant()) {
+    : label_(region.state_->memory_label), grad_mode_(!region.state_->options.use_reentrant()) {
   RegionState& state = *region.state_;
   if (state.kept) {
     // A second run must start from the same random state: without a stash, keep the graph. An
