@@ -1,5 +1,7 @@
 #include "gpt.h"
 
+#include <ckpt/memory_label.h>
+
 #include <torch/torch.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@ namespace models {
 
 torch::Tensor GptStage::probed(const torch::Tensor& input,
                                const std::function<torch::Tensor(const torch::Tensor&)>& body) {
+  const ckpt::MemoryLabel label(name);
   if (probe == nullptr) return body(input);
   probe->on_forward_begin(index);
   torch::Tensor output = body(input);
@@ -92,14 +95,17 @@ torch::nn::Sequential make_gpt(const GptConfig& config) {
   torch::nn::Sequential chain;
   EmbeddingStage embedding(config);
   embedding->index = 0;
+  embedding->name = "embedding";
   chain->push_back(embedding);
   for (int64_t i = 0; i < config.layers; ++i) {
     Block block(config);
     block->index = static_cast<int>(i + 1);
+    block->name = "block " + std::to_string(i + 1);
     chain->push_back(block);
   }
   HeadStage head(config, config.tied ? embedding->token->weight : torch::Tensor());
   head->index = static_cast<int>(config.layers + 1);
+  head->name = "head";
   chain->push_back(head);
 
   // GPT-2 initialisation: N(0, 0.02) weights, zero biases, residual projections scaled by

@@ -41,10 +41,12 @@ struct StageProbe {
   virtual void on_forward_end(int stage, const torch::Tensor& output) = 0;
 };
 
-/// Common part of the stages: an index in the chain and an optional probe.
+/// Common part of the stages: an index in the chain, a name ("embedding", "block 1", ...,
+/// "head": its forward's memory label, see ckpt::MemoryLabel) and an optional probe.
 class GptStage : public torch::nn::Module {
  public:
   int index = 0;
+  std::string name;
   StageProbe* probe = nullptr;
 
  protected:

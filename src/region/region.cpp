@@ -127,6 +127,7 @@ std::vector<at::Tensor> RegionState::run_recompute(
     replacement = &from_copies;
   }
   const RecomputeScope scope(rng, autocast, training, modules);
+  const LabelScope label(child_label(memory_label, "recompute"));
   const at::AutoGradMode grad_mode(true);
   const StorageSnapshot outside(outside_state);
   if (!kept && !options.debug()) return recompute(replacement);
@@ -198,6 +199,8 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
                std::shared_ptr<CallSite> site)
     : state_(std::make_shared<RegionState>()), site_(std::move(site)) {
   RegionState& state = *state_;
+  state.memory_label = next_region_label();
+  const LabelScope label(state.memory_label);  // what the region stashes is its own
   state.options = options;
   state.input_copies = InputCopies(inputs, site_->written_inputs.load());
   state.outside_state = live_outside_state(*site_);
@@ -239,7 +242,9 @@ Region::~Region() {
 }
 
 Region::ForwardScope::ForwardScope(Region& region)
-    : region_(region), grad_mode_(!region.state_->options.use_reentrant()) {
+    : region_(region),
+      label_(region.state_->memory_label),
+      grad_mode_(!region.state_->options.use_reentrant()) {
   RegionState& state = *region.state_;
   if (state.kept) {
     // A second run must start from the same random state: without a stash, keep the graph. An

@@ -54,6 +54,9 @@ struct RegionState {
   std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
   std::vector<size_t> connected;    // which outputs feed the backward node, by its input number
   RecomputeFn recompute;
+  // The region's memory label ("region N" under the caller's); its recompute runs under
+  // "<it>/recompute".
+  std::shared_ptr<LabelNode> memory_label;
   std::unique_ptr<KeptOutputs> kept;     // with a selective policy: what the forward kept
   std::vector<std::string> forward_ops;  // with debug: the operators the forward ran
   bool released = false;

@@ -398,6 +398,60 @@ TEST(Cli, TrainTinyRunHasIdenticalLossCurves) {
   EXPECT_TRUE(phases.count("X"));
 }
 
+// Issue 29, item 7: with --trace, each run's peak is broken down by kind and by label, in the
+// summary, the JSON and the trace; the parts sum to the peak, and the parameters and the AdamW
+// state (two tensors per parameter) are those of the model, tied head counted once.
+TEST(Cli, TrainTraceShowsWhatIsLiveAtEachRunsPeak) {
+  const std::string json_path = work_path("tiny_peak.json");
+  const std::string trace_path = work_path("tiny_peak_trace.json");
+  const Result result =
+      run(kTiny + "--strategy sequential:2 --json " + json_path + " --trace " + trace_path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.out.find("what is live at each run's peak"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("checkpointing can lower only the activations"), std::string::npos)
+      << result.out;
+  const json summary = json::parse(read_text(json_path));
+  const int64_t width = 32, context = 16, vocabulary = summary["config"]["vocabulary"];
+  const int64_t block = 12 * width * width + 13 * width;
+  const int64_t parameters = vocabulary * width + context * width + 2 * block + 2 * width;
+  for (const char* run_name : {"baseline", "checkpointed"}) {
+    SCOPED_TRACE(run_name);
+    const json& peak = summary[run_name]["peak_breakdown"];
+    ASSERT_TRUE(peak.is_object()) << summary[run_name].dump();
+    int64_t sum = peak["parameters_bytes"].get<int64_t>() + peak["gradients_bytes"].get<int64_t>() +
+                  peak["optimizer_state_bytes"].get<int64_t>() + peak["other_bytes"].get<int64_t>();
+    std::set<std::string> labels;
+    for (const json& entry : peak["labels"]) {
+      sum += entry["bytes"].get<int64_t>();
+      labels.insert(entry["label"].get<std::string>());
+    }
+    EXPECT_EQ(sum, peak["peak_bytes"].get<int64_t>());
+    EXPECT_EQ(peak["above_step_start_bytes"], summary[run_name]["peak_bytes"]);
+    EXPECT_EQ(peak["parameters_bytes"].get<int64_t>(), 4 * parameters);
+    EXPECT_EQ(peak["optimizer_state_bytes"].get<int64_t>(), 2 * 4 * parameters);
+    EXPECT_LE(peak["gradients_bytes"].get<int64_t>(), 4 * parameters);
+    EXPECT_GT(peak["activations_bytes"].get<int64_t>(), 0);
+    EXPECT_FALSE(peak["where"].get<std::string>().empty());
+    // The plain run peaks in the backward with block 1's activations live; the checkpointed one
+    // in the backward of its first region (of two), whose recompute is live.
+    if (run_name == std::string("baseline")) {
+      EXPECT_TRUE(labels.count("forward/block 1")) << peak.dump();
+    } else {
+      EXPECT_EQ(peak["where"].get<std::string>().rfind("forward/region 1/recompute/", 0), 0u)
+          << peak.dump();
+    }
+  }
+  const json trace = json::parse(read_text(trace_path));
+  std::set<int> peaks;
+  for (const json& event : trace["traceEvents"]) {
+    if (event["ph"] != "i") continue;
+    EXPECT_EQ(event["name"], "memory peak");
+    EXPECT_GT(event["args"]["peak_bytes"].get<int64_t>(), 0);
+    peaks.insert(event["pid"].get<int>());
+  }
+  EXPECT_EQ(peaks, (std::set<int>{1, 2}));
+}
+
 TEST(Cli, TrainTinyPlannedRunHasIdenticalLossCurves) {
   const std::string json_path = work_path("tiny_planned.json");
   const Result result =

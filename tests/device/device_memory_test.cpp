@@ -33,6 +33,12 @@ TEST_P(DeviceMemoryTest, MemoryTrackerReadsTheDevicesAllocator) {
   EXPECT_EQ(tracker.peak_bytes(), before);
 }
 
+TEST_P(DeviceMemoryTest, PeakBreakdownIsRefusedWithAClearError) {
+  ckpt::MemoryTracker tracker(device());
+  CKPT_EXPECT_THROWS_WITH(tracker.record_breakdown(), "keeps statistics, not blocks");
+  CKPT_EXPECT_THROWS_WITH(tracker.peak_breakdown({}), "call record_breakdown() before the step");
+}
+
 TEST_P(DeviceMemoryTest, CheckpointKeepsNoActivationsOnTheDevice) {
   torch::nn::Sequential block;
   for (int i = 0; i < 8; ++i) block->push_back(torch::nn::Linear(512, 512));

@@ -11,7 +11,7 @@ LAYERS = {
     "src/compat": 0,
     "include/ckpt/detail": 1, "include/ckpt/checkpoint.h": 1, "include/ckpt/options.h": 1,
     "include/ckpt/selective.h": 1,
-    "include/ckpt/recompute.h": 1, "src/region": 1,
+    "include/ckpt/recompute.h": 1, "include/ckpt/memory_label.h": 1, "src/region": 1,
     "include/ckpt/sequential.h": 2, "include/ckpt/modules.h": 2, "src/chains": 2,
     "include/ckpt/plan": 3, "src/plan": 3,
     "include/ckpt/execute": 4, "src/execute": 4,

@@ -2,6 +2,8 @@
 
 // `ckpt train --trace FILE`: Chrome trace JSON (chrome://tracing, https://ui.perfetto.dev).
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,8 +11,8 @@
 namespace ckpt {
 namespace cli {
 
-/// Collects complete events ("ph": "X") and counter samples ("ph": "C") and writes them in the
-/// Trace Event Format. Times are microseconds.
+/// Collects complete events ("ph": "X"), instant events ("ph": "i") and counter samples
+/// ("ph": "C") and writes them in the Trace Event Format. Times are microseconds.
 class ChromeTrace {
  public:
   /// Names a process (one per training run) in the viewer.
@@ -23,6 +25,10 @@ class ChromeTrace {
                 double begin_us, double end_us);
   /// One sample of the counter track `name` (e.g. "memory") with a value in bytes.
   void add_counter(int pid, const std::string& name, double time_us, int64_t value);
+
+  /// An instant event `name` at `time_us` marked across process `pid`, with `args` shown when
+  /// it is selected (the peak's breakdown, say).
+  void add_instant(int pid, const std::string& name, double time_us, nlohmann::json args);
 
   /// The JSON document: {"traceEvents": [...], "displayTimeUnit": "ms"}.
   std::string to_json() const;
@@ -41,6 +47,7 @@ class ChromeTrace {
     double time_us;
     double duration_us;
     int64_t value;
+    nlohmann::json args;  // instant events
   };
   std::vector<Event> events_;
 };

@@ -7,12 +7,14 @@
 #include "gpt.h"
 #include "memory_plot.h"
 #include "output_path.h"
+#include "peak_report.h"
 #include "progress.h"
 #include "train_distributed.h"
 #include "train_recorder.h"
 #include "train_strategy.h"
 #include "units.h"
 
+#include <ckpt/memory_label.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/planned_sequential.h>
 #include <ckpt/sequential.h>
@@ -135,6 +137,8 @@ struct RunResult {
   bool interrupted = false;
   std::vector<std::pair<double, int64_t>> memory_samples;
   std::unique_ptr<StepRecorder> recorder;
+  // --trace: the breakdown of the highest step peak (as peak() chooses) and of the traced step.
+  std::optional<StepPeak> peak_breakdown, traced_breakdown;
   // Planned strategy only.
   int64_t budget_bytes = -1;
   int64_t predicted_peak_bytes = -1;
@@ -256,18 +260,25 @@ double train_step(const Forward& forward, const torch::Tensor& x, const torch::T
   double loss_value = 0;
   Clock::time_point t1, t2, t3;
   {
+    // Memory labels for the peak's breakdown (--trace); the stages label their own forwards.
+    std::optional<MemoryLabel> label(std::in_place, "forward");
     const torch::Tensor logits = forward(x);
     t1 = Clock::now();
+    label.emplace("loss");
     const torch::Tensor loss =
         torch::nn::functional::cross_entropy(logits.view({-1, vocab}), y.view({-1}));
     t2 = Clock::now();
     if (recorder != nullptr) recorder->begin_backward();
+    label.emplace("backward");
     loss.backward();
     t3 = Clock::now();
     if (recorder != nullptr) recorder->end();
     loss_value = loss.item<float>();
   }
-  optimizer.step();
+  {
+    const MemoryLabel label("optimizer");
+    optimizer.step();
+  }
   const Clock::time_point t4 = Clock::now();
   result.peak_bytes.push_back(tracker.peak_bytes() - base_bytes);
   if (recorder != nullptr) {
@@ -282,10 +293,32 @@ double train_step(const Forward& forward, const torch::Tensor& x, const torch::T
   return loss_value;
 }
 
+// After a step: what was live at its peak, kept if the step is the traced one or if its peak is
+// the run's highest so far (the warm-up step is left out, as in RunResult::peak).
+void keep_peak(RunResult& result, int step, int instrumented_step, const MemoryTracker& tracker,
+               const std::vector<torch::Tensor>& parameters,
+               const torch::optim::Optimizer& optimizer) {
+  StepPeak peak;
+  peak.breakdown = tracker.peak_breakdown(parameters, optimizer_state_tensors(optimizer));
+  peak.step = step + 1;
+  peak.base_bytes = tracker.peak_bytes() - result.peak_bytes.back();
+  if (step == instrumented_step) {
+    result.traced_breakdown = peak;
+    if (result.recorder) result.recorder->set_peak(peak.breakdown.time, peak_json(peak));
+  }
+  const auto above_start = [](const StepPeak& p) { return p.breakdown.peak_bytes - p.base_bytes; };
+  if (!result.peak_breakdown || above_start(peak) > above_start(*result.peak_breakdown)) {
+    result.peak_breakdown = std::move(peak);
+  }
+}
+
 RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
                      const std::string& label, bool instrument) {
   RunResult result;
   result.label = label;
+  // Before the model: the first tracker installs the counting allocator, and the parameters
+  // must be its blocks for the peak's breakdown to find them.
+  MemoryTracker tracker;
   const GptConfig config = gpt_config(args, corpus);
   torch::manual_seed(args.seed);
   torch::nn::Sequential chain = make_gpt(config);
@@ -302,7 +335,8 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
   torch::optim::AdamW optimizer(
       parameters,
       torch::optim::AdamWOptions(args.lr).betas(std::make_tuple(0.9, 0.95)).weight_decay(0.1));
-  MemoryTracker tracker;
+  const bool breakdown = !args.trace_path.empty();
+  if (breakdown) tracker.record_breakdown();
   MemorySampler sampler;
   std::mt19937_64 rng(args.seed);
   std::vector<int64_t> inputs, targets;
@@ -319,6 +353,9 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
     const double loss = train_step(forward, to_tensor(inputs, args.batch, args.context),
                                    to_tensor(targets, args.batch, args.context), config.vocab,
                                    optimizer, tracker, record ? &sampler : nullptr, result);
+    if (breakdown && step >= instrumented_step) {
+      keep_peak(result, step, instrumented_step, tracker, parameters, optimizer);
+    }
     const double seconds = result.step_ms.back() / 1e3;
     progress.update(step + 1, loss, static_cast<double>(args.batch * args.context) / seconds,
                     tracker.current_bytes(), result.peak_bytes.back());
@@ -352,7 +389,26 @@ nlohmann::json run_json(const RunResult& run, int instrumented_step) {
     object["schedule"] = run.schedule;
     object["profile"] = run.profile;
   }
+  if (run.peak_breakdown) object["peak_breakdown"] = peak_json(*run.peak_breakdown);
   return object;
+}
+
+// What is live at each run's peak (--trace), and how much of the plain run's peak checkpointing
+// could lower at all.
+void print_peaks(const RunResult& baseline, const RunResult* checkpointed) {
+  if (!baseline.peak_breakdown) return;
+  std::printf("\nwhat is live at each run's peak (all of the process's CPU memory):\n");
+  print_peak(baseline.label, *baseline.peak_breakdown);
+  if (checkpointed != nullptr && checkpointed->peak_breakdown) {
+    print_peak(checkpointed->label, *checkpointed->peak_breakdown);
+  }
+  const MemoryBreakdown& plain = baseline.peak_breakdown->breakdown;
+  const int64_t activations = activation_bytes(plain);
+  std::printf("checkpointing can lower only the activations: %s of the plain peak's %s (%.0f%%)\n",
+              format_bytes(activations).c_str(), format_bytes(plain.peak_bytes).c_str(),
+              plain.peak_bytes > 0
+                  ? 100.0 * static_cast<double>(activations) / static_cast<double>(plain.peak_bytes)
+                  : 0.0);
 }
 
 void print_summary(const TrainArgs& args, const Strategy& strategy, const RunResult& baseline,
@@ -389,6 +445,7 @@ void print_summary(const TrainArgs& args, const Strategy& strategy, const RunRes
   } else {
     std::printf("\n%s run: not started (interrupted)\n", strategy.text.c_str());
   }
+  print_peaks(baseline, checkpointed);
   std::fflush(stdout);
 }
 

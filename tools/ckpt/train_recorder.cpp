@@ -128,6 +128,12 @@ void StepRecorder::on_forward_end(int stage, const torch::Tensor& output) {
   }
 }
 
+void StepRecorder::set_peak(Clock::time_point time, nlohmann::json breakdown) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  peak_us_ = std::chrono::duration<double, std::micro>(time - origin_).count();
+  peak_ = std::move(breakdown);
+}
+
 std::shared_ptr<ExecutionObserver> StepRecorder::observer() {
   return std::make_shared<RecorderObserver>(this);
 }
@@ -189,6 +195,7 @@ void StepRecorder::write_to(ChromeTrace& trace, int pid, const std::string& name
   }
   for (const auto& [seconds, bytes] : memory)
     trace.add_counter(pid, "memory", seconds * 1e6, bytes);
+  if (peak_us_ >= 0) trace.add_instant(pid, "memory peak", peak_us_, peak_);
 }
 
 }  // namespace cli

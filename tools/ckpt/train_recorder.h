@@ -70,6 +70,9 @@ class StepRecorder : public models::StageProbe {
   void on_forward_begin(int stage) override;
   void on_forward_end(int stage, const torch::Tensor& output) override;
 
+  /// The step's memory peak: when it was reached and what was live there, for an instant event.
+  void set_peak(Clock::time_point time, nlohmann::json breakdown);
+
   /// An `ExecutionObserver` that records a planned executor's operations into this recorder.
   std::shared_ptr<ExecutionObserver> observer();
 
@@ -102,6 +105,8 @@ class StepRecorder : public models::StageProbe {
   std::vector<double> forward_begin_us_;
   std::vector<std::pair<int, double>> grad_ready_;  // (i, time) when the gradient of x_i arrived
   std::vector<double> op_begin_us_;
+  double peak_us_ = -1;  // none recorded
+  nlohmann::json peak_;
 };
 
 }  // namespace cli

@@ -3,6 +3,7 @@
 // The non-template core of `ckpt::checkpoint`: the templates in <ckpt/checkpoint.h> find the
 // tensors among arguments and results and hand them to a `Region`, which does the autograd work.
 
+#include <ckpt/memory_label.h>
 #include <ckpt/options.h>
 
 #include <ATen/core/Tensor.h>
@@ -127,6 +128,7 @@ class Region {
 
    private:
     Region& region_;
+    LabelScope label_;  // the region's memory label: "region N" under the caller's
     at::AutoGradMode grad_mode_;
     std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
