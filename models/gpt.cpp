@@ -69,6 +69,16 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   });
 }
 
+void BlockImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  causal_mask_ = causal_mask_.to(device);
+}
+
+void BlockImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  causal_mask_ = causal_mask_.to(device);
+}
+
 HeadStageImpl::HeadStageImpl(const GptConfig& config, torch::Tensor tied_weight)
     : tied_weight_(std::move(tied_weight)) {
   ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.width})));

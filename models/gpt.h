@@ -67,6 +67,11 @@ class BlockImpl : public GptStage {
  public:
   explicit BlockImpl(const GptConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
+  // The causal mask moves with the module. It is no buffer: regions copy every buffer of the
+  // modules they run, as state that a forward may change.
+  using torch::nn::Module::to;
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
   torch::nn::Dropout attention_dropout{nullptr}, residual_dropout{nullptr};

@@ -2,8 +2,10 @@
 # On a machine with an NVIDIA GPU and a Python whose torch is a CUDA build: builds ckpt against
 # that torch's LibTorch, runs the device suite's CUDA instances (tests/device: none may skip but
 # those that need two GPUs, on a machine with one), and benchmarks the bench models on
-# the GPU (and one rank of data-parallel training on NCCL): peak memory (the caching allocator's statistics) and step time for no checkpointing,
-# checkpoint_sequential and planned schedules, one table per model.
+# the GPU (and one rank of data-parallel training on NCCL, and `ckpt train --device cuda`, whose
+# checkpointed losses must be its plain run's, bit for bit): peak memory (the caching allocator's
+# statistics) and step time for no checkpointing, checkpoint_sequential and planned schedules, one
+# table per model.
 #   CKPT_PYTHON  the Python with torch (default: python3)
 #   OUT          where the results go (default: ./gpu-check)
 # Needs cmake, a C++17 compiler, GoogleTest, CLI11, nlohmann-json and Gloo's headers (libgloo-dev:
@@ -21,9 +23,9 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$torch_dir;$torch_dir/share/cmake" -DCKPT_PYTHON="$(command -v "$py")" \
-  -DCKPT_BUILD_TOOLS=OFF > "$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
+  -DCKPT_BUILD_TOOLS=ON > "$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" --target ckpt_device_tests ckpt_distributed_tests \
-  compare_bench 2>&1 | tail -n 20
+  compare_bench ckpt_cli 2>&1 | tail -n 20
 
 echo "=== The device suite on CUDA"
 ./build-gpu/tests/ckpt_device_tests --gtest_filter='Devices/*/CUDA' 2>&1 |
@@ -49,6 +51,15 @@ if grep -q '\[  SKIPPED \]' "$out/distributed-tests.txt" ||
   echo "gpu-check: the NCCL data-parallel test did not pass although a GPU is present" >&2
   exit 1
 fi
+
+echo "=== ckpt train --device cuda: the checkpointed runs' losses against the plain run's"
+for strategy in sequential:4 selective budget:35%; do
+  json="$out/train-cuda-${strategy%%:*}.json"
+  ./build-gpu/tools/ckpt/ckpt train --device cuda --steps 20 --strategy "$strategy" \
+    --json "$json" 2>>"$out/train-cuda-progress.txt" | tee -a "$out/train-cuda.txt"
+  "$py" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["identical_losses"] else 1)' \
+    "$json" || { echo "gpu-check: ckpt train --device cuda --strategy $strategy: losses differ" >&2; exit 1; }
+done
 
 echo "=== GPU benchmark"
 ./build-gpu/bench/compare_bench --device cuda --no-python --no-rss \

@@ -584,7 +584,89 @@ TEST(Cli, BenchRefusesDevicesItCannotUse) {
   expect_refused("bench --quick --no-python --device foo/cuda", 2,
                  "--device 'foo/cuda' is not a device");
   expect_refused("bench --quick --no-python --device cuda:99", 2, "--device cuda:99: this machine");
-  expect_refused("bench --quick --no-python --device meta", 2, "runs on cpu or cuda[:N] only");
+  expect_refused("bench --quick --no-python --device meta", 2,
+                 "ckpt runs on cpu, cuda[:N] or emulated[:N] only");
+}
+
+// ~~~ --device: the emulated accelerator (LibTorch 2.9+) ~~~
+
+// Both runs of `ckpt train --device emulated[:N]` on the device: the same loss bits, with dropout,
+// for the default variant, the reentrant one, a selective policy and a planned schedule; device
+// memory measured (the checkpointed peak below the plain one).
+json train_on_device(const std::string& strategy, const std::string& device,
+                     const std::string& extra = "") {
+  const std::string json_path = work_path("device_" + strategy.substr(0, strategy.find(':')) + "_" +
+                                          device.substr(device.find(':') + 1) + ".json");
+  const Result result = run(kTiny + "--dropout 0.2 --strategy " + strategy + " --device " + device +
+                            " --json " + json_path + " " + extra);
+  EXPECT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.out.find("device:   " + device), std::string::npos) << result.out;
+  return json::parse(read_text(json_path));
+}
+
+void expect_same_losses_and_less_memory(const json& summary) {
+  EXPECT_TRUE(summary["identical_losses"].get<bool>())
+      << summary["baseline"]["losses"] << " " << summary["checkpointed"]["losses"];
+  EXPECT_EQ(summary["baseline"]["losses"].size(), 4u);
+  EXPECT_GT(summary["baseline"]["peak_bytes"].get<int64_t>(), 0);
+  EXPECT_LT(summary["checkpointed"]["peak_bytes"].get<int64_t>(),
+            summary["baseline"]["peak_bytes"].get<int64_t>());
+}
+
+TEST(Cli, TrainOnTheEmulatedDeviceHasThePlainRunsLosses) {
+  if (!CKPT_EMULATED_DEVICE_HOOKS) GTEST_SKIP() << "the emulated device needs LibTorch 2.9+";
+  const json sequential = train_on_device("sequential:2", "emulated:1");
+  expect_same_losses_and_less_memory(sequential);
+  EXPECT_EQ(sequential["config"]["device"], "emulated:1");
+  expect_same_losses_and_less_memory(train_on_device("selective", "emulated:0"));
+  expect_same_losses_and_less_memory(train_on_device("budget:min", "emulated"));
+}
+
+// The instrumented step samples the device's memory; the chain is profiled on the device.
+TEST(Cli, TrainOnTheEmulatedDeviceDrawsItsMemory) {
+  if (!CKPT_EMULATED_DEVICE_HOOKS) GTEST_SKIP() << "the emulated device needs LibTorch 2.9+";
+  const std::string plot_path = work_path("device_memory.svg");
+  const std::string chain_path = work_path("device_chain.json");
+  const json summary = train_on_device("sequential:3", "emulated:0",
+                                       "--plot " + plot_path + " --chain " + chain_path);
+  EXPECT_TRUE(summary["identical_losses"].get<bool>());
+  EXPECT_NE(read_text(plot_path).find("polyline"), std::string::npos);
+  const json measured = json::parse(read_text(chain_path));
+  ASSERT_EQ(measured["stages"].size(), 4u);
+  EXPECT_GT(measured["stages"][1]["saved_bytes"].get<int64_t>(), 0);
+}
+
+TEST(Cli, TrainRefusesDevicesItCannotUse) {
+  expect_refused(kTiny + "--device foo/bar", 2, "--device 'foo/bar' is not a device");
+  expect_refused(kTiny + "--device meta", 2, "ckpt runs on cpu, cuda[:N] or emulated[:N] only");
+  expect_refused(kTiny + "--device cuda:99", 2, "--device cuda:99: ");
+  if (CKPT_EMULATED_DEVICE_HOOKS) {
+    expect_refused(kTiny + "--device emulated:2", 2,
+                   "--device emulated:2: there are 2 emulated device(s), emulated:0 to emulated:1");
+    expect_refused(kTiny + "--device emulated --ranks 2", 2,
+                   "data-parallel training (--ranks, --rank or the torchrun environment) runs on "
+                   "the CPU only");
+  } else {
+    expect_refused(kTiny + "--device emulated", 2,
+                   "--device emulated: the emulated device needs LibTorch 2.9 or later");
+  }
+}
+
+TEST(Cli, BenchRunsOnTheEmulatedDevice) {
+  if (!CKPT_EMULATED_DEVICE_HOOKS) GTEST_SKIP() << "the emulated device needs LibTorch 2.9+";
+  const std::string path = work_path("bench_device.json");
+  const Result result =
+      run("bench --quick --no-python --models mlp --device emulated --json " + path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  const json rows = json::parse(read_text(path))["rows"];
+  int64_t none_peak = 0, smallest_peak = 0;
+  for (const json& row : rows) {
+    const int64_t peak = row["peak_bytes"].get<int64_t>();
+    if (row["method"] == "none") none_peak = peak;
+    if (peak > 0 && (smallest_peak == 0 || peak < smallest_peak)) smallest_peak = peak;
+  }
+  EXPECT_GT(none_peak, 0);
+  EXPECT_LT(smallest_peak, none_peak);  // the device's memory, as checkpointing lowers it
 }
 
 TEST(Cli, BenchRejectsUnknownModel) {

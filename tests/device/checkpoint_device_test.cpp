@@ -130,6 +130,17 @@ TEST_P(CheckpointDeviceTest, ChainsGiveThePlainGradients) {
   ckpt::Checkpointed wrapped(chain);
   expect_exact(
       *chain, input, [&](const at::Tensor& x) { return wrapped(x); }, plain);
+  // A selective policy keeps the products and recomputes dropout: its masks are replayed.
+  const auto selective = ckpt::CheckpointOptions().policy(ckpt::save_matmuls());
+  for (const int64_t segments : {int64_t{2}, int64_t{6}}) {
+    SCOPED_TRACE("selective, " + std::to_string(segments) + " segment(s)");
+    expect_exact(
+        *chain, input,
+        [&](const at::Tensor& x) {
+          return ckpt::checkpoint_sequential(chain, segments, x, selective);
+        },
+        plain);
+  }
 }
 
 TEST_P(CheckpointDeviceTest, PlannedSequentialGivesThePlainGradients) {

@@ -1,21 +1,17 @@
 #include "bench_command.h"
 
+#include "device_option.h"
 #include "errors.h"
 #include "output_path.h"
 #include "svg_chart.h"
 #include "train_args.h"
 #include "units.h"
 
-#include <c10/core/Device.h>
-#include <c10/util/Exception.h>
-#include <torch/cuda.h>
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
 #include <iostream>
-#include <optional>
 #include <stdexcept>
 
 #ifdef CKPT_CLI_HAVE_BENCH
@@ -42,7 +38,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
   command->add_flag("--quick", args.quick, "Small sizes and few steps (a smoke test)");
   command
       ->add_option("--device", args.device,
-                   "Device of the C++ methods: cpu, cuda, cuda:1, ... (Python runs on the CPU)")
+                   std::string("Device of the C++ methods: ") + kDeviceChoices +
+                       " (emulated: ckpt's emulated accelerator; Python runs on the CPU only)")
       ->capture_default_str();
   command->add_flag("--no-python", args.no_python, "Skip torch.utils.checkpoint");
   command->add_flag("--no-planned", args.no_planned, "Skip ckpt's planned schedules");
@@ -151,40 +148,14 @@ std::vector<Chart> bench_charts(const std::vector<bench::BenchRow>& rows) {
 }  // namespace
 #endif
 
-namespace {
-
-// `--device`: the CPU, or a CUDA device this machine has.
-void validate_device(const std::string& text) {
-  std::optional<c10::Device> device;
-  try {
-    device = c10::Device(text);
-  } catch (const c10::Error&) {
-    throw UsageError("--device '" + text + "' is not a device; use cpu, cuda or cuda:N");
-  }
-  if (device->is_cpu()) return;
-  if (!device->is_cuda()) {
-    throw UsageError("--device " + text + ": the benchmark runs on cpu or cuda[:N] only");
-  }
-  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
-  if (count == 0) {
-    throw UsageError("--device " + text +
-                     ": this machine (or this LibTorch) has no CUDA device; use --device cpu");
-  }
-  if (device->has_index() && device->index() >= count) {
-    throw UsageError("--device " + text + ": this machine has " + std::to_string(count) +
-                     " CUDA device(s), cuda:0 to cuda:" + std::to_string(count - 1));
-  }
-}
-
-}  // namespace
-
-int run_bench(const BenchArgs& args) {
+int run_bench(const BenchArgs& given) {
+  BenchArgs args = given;
   if (args.steps < 1)
     throw UsageError("--steps must be a positive integer, but got " + std::to_string(args.steps));
   if (args.warmup < 0)
     throw UsageError("--warmup must be >= 0, but got " + std::to_string(args.warmup));
   validate_threads(args.threads, MachineLimits::of_this_machine(), "--threads");
-  validate_device(args.device);
+  args.device = parse_device_option(args.device).str();
   for (const std::string& model : args.models) {
     if (model != "mlp" && model != "resnet" && model != "transformer" && model != "small") {
       throw UsageError("--models: unknown model '" + model +

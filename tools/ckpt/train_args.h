@@ -39,6 +39,9 @@ struct TrainArgs {
   int64_t timeout_seconds = 60;  // how long the ranks wait for each other
   bool dropout_given = false;    // a data-parallel run defaults to no dropout
   std::string dtype = "float32";
+  // Where the model trains: "cpu", or an accelerator as run_train normalises it ("cuda:0",
+  // "emulated:1"); see device_option.h.
+  std::string device = "cpu";
 };
 
 /// What the machine offers; the checks compare the options against it.

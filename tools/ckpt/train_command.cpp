@@ -3,6 +3,7 @@
 #include "chain_json.h"
 #include "chrome_trace.h"
 #include "corpus.h"
+#include "device_option.h"
 #include "errors.h"
 #include "gpt.h"
 #include "memory_plot.h"
@@ -20,6 +21,7 @@
 #include <ckpt/sequential.h>
 
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -53,7 +55,8 @@ nlohmann::json config_json(const TrainArgs& args) {
   return {{"layers", args.layers},   {"width", args.width}, {"heads", args.heads},
           {"context", args.context}, {"batch", args.batch}, {"steps", args.steps},
           {"threads", args.threads}, {"seed", args.seed},   {"lr", args.lr},
-          {"dropout", args.dropout}, {"dtype", args.dtype}, {"tied", !args.untied}};
+          {"dropout", args.dropout}, {"dtype", args.dtype}, {"tied", !args.untied},
+          {"device", args.device}};
 }
 
 namespace {
@@ -173,9 +176,11 @@ std::vector<std::string> stage_names(int64_t layers) {
   return names;
 }
 
-torch::Tensor to_tensor(const std::vector<int64_t>& values, int64_t batch, int64_t context) {
-  return torch::from_blob(const_cast<int64_t*>(values.data()), {batch, context}, torch::kLong)
-      .clone();
+// A batch of token ids [batch, context] on the run's device.
+torch::Tensor to_tensor(const std::vector<int64_t>& values, const TrainArgs& args) {
+  return torch::from_blob(const_cast<int64_t*>(values.data()), {args.batch, args.context},
+                          torch::kLong)
+      .to(c10::Device(args.device), /*non_blocking=*/false, /*copy=*/true);
 }
 
 // The measured chain in the format of `ckpt plan --chain`.
@@ -190,7 +195,7 @@ torch::Tensor profiling_batch(const TrainArgs& args, const Corpus& corpus) {
   std::mt19937_64 sample_rng(args.seed ^ 0x5eedULL);
   std::vector<int64_t> inputs, targets;
   sample_batch(corpus, args.batch, args.context, sample_rng, inputs, targets);
-  return to_tensor(inputs, args.batch, args.context);
+  return to_tensor(inputs, args);
 }
 
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
@@ -244,6 +249,12 @@ Forward prepare_strategy(const TrainArgs& args, const Corpus& corpus, const Stra
   return [&chain](const torch::Tensor& x) { return chain->forward(x); };
 }
 
+// Called before each read of the clock: CUDA runs a step's kernels asynchronously. (The emulated
+// device's default stream runs them at once, as the CPU does.)
+void wait_for_device(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
 // One step: forward, loss, backward and the optimizer, timed phase by phase; the instrumented
 // step also records its operations and memory. Returns the loss.
 double train_step(const Forward& forward, const torch::Tensor& x, const torch::Tensor& y,
@@ -263,14 +274,17 @@ double train_step(const Forward& forward, const torch::Tensor& x, const torch::T
     // Memory labels for the peak's breakdown (--trace); the stages label their own forwards.
     std::optional<MemoryLabel> label(std::in_place, "forward");
     const torch::Tensor logits = forward(x);
+    wait_for_device(x.device());
     t1 = Clock::now();
     label.emplace("loss");
     const torch::Tensor loss =
         torch::nn::functional::cross_entropy(logits.view({-1, vocab}), y.view({-1}));
+    wait_for_device(x.device());
     t2 = Clock::now();
     if (recorder != nullptr) recorder->begin_backward();
     label.emplace("backward");
     loss.backward();
+    wait_for_device(x.device());
     t3 = Clock::now();
     if (recorder != nullptr) recorder->end();
     loss_value = loss.item<float>();
@@ -279,6 +293,7 @@ double train_step(const Forward& forward, const torch::Tensor& x, const torch::T
     const MemoryLabel label("optimizer");
     optimizer.step();
   }
+  wait_for_device(x.device());
   const Clock::time_point t4 = Clock::now();
   result.peak_bytes.push_back(tracker.peak_bytes() - base_bytes);
   if (recorder != nullptr) {
@@ -318,10 +333,11 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
   result.label = label;
   // Before the model: the first tracker installs the counting allocator, and the parameters
   // must be its blocks for the peak's breakdown to find them.
-  MemoryTracker tracker;
+  MemoryTracker tracker{c10::Device(args.device)};
   const GptConfig config = gpt_config(args, corpus);
   torch::manual_seed(args.seed);
-  torch::nn::Sequential chain = make_gpt(config);
+  torch::nn::Sequential chain = make_gpt(config);  // on the CPU: the same weights on any device
+  chain->to(c10::Device(args.device));
   chain->train();
   std::vector<torch::Tensor> parameters = chain->parameters();
   const auto clear_grads = [&] {
@@ -335,9 +351,10 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
   torch::optim::AdamW optimizer(
       parameters,
       torch::optim::AdamWOptions(args.lr).betas(std::make_tuple(0.9, 0.95)).weight_decay(0.1));
-  const bool breakdown = !args.trace_path.empty();
+  // The breakdown needs the counting allocator's blocks: on the CPU only.
+  const bool breakdown = !args.trace_path.empty() && tracker.device().is_cpu();
   if (breakdown) tracker.record_breakdown();
-  MemorySampler sampler;
+  MemorySampler sampler(c10::Device(args.device));
   std::mt19937_64 rng(args.seed);
   std::vector<int64_t> inputs, targets;
   const int instrumented_step = static_cast<int>(std::min<int64_t>(1, args.steps - 1));
@@ -350,9 +367,9 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
     sample_batch(corpus, args.batch, args.context, rng, inputs, targets);
     clear_grads();
     const bool record = result.recorder && step == instrumented_step;
-    const double loss = train_step(forward, to_tensor(inputs, args.batch, args.context),
-                                   to_tensor(targets, args.batch, args.context), config.vocab,
-                                   optimizer, tracker, record ? &sampler : nullptr, result);
+    const double loss =
+        train_step(forward, to_tensor(inputs, args), to_tensor(targets, args), config.vocab,
+                   optimizer, tracker, record ? &sampler : nullptr, result);
     if (breakdown && step >= instrumented_step) {
       keep_peak(result, step, instrumented_step, tracker, parameters, optimizer);
     }
@@ -481,6 +498,12 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
           },
           "", "non-negative"))
       ->capture_default_str();
+  command
+      ->add_option("--device", args.device,
+                   std::string("Where both runs train: ") + kDeviceChoices +
+                       " (emulated: ckpt's emulated accelerator, LibTorch 2.9+)")
+      ->type_name("DEVICE")
+      ->capture_default_str();
   command->add_option("--lr", args.lr, "AdamW learning rate")->capture_default_str();
   command->add_option("--dropout", args.dropout, "Dropout probability")->capture_default_str();
   command->add_flag("--untied", args.untied, "Give the head its own weight (default: tied)");
@@ -516,7 +539,17 @@ void print_header(const TrainArgs& args, const Corpus& corpus, const Strategy& s
   std::printf("corpus:   %s (%d files, %zu characters, vocabulary %zu)\n", corpus.source.c_str(),
               corpus.file_count, corpus.tokens.size(), corpus.vocabulary.size());
   std::printf("strategy: %s\n", strategy.text.c_str());
+  std::printf("device:   %s\n", args.device.c_str());
   std::fflush(stdout);
+}
+
+// Peaks are read from the device's allocator statistics (MemoryTracker).
+void check_memory_measurable(const c10::Device& device) {
+  if (MemoryTracker::can_measure(device)) return;
+  throw UsageError("--device " + device.str() +
+                   ": LibTorch " TORCH_VERSION
+                   " can't measure this device's memory, which ckpt train compares; use "
+                   "--device cpu");
 }
 
 struct BothRuns {
@@ -600,8 +633,19 @@ void write_trace(const TrainArgs& args, const Strategy& strategy, const BothRuns
 
 }  // namespace
 
-int run_train(const TrainArgs& args) {
-  if (wants_distributed(args)) return run_train_distributed(args);
+int run_train(const TrainArgs& given) {
+  TrainArgs args = given;
+  const c10::Device device = parse_device_option(args.device);
+  if (wants_distributed(args)) {
+    if (!device.is_cpu()) {
+      throw UsageError("--device " + args.device +
+                       ": data-parallel training (--ranks, --rank or the torchrun environment) "
+                       "runs on the CPU only; leave --device out");
+    }
+    return run_train_distributed(args);
+  }
+  check_memory_measurable(device);
+  args.device = device.str();  // "cuda" -> "cuda:0", as the runs create their tensors
   validate_train_args(args, MachineLimits::of_this_machine());
   const Strategy strategy = parse_strategy(args.strategy, args.layers + 2);
   torch::set_num_threads(static_cast<int>(args.threads));

@@ -24,11 +24,12 @@ namespace cli {
 
 using Clock = std::chrono::steady_clock;
 
-/// Samples `MemoryTracker::current_bytes()` every `period` on its own thread.
+/// Samples `MemoryTracker::current_bytes()` of `device` every `period` on its own thread.
 class MemorySampler {
  public:
-  explicit MemorySampler(std::chrono::microseconds period = std::chrono::microseconds(100))
-      : period_(period) {}
+  explicit MemorySampler(c10::Device device = c10::Device(c10::DeviceType::CPU),
+                         std::chrono::microseconds period = std::chrono::microseconds(100))
+      : period_(period), tracker_(device) {}
   ~MemorySampler() { stop(); }
 
   /// Starts sampling; times are measured from `origin`, sizes above `base_bytes`.
