@@ -2,6 +2,7 @@
 
 #include "bench_models.h"
 #include "process_memory.h"
+#include "strategy.h"
 
 #include <ckpt/memory_tracker.h>
 #include <ckpt/plan/solvers.h>
@@ -246,22 +247,19 @@ Methods sequential_methods(const std::string& name, torch::nn::Sequential model,
     r.forward_count = s == 0 ? n : n + (n / s) * (s - 1);
     return r;
   };
-  add_method(methods, row("none", 0),
-             [model](const torch::Tensor& x) mutable { return model->forward(x); });
+  add_method(methods, row("none", 0), models::chain_forward(models::Strategy{}, model));
   for (const int s : segments) {
     add_method(methods, row("ckpt_sequential", s),
-               [model, s](const torch::Tensor& x) { return checkpoint_sequential(model, s, x); });
-    add_method(methods, row("ckpt_sequential_reentrant", s), [model, s](const torch::Tensor& x) {
-      return checkpoint_sequential(model, s, x, CheckpointOptions().use_reentrant(true));
-    });
-    add_method(methods, row("ckpt_selective", s), [model, s](const torch::Tensor& x) {
-      return checkpoint_sequential(model, s, x, CheckpointOptions().policy(save_matmuls()));
-    });
+               models::chain_forward(models::Strategy::sequential(s), model));
+    add_method(methods, row("ckpt_sequential_reentrant", s),
+               models::chain_forward(models::Strategy::sequential(s, /*reentrant=*/true), model));
+    add_method(methods, row("ckpt_selective", s),
+               models::chain_forward(models::Strategy::selective(s), model));
   }
   for (int s = 2; every_count && s <= n; ++s) {
     if (std::find(segments.begin(), segments.end(), s) != segments.end()) continue;
     add_method(methods, row("ckpt_sequential", s),
-               [model, s](const torch::Tensor& x) { return checkpoint_sequential(model, s, x); });
+               models::chain_forward(models::Strategy::sequential(s), model));
   }
   return methods;
 }

@@ -4,12 +4,14 @@
 //
 // usage: step_program MODEL METHOD STEPS [--quick]
 //   MODEL   mlp, resnet, transformer or small (ckpt bench's models)
-//   METHOD  none | sequential:K | sequential_reentrant:K | planned:BUDGET (e.g. planned:100%)
-//           | selective:K (K segments under save_matmuls()) | intercepted:K (K segments under a
-//           policy that keeps nothing: the dispatch modes' interception alone; prints how many
-//           operator calls the policy saw)
+//   METHOD  a strategy of `ckpt train --strategy` (models/strategy.h): none | sequential:K |
+//           sequential_reentrant:K | selective:K (K segments under save_matmuls()) | budget:B;
+//           planned:BUDGET (e.g. planned:100%), the same as budget:BUDGET; intercepted:K (K
+//           segments under a policy that keeps nothing: the dispatch modes' interception alone;
+//           prints how many operator calls the policy saw)
 
 #include "bench_models.h"
+#include "strategy.h"
 
 #include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
@@ -28,42 +30,37 @@ using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
 int64_t g_policy_calls = 0;  // operator calls the "intercepted" method's policy saw
 
+// The methods are the strategies of `ckpt train --strategy` (models/strategy.h), plus two
+// spellings of this program's own: planned:BUDGET (budget:BUDGET, planned with a profiler fit for
+// callgrind) and intercepted:K (selective:K under a policy that keeps nothing).
 Forward method_forward(const std::string& method, torch::nn::Sequential model,
                        const torch::Tensor& sample) {
-  if (method == "none")
-    return [model](const torch::Tensor& x) mutable { return model->forward(x); };
-  const auto colon = method.find(':');
-  const std::string kind = method.substr(0, colon), value = method.substr(colon + 1);
-  if (colon != std::string::npos && (kind == "sequential" || kind == "sequential_reentrant" ||
-                                     kind == "selective" || kind == "intercepted")) {
-    const int64_t segments = std::stoll(value);
-    auto options = ckpt::CheckpointOptions().use_reentrant(kind == "sequential_reentrant");
-    if (kind == "selective") options.policy(ckpt::save_matmuls());
-    if (kind == "intercepted") {
-      options.policy(ckpt::SelectivePolicy([](const ckpt::OpCall&) {
-        ++g_policy_calls;
-        return ckpt::CheckpointPolicy::PreferRecompute;
-      }));
-    }
-    return [=](const torch::Tensor& x) {
-      return ckpt::checkpoint_sequential(model, segments, x, options);
-    };
-  }
-  if (colon != std::string::npos && kind == "planned") {
+  const bool intercepted = method.rfind("intercepted:", 0) == 0;
+  std::string text = method;
+  if (intercepted) text = "selective:" + method.substr(std::string("intercepted:").size());
+  if (method.rfind("planned:", 0) == 0)
+    text = "budget:" + method.substr(std::string("planned:").size());
+  const auto strategy = ckpt::models::parse_strategy(text, static_cast<int64_t>(model->size()));
+  if (strategy.kind == ckpt::models::Strategy::Kind::Budget) {
     // One repeat per measurement: under callgrind every profiled step is slow, and the plan at
     // the budgets counted here (the plain peak) does not depend on the times.
     const auto profiler = std::make_shared<ckpt::MeasuringProfiler>(
         ckpt::ProfileOptions().repeats(1).warmup(0).calibrate_to_step(false));
-    ckpt::PlannedSequential planned(model, ckpt::Budget::parse(value),
+    ckpt::PlannedSequential planned(model, strategy.budget,
                                     ckpt::PlannedSequentialOptions().profiler(profiler));
     planned->plan(sample);
     std::cerr << "schedule: " << ckpt::plan::to_string(planned->schedule()) << "\n";
     return [planned](const torch::Tensor& x) mutable { return planned->forward(x); };
   }
-  throw std::invalid_argument(
-      "unknown method '" + method +
-      "' (none, sequential:K, sequential_reentrant:K, selective:K, intercepted:K, "
-      "planned:BUDGET)");
+  if (!intercepted) return ckpt::models::chain_forward(strategy, model);
+  auto options = ckpt::models::checkpoint_options(strategy);
+  options.policy(ckpt::SelectivePolicy([](const ckpt::OpCall&) {
+    ++g_policy_calls;
+    return ckpt::CheckpointPolicy::PreferRecompute;
+  }));
+  return [=](const torch::Tensor& x) {
+    return ckpt::checkpoint_sequential(model, strategy.segments, x, options);
+  };
 }
 
 }  // namespace

@@ -315,6 +315,13 @@ TEST(Cli, TrainCorpusErrorsSayWhatIsWrong) {
   expect_refused(kTiny + "--corpus " + path, 1, "holds 4 characters, fewer than the 18");
 }
 
+// The reentrant variant is a strategy of the benchmarks (models/strategy.h), but on the GPT it
+// would train no parameter of the first segment: the loss curves differ.
+TEST(Cli, TrainRefusesTheReentrantVariant) {
+  expect_refused(kTiny + "--strategy sequential_reentrant:2", 2,
+                 "--strategy sequential_reentrant:2: the reentrant variant would leave");
+}
+
 TEST(Cli, TrainRejectsUnknownStrategy) {
   const Result result = run(kTiny + "--strategy magic");
   EXPECT_EQ(result.code, 2);

@@ -3,6 +3,7 @@
 // whole batch, under every checkpointing strategy; each parameter is reduced once per step.
 
 #include "ranks.h"
+#include "strategy.h"
 
 #include <ckpt/checkpoint.h>
 #include <ckpt/distributed.h>
@@ -21,6 +22,7 @@
 
 #include <csignal>
 #include <functional>
+#include <map>
 #include <string>
 
 namespace {
@@ -57,8 +59,13 @@ std::pair<torch::Tensor, torch::Tensor> global_batch(int64_t step) {
 
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
-// How each strategy runs the model. "checkpoint" puts the shared Linear in two regions and the
-// tied weight in a region and outside; "reentrant" keeps each parameter in one region.
+// The strategies that are the program's (`ckpt train --strategy`), by their spelling there.
+const std::map<std::string, std::string> kProgramStrategies = {
+    {"none", "none"}, {"sequential", "sequential:3"}, {"planned", "budget:min"}};
+
+// How each strategy of the test's own runs the model. "checkpoint" puts the shared Linear in two
+// regions and the tied weight in a region and outside; "reentrant" keeps each parameter in one
+// region.
 Forward strategy_forward(const std::string& strategy, const torch::nn::Sequential& holder) {
   const std::shared_ptr<torch::nn::SequentialImpl> model = holder.ptr();
   const auto range = [model](size_t begin, size_t end) {
@@ -68,9 +75,6 @@ Forward strategy_forward(const std::string& strategy, const torch::nn::Sequentia
       return x;
     };
   };
-  if (strategy == "none") {
-    return [model](const torch::Tensor& x) { return model->forward(x); };
-  }
   if (strategy == "checkpoint") {
     return [range](const torch::Tensor& x) {
       const torch::Tensor h = ckpt::checkpoint(range(0, 4), x);
@@ -90,9 +94,6 @@ Forward strategy_forward(const std::string& strategy, const torch::nn::Sequentia
       const torch::Tensor h = ckpt::checkpoint(options, range(2, 4), range(0, 2)(x));
       return range(6, 7)(ckpt::checkpoint(options, range(4, 6), h));
     };
-  }
-  if (strategy == "sequential") {
-    return [holder](const torch::Tensor& x) { return ckpt::checkpoint_sequential(holder, 3, x); };
   }
   if (strategy == "selective") {
     const auto options = ckpt::CheckpointOptions().policy(ckpt::save_matmuls());
@@ -121,15 +122,25 @@ Trained make_trained(const std::string& strategy, const torch::Tensor& sample) {
     trained.forward = [chain = trained.chain](const torch::Tensor& x) mutable {
       return chain->forward(x);
     };
-  } else if (strategy == "planned") {
-    ckpt::PlannedSequential planned(trained.chain, ckpt::Budget::parse("min"));
+    return trained;
+  }
+  const auto program = kProgramStrategies.find(strategy);
+  if (program == kProgramStrategies.end()) {
+    trained.root = trained.chain.ptr();
+    trained.forward = strategy_forward(strategy, trained.chain);
+    return trained;
+  }
+  const auto parsed =
+      ckpt::models::parse_strategy(program->second, static_cast<int64_t>(trained.chain->size()));
+  if (parsed.kind == ckpt::models::Strategy::Kind::Budget) {
+    ckpt::PlannedSequential planned(trained.chain, parsed.budget);
     planned->plan(sample);  // profiles (forward and backward) before any step
     for (auto& param : trained.chain->parameters()) param.mutable_grad().reset();
     trained.root = planned.ptr();
     trained.forward = [planned](const torch::Tensor& x) mutable { return planned->forward(x); };
   } else {
     trained.root = trained.chain.ptr();
-    trained.forward = strategy_forward(strategy, trained.chain);
+    trained.forward = ckpt::models::chain_forward(parsed, trained.chain);
   }
   return trained;
 }

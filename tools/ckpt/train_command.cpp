@@ -10,6 +10,7 @@
 #include "output_path.h"
 #include "peak_report.h"
 #include "progress.h"
+#include "strategy.h"
 #include "train_distributed.h"
 #include "train_recorder.h"
 #include "train_strategy.h"
@@ -84,52 +85,24 @@ class SigintGuard {
   struct sigaction previous_ {};
 };
 
-struct Strategy {
-  enum class Kind { None, Sequential, Selective, Budget } kind = Kind::None;
-  int64_t segments = 0;
-  Budget budget = Budget::minimum();
-  std::string text;
-};
+using models::Strategy;
 
-Strategy parse_strategy(const std::string& text, int64_t stage_count) {
+// `--strategy` for the GPT's chain of layers + 2 stages; UsageError when it is invalid.
+Strategy parse_strategy(const TrainArgs& args) {
   Strategy strategy;
-  strategy.text = text;
-  const auto colon = text.find(':');
-  const std::string name = text.substr(0, colon);
-  const std::string value = colon == std::string::npos ? "" : text.substr(colon + 1);
-  if (name == "none" && colon == std::string::npos) return strategy;
-  if (name == "sequential" || name == "selective") {
-    strategy.kind = name == "sequential" ? Strategy::Kind::Sequential : Strategy::Kind::Selective;
-    if (value.empty() && name == "sequential") {
-      throw UsageError("--strategy sequential:K needs a number of segments K, e.g. sequential:4");
-    }
-    // selective alone: every stage is its own region, as selective recompute runs per layer.
-    strategy.segments =
-        value.empty() ? stage_count : parse_positive_int(value, "--strategy " + name + ":K: K");
-    if (strategy.segments > stage_count) {
-      throw UsageError("--strategy " + text + ": K must be between 1 and the number of stages (" +
-                       std::to_string(stage_count) + " = layers + 2), but got " + value);
-    }
-    return strategy;
+  try {
+    strategy = models::parse_strategy(args.strategy, args.layers + 2, " = layers + 2");
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(error.what());
   }
-  if (name == "budget") {
-    strategy.kind = Strategy::Kind::Budget;
-    if (value.empty()) {
-      throw UsageError(
-          "--strategy budget:B needs a budget, in bytes (budget:64MiB) or as a "
-          "percentage of the no-checkpoint peak (budget:40%)");
-    }
-    try {
-      strategy.budget = Budget::parse(value);
-    } catch (const std::invalid_argument& error) {
-      throw UsageError("--strategy " + text + ": " + error.what());
-    }
-    return strategy;
+  // The reentrant variant differentiates a segment through its inputs only (as PyTorch's does):
+  // the first segment's input, token ids, needs no gradient, so its parameters would not train.
+  if (strategy.reentrant) {
+    throw UsageError("--strategy " + strategy.text +
+                     ": the reentrant variant would leave the first segment's parameters without "
+                     "gradients (its input, token ids, needs none); use sequential:K");
   }
-  throw UsageError("unknown strategy '" + text +
-                   "'; use none, sequential:K (K segments), selective or selective:K (K "
-                   "segments that keep matrix products) or budget:B (B bytes such as 64MiB, or a "
-                   "percentage of the no-checkpoint peak such as 40%)");
+  return strategy;
 }
 
 struct RunResult {
@@ -238,15 +211,7 @@ Forward prepare_strategy(const TrainArgs& args, const Corpus& corpus, const Stra
     write_chain(args.chain_path, ckpt::profile_chain(stages, profiling_batch(args, corpus)));
   }
   if (result.recorder) set_probe(chain, result.recorder.get());
-  if (strategy.kind == Strategy::Kind::Sequential || strategy.kind == Strategy::Kind::Selective) {
-    const CheckpointOptions options = strategy.kind == Strategy::Kind::Selective
-                                          ? CheckpointOptions().policy(save_matmuls())
-                                          : CheckpointOptions();
-    return [&chain, segments = strategy.segments, options](const torch::Tensor& x) {
-      return ckpt::checkpoint_sequential(chain, segments, x, options);
-    };
-  }
-  return [&chain](const torch::Tensor& x) { return chain->forward(x); };
+  return models::chain_forward(strategy, chain);
 }
 
 // Called before each read of the clock: CUDA runs a step's kernels asynchronously. (The emulated
@@ -647,7 +612,7 @@ int run_train(const TrainArgs& given) {
   check_memory_measurable(device);
   args.device = device.str();  // "cuda" -> "cuda:0", as the runs create their tensors
   validate_train_args(args, MachineLimits::of_this_machine());
-  const Strategy strategy = parse_strategy(args.strategy, args.layers + 2);
+  const Strategy strategy = parse_strategy(args);
   torch::set_num_threads(static_cast<int>(args.threads));
   const Corpus corpus = load_corpus(args.corpus, args.context + 2);
   print_header(args, corpus, strategy);
@@ -675,7 +640,7 @@ StrategyForward strategy_forward(const TrainArgs& args, const Corpus& corpus,
     RunResult result;
     Forward forward;
   };
-  const Strategy strategy = parse_strategy(args.strategy, args.layers + 2);
+  const Strategy strategy = parse_strategy(args);
   auto prepared = std::make_shared<Prepared>();
   prepared->result.label = strategy.text;
   prepared->forward =
