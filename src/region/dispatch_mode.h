@@ -7,6 +7,7 @@
 // for DispatchKey::Fake, which LibTorch itself leaves unused (docs/mechanism.md, "Selective
 // checkpointing").
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -16,6 +17,13 @@
 
 namespace ckpt {
 namespace detail {
+
+/// The storage a tensor's data lives in, or null (undefined, or without storage): how modes tell
+/// which tensors share data.
+inline const c10::StorageImpl* storage_of(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl()
+                                                  : nullptr;
+}
 
 /// An operator's name as errors show it: "aten::addmm", "aten::mul.Tensor".
 inline std::string operator_label(const c10::OperatorName& name) {

@@ -12,11 +12,6 @@ namespace ckpt {
 namespace detail {
 namespace {
 
-const c10::StorageImpl* storage_of(const at::Tensor& tensor) {
-  return tensor.defined() && tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl()
-                                                  : nullptr;
-}
-
 template <class Visit>
 void for_each_tensor(const c10::IValue& value, Visit visit) {
   if (value.isTensor()) visit(value.toTensor());

@@ -61,11 +61,6 @@ at::Tensor untracked_alias(const at::Tensor& tensor) {
   return tensor.defined() ? tensor.variable_data() : tensor;
 }
 
-const c10::StorageImpl* storage_of(const at::Tensor& tensor) {
-  return tensor.defined() && tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl()
-                                                  : nullptr;
-}
-
 // `value` with every tensor in it (a tensor or a list of tensors) replaced by `map(tensor)`.
 template <class Map>
 c10::IValue map_tensors(const c10::IValue& value, Map map) {
