@@ -97,6 +97,24 @@ Strategy parse_strategy(const std::string& text, int64_t stage_count,
       "no-checkpoint peak such as 40%)");
 }
 
+StorageModes parse_storage_modes(const std::string& list) {
+  try {
+    return StorageModes::standard().select(list);
+  } catch (const std::invalid_argument& error) {
+    throw std::invalid_argument(std::string("--storage-modes: ") + error.what());
+  }
+}
+
+std::string storage_modes_help() {
+  std::string help =
+      "Storage modes the planner may give a stage under budget:B, comma-separated, or none:";
+  for (const StorageMode& mode : StorageModes::standard().all()) {
+    help += " " + mode.name + " (" + mode.summary + ");";
+  }
+  help.back() = '.';
+  return help;
+}
+
 CheckpointOptions checkpoint_options(const Strategy& strategy) {
   CheckpointOptions options;
   options.use_reentrant(strategy.reentrant);

@@ -6,6 +6,7 @@
 
 #include <ckpt/options.h>
 #include <ckpt/plan/spec.h>
+#include <ckpt/storage_mode.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -29,6 +30,8 @@ struct Strategy {
   int64_t segments = 0;    ///< Sequential and Selective: checkpoint_sequential's segments
   bool reentrant = false;  ///< Sequential: the reentrant variant
   plan::Budget budget = plan::Budget::minimum();  ///< Budget: the planner's budget
+  /// Budget: the storage modes the planner may give a stage (`--storage-modes`).
+  StorageModes storage_modes = StorageModes::standard();
   std::string text = "none";  ///< the strategy as spelled, such as "sequential:4"
 
   static Strategy sequential(int64_t segments, bool reentrant = false);
@@ -42,6 +45,15 @@ struct Strategy {
 /// `stage_count_note` follows the count in that message (" = layers + 2").
 Strategy parse_strategy(const std::string& text, int64_t stage_count,
                         const std::string& stage_count_note = "");
+
+/// The storage modes named in `list` (`--storage-modes`: "checkpointed,selective", "none"), from
+/// `StorageModes::standard()`. Throws std::invalid_argument, with a message that starts with the
+/// option, naming the modes there are.
+StorageModes parse_storage_modes(const std::string& list);
+
+/// `--storage-modes`' help: its spelling and each mode of `StorageModes::standard()` with what it
+/// keeps.
+std::string storage_modes_help();
 
 /// The options the regions of a Sequential or Selective strategy run under.
 CheckpointOptions checkpoint_options(const Strategy& strategy);

@@ -285,8 +285,9 @@ std::vector<std::pair<int64_t, std::string>> planned_budgets(const Methods& meth
 
 // A PlannedSequential method for one budget, or a row that says why there is none.
 void add_planned_method(Methods& methods, const std::string& name, torch::nn::Sequential model,
-                        const plan::Chain& profile, int64_t budget, const std::string& label,
-                        int64_t input_bytes, int64_t min_budget, double plain_time) {
+                        const plan::Chain& profile, const StorageModes& modes, int64_t budget,
+                        const std::string& label, int64_t input_bytes, int64_t min_budget,
+                        double plain_time) {
   BenchRow row;
   row.model = name;
   row.method = "ckpt_planned";
@@ -304,7 +305,7 @@ void add_planned_method(Methods& methods, const std::string& name, torch::nn::Se
     return;
   }
   PlannedSequential planned(model, Budget::bytes(budget),
-                            PlannedSequentialOptions().solver("optimal"));
+                            PlannedSequentialOptions().solver("optimal").storage_modes(modes));
   const auto t0 = std::chrono::steady_clock::now();
   try {
     planned->plan(profile);
@@ -360,19 +361,21 @@ plan::Chain profile_for_planner(const BenchOptions& options, const std::string& 
   std::cerr << "ckpt bench: " << name << ": profiling the chain for the planner\n";
   const std::vector<torch::nn::AnyModule> stages(bench.model->begin(), bench.model->end());
   ProfileOptions profile_options;
+  profile_options.storage_modes(models::parse_storage_modes(options.storage_modes));
   if (options.quick) profile_options.repeats(1).warmup(0);
   use_large_mmap_threshold();
   return profile_chain(stages, bench.x.detach(), profile_options);
 }
 
-void add_planned_methods(const std::string& name, const plan::Chain& profile, Workbench& bench,
-                         MemoryTracker& tracker, int warmup, bool rss, Methods& methods) {
+void add_planned_methods(const std::string& name, const plan::Chain& profile,
+                         const StorageModes& modes, Workbench& bench, MemoryTracker& tracker,
+                         int warmup, bool rss, Methods& methods) {
   const int64_t min_budget = plan::min_feasible_budget_bytes(profile);
   const auto input_bytes = static_cast<int64_t>(bench.x.nbytes());
   const double plain_time = plan::simulate(profile, plan::solve_no_checkpoint(profile)).time;
   for (const auto& [budget, label] : planned_budgets(methods, input_bytes, min_budget)) {
-    add_planned_method(methods, name, bench.model, profile, budget, label, input_bytes, min_budget,
-                       plain_time);
+    add_planned_method(methods, name, bench.model, profile, modes, budget, label, input_bytes,
+                       min_budget, plain_time);
     Method& added = *methods.back();
     if (added.forward) try_warm_and_measure(bench, added, tracker, warmup, rss);
   }
@@ -461,7 +464,10 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
   // the system so that RSS follows the live tensors.
   use_small_mmap_threshold();
   for (auto& m : methods) try_warm_and_measure(bench, *m, tracker, warmup, options.rss);
-  if (profile) add_planned_methods(name, *profile, bench, tracker, warmup, options.rss, methods);
+  if (profile) {
+    add_planned_methods(name, *profile, models::parse_storage_modes(options.storage_modes), bench,
+                        tracker, warmup, options.rss, methods);
+  }
   time_methods(name, bench, methods, steps);
 
   std::vector<BenchRow> rows;

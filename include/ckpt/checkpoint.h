@@ -78,6 +78,24 @@ constexpr bool kIsOptions = std::is_same_v<std::decay_t<T>, CheckpointOptions>;
 template <class T>
 constexpr bool kAlwaysFalse = false;
 
+// The region's recompute: the call again, on its own arguments, or on `replacement`'s tensors in
+// their place (the reentrant variant's detached copies).
+template <class Call>
+RecomputeFn recompute_of(std::shared_ptr<Call> call) {
+  return [call = std::move(call)](const std::vector<at::Tensor>* replacement) {
+    std::vector<at::Tensor> tensors;
+    if (replacement == nullptr) {
+      collect_tensors(apply_forward(call->fn, call->args), tensors);
+    } else {
+      auto replaced_args = call->args;
+      TensorCursor cursor(*replacement);
+      replace_tensors(replaced_args, cursor);
+      collect_tensors(apply_forward(call->fn, replaced_args), tensors);
+    }
+    return tensors;
+  };
+}
+
 template <class F, class... Args>
 auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
   using Fn = std::decay_t<F>;
@@ -112,19 +130,8 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
 
   std::vector<at::Tensor> outputs;
   collect_tensors(result, outputs);
-  RecomputeFn recompute = [call](const std::vector<at::Tensor>* replacement) {
-    std::vector<at::Tensor> tensors;
-    if (replacement == nullptr) {
-      collect_tensors(apply_forward(call->fn, call->args), tensors);
-    } else {
-      auto replaced_args = call->args;
-      TensorCursor cursor(*replacement);
-      replace_tensors(replaced_args, cursor);
-      collect_tensors(apply_forward(call->fn, replaced_args), tensors);
-    }
-    return tensors;
-  };
-  const std::vector<at::Tensor> connected = region.finish(std::move(outputs), std::move(recompute));
+  const std::vector<at::Tensor> connected =
+      region.finish(std::move(outputs), recompute_of(std::move(call)));
   TensorCursor cursor(connected);
   replace_tensors(result, cursor);
   return result;

@@ -12,3 +12,4 @@
 #include <ckpt/profiler.h>
 #include <ckpt/recompute.h>
 #include <ckpt/sequential.h>
+#include <ckpt/storage_mode.h>

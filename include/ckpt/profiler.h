@@ -1,8 +1,12 @@
 #pragma once
 
-#include <ckpt/execute/planned_sequential_impl.h>
+/// \file
+/// Measuring a chain for the planner: `profile_chain`, the plain step's peak, and the profiler
+/// interface that `ckpt::PlannedSequential` plans through.
+
 #include <ckpt/plan/chain.h>
 #include <ckpt/selective.h>
+#include <ckpt/storage_mode.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -16,6 +20,20 @@
 
 namespace ckpt {
 
+/// What `PlannedSequential` needs to plan from a sample input: the chain's costs in the planner's
+/// model, and the peak of one plain step. `ckpt::MeasuringProfiler` (<ckpt/profiler.h>) is the
+/// one `ckpt::PlannedSequential` supplies; supply another to plan from stored measurements.
+class ChainProfiler {
+ public:
+  virtual ~ChainProfiler() = default;
+  /// The chain's per-stage times and sizes on `sample_input`.
+  virtual plan::Chain profile(const std::vector<torch::nn::AnyModule>& stages,
+                              const at::Tensor& sample_input) = 0;
+  /// The peak bytes of one plain training step of the chain on `sample_input`.
+  virtual int64_t no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stages,
+                                     const at::Tensor& sample_input) = 0;
+};
+
 /// Options for `profile_chain`.
 struct ProfileOptions {
   /// Timed repetitions of each stage's forward and backward; the median is kept. One is enough
@@ -24,15 +42,15 @@ struct ProfileOptions {
   TORCH_ARG(int, repeats) = 1;
   /// Untimed repetitions before timing. Default: 0
   TORCH_ARG(int, warmup) = 0;
-  /// Also measure each stage run as a checkpointed region, which keeps only its output during
-  /// the forward and recomputes in its backward, and offer it to the planner as storage option
-  /// 1 where it keeps less. Default: true
-  TORCH_ARG(bool, checkpointed_option) = true;
-  /// Also measure each stage run as a checkpointed region under this selective policy, which
-  /// keeps its output and what the policy saves and recomputes the rest, and offer it to the
-  /// planner as the storage option named "selective" where it keeps less than the plain stage.
-  /// An empty policy offers none. Default: `save_matmuls()`
-  TORCH_ARG(SelectivePolicy, selective_option) = save_matmuls();
+  /// The storage modes to measure each stage in, beside the plain forward. A mode is offered to
+  /// the planner as a storage option named after it where it keeps less than the plain stage and
+  /// differs from the modes offered before it (a selective policy that saves nothing of a stage
+  /// keeps what "checkpointed" keeps). `StorageModes()` offers none. Default:
+  /// `StorageModes::standard()`
+  TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
+  /// The policy of the "selective" storage mode; an empty policy turns it off.
+  /// Default: `save_matmuls()`
+  TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();
   /// Scale every stage's times by one factor, so that the plain chain's predicted step equals
   /// the median of `repeats` measured plain training steps of the whole chain. Stages timed one
   /// by one miss what a step shares between them and add what isolating each costs; the factor
@@ -49,10 +67,10 @@ struct ProfileOptions {
 /// Measures each stage of a chain on a sample input: forward and backward time (median, seconds)
 /// and the sizes of the planner's memory model (input, output, what a grad-enabled forward keeps,
 /// forward temporaries of each forward mode, backward temporaries, the parameter gradients each
-/// backward creates), counted by the counting allocator. With `checkpointed_option` and
-/// `selective_option`, a stage also gets the storage options named "checkpointed" and "selective",
-/// which `PlannedSequential` knows how to run. Buffers (BatchNorm statistics) and the RNG state are
-/// left as they were.
+/// backward creates), counted by the counting allocator. A stage also gets a storage option for
+/// each of `options.storage_modes()` that keeps less (see `ProfileOptions::storage_modes`), which
+/// `PlannedSequential` runs with the same modes. Buffers (BatchNorm statistics) and the RNG state
+/// are left as they were.
 ///
 /// Example:
 /// ```

@@ -13,18 +13,18 @@ namespace {
 using Module = std::shared_ptr<torch::nn::Module>;
 
 // A chain seen uniformly: how to call stage i, and which modules (for their buffers) it has.
-struct Chain {
+struct FunctionChain {
   size_t size;
   std::function<torch::Tensor(size_t, torch::Tensor)> call;
   std::function<Module(size_t)> module;  // null for plain functions
 };
 
-torch::Tensor run(const Chain& chain, size_t first, size_t last, torch::Tensor x) {
+torch::Tensor run(const FunctionChain& chain, size_t first, size_t last, torch::Tensor x) {
   for (size_t i = first; i <= last; ++i) x = chain.call(i, std::move(x));
   return x;
 }
 
-torch::Tensor run_segments(const Chain& chain, int64_t segments, const torch::Tensor& input,
+torch::Tensor run_segments(const FunctionChain& chain, int64_t segments, const torch::Tensor& input,
                            const CheckpointOptions& options) {
   const auto n = static_cast<int64_t>(chain.size);
   TORCH_CHECK(n > 0,
@@ -58,7 +58,7 @@ torch::Tensor run_segments(const Chain& chain, int64_t segments, const torch::Te
   return run(chain, static_cast<size_t>(end + 1), chain.size - 1, std::move(x));
 }
 
-Chain modules_chain(std::vector<torch::nn::AnyModule> modules) {
+FunctionChain modules_chain(std::vector<torch::nn::AnyModule> modules) {
   auto shared = std::make_shared<std::vector<torch::nn::AnyModule>>(std::move(modules));
   return {shared->size(),
           [shared](size_t i, torch::Tensor x) {
@@ -90,8 +90,9 @@ torch::Tensor checkpoint_sequential(
     const torch::Tensor& input, const CheckpointOptions& options) {
   auto shared =
       std::make_shared<std::vector<std::function<torch::Tensor(torch::Tensor)>>>(functions);
-  Chain chain{shared->size(),
-              [shared](size_t i, torch::Tensor x) { return (*shared)[i](std::move(x)); }, nullptr};
+  FunctionChain chain{shared->size(),
+                      [shared](size_t i, torch::Tensor x) { return (*shared)[i](std::move(x)); },
+                      nullptr};
   return run_segments(chain, segments, input, options);
 }
 

@@ -1,7 +1,7 @@
 #include "joined_stages.h"
 
-#include "region/buffer_guard.h"
-#include "region/rng_state.h"
+#include "autograd/buffer_guard.h"
+#include "autograd/rng_state.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
@@ -17,7 +17,8 @@ namespace {
 class JoinedStagesImpl : public torch::nn::Module {
  public:
   explicit JoinedStagesImpl(std::vector<torch::nn::AnyModule> stages) : stages_(std::move(stages)) {
-    for (size_t i = 0; i < stages_.size(); ++i) register_module(std::to_string(i), stages_[i].ptr());
+    for (size_t i = 0; i < stages_.size(); ++i)
+      register_module(std::to_string(i), stages_[i].ptr());
   }
   at::Tensor forward(const at::Tensor& input) {
     at::Tensor x = input;
@@ -46,9 +47,8 @@ std::vector<bool> writes_into_input(const std::vector<torch::nn::AnyModule>& sta
                                     const at::Tensor& sample) {
   std::vector<std::shared_ptr<torch::nn::Module>> modules;
   for (const auto& stage : stages) modules.push_back(stage.ptr());
-  const BufferGuard buffers(modules, /*active=*/true);
-  const RngStash now({sample}, infer_device_type({sample}));
-  const RngFork put_back(now);
+  const BufferGuard buffers(modules);
+  const RngRestore put_back({sample}, infer_device_type({sample}));
   const at::NoGradGuard no_grad;
   std::vector<bool> writes;
   at::Tensor x = sample.detach().clone();

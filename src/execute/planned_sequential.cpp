@@ -1,5 +1,6 @@
-#include <ckpt/execute/planned_sequential_impl.h>
 #include <ckpt/plan/solvers.h>
+#include <ckpt/planned_sequential.h>
+#include <ckpt/profiler.h>
 
 #include "compat/torch_compat.h"
 #include "joined_stages.h"
@@ -43,7 +44,7 @@ class PlannedBackward final : public compat::OwningNode {
     // backward(inputs=...) only the input's gradient is computed.
     const bool accumulate = torch::autograd::Engine::get_default_engine().is_checkpoint_valid();
     auto runner = std::move(runner_);
-    detail::LeafGradients leaves;
+    detail::LeafGradients leaves(runner->single_stage_leaves());
     // Hand δ_L over rather than keep it for the whole backward: the schedule frees it early.
     at::Tensor input_grad = runner->backward(std::move(grads[0]), accumulate ? &leaves : nullptr);
     variable_list result;
@@ -164,12 +165,14 @@ void PlannedSequentialImpl::plan(const plan::Chain& profile) {
 
 std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::measure_and_solve(
     const torch::Tensor& sample_input) const {
-  ChainProfiler* profiler = options.profiler().get();
-  TORCH_CHECK(profiler != nullptr,
-              "ckpt::PlannedSequential::plan: no profiler to measure the chain with. Construct "
-              "it as ckpt::PlannedSequential(chain, budget), which measures with "
-              "ckpt::MeasuringProfiler, set PlannedSequentialOptions().profiler(...), or call "
-              "plan(profile) with a chain's costs first.");
+  // Measured with these options' modes and settings unless the user supplied a profiler.
+  const std::shared_ptr<ChainProfiler> profiler =
+      options.profiler() ? options.profiler()
+                         : std::make_shared<MeasuringProfiler>(
+                               ProfileOptions()
+                                   .storage_modes(options.storage_modes())
+                                   .selective_policy(options.selective_policy())
+                                   .count_parameter_gradients(options.count_parameter_gradients()));
   std::vector<torch::nn::AnyModule> stages = detail::stages_to_plan(stages_, sample_input);
   plan::Chain profile = profiler->profile(stages, sample_input);
   TORCH_CHECK(profile.size() == static_cast<int>(stages.size()),
@@ -197,8 +200,8 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
     int64_t no_checkpoint_peak_bytes) const {
   auto planned = std::make_shared<detail::ChainPlan>();
   // First, so that a profile with an option the executor cannot run fails whatever the budget.
-  planned->regions = std::make_shared<const detail::StorageRegions>(
-      detail::storage_regions(profile, options.selective_policy()));
+  planned->option_forwards = std::make_shared<const detail::OptionForwards>(detail::option_forwards(
+      stages, profile, options.storage_modes(), StorageSettings{options.selective_policy()}));
   plan::OptimalOptions optimal;
   optimal.slots = options.slots();
   // The plain chain always fits in its own measured peak, even where the model's minimum is
@@ -285,7 +288,7 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
               "c10::InferenceMode), which autograd cannot save for the backward pass. Create it "
               "outside InferenceMode, or pass a clone made outside it.");
   auto runner = std::make_shared<detail::ScheduleRunner>(
-      plan->stages, plan->schedule, plan->regions, options.preserve_rng_state(), observer_);
+      plan->stages, plan->schedule, plan->option_forwards, options.preserve_rng_state(), observer_);
   torch::Tensor output = runner->forward(input);
   torch::autograd::edge_list next;
   if (input.requires_grad()) next.push_back(torch::autograd::impl::gradient_edge(input));

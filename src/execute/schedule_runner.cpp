@@ -1,46 +1,19 @@
 #include "schedule_runner.h"
 
-#include "region/recompute_scope.h"
+#include <ckpt/detail/region.h>
 
-#include <ATen/CPUGeneratorImpl.h>
+#include "autograd/recompute_scope.h"
+
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
-#include <mutex>
+#include <unordered_map>
 
 namespace ckpt {
 namespace detail {
 namespace {
 
 using plan::OpKind;
-
-at::Tensor cpu_rng_state() {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-void set_cpu_rng_state(const at::Tensor& state) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
-
-// Puts the CPU RNG state back as it was when constructed.
-class CpuRngRestore {
- public:
-  CpuRngRestore() : state_(cpu_rng_state()) {}
-  ~CpuRngRestore() { set_cpu_rng_state(state_); }
-  CpuRngRestore(const CpuRngRestore&) = delete;
-  CpuRngRestore& operator=(const CpuRngRestore&) = delete;
-
- private:
-  at::Tensor state_;
-};
-
-bool is_differentiable(const at::Tensor& t) {
-  return t.defined() && (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()));
-}
 
 // Notifies the observer around one operation.
 class OpScope {
@@ -61,38 +34,38 @@ class OpScope {
 
 }  // namespace
 
-StorageRegions storage_regions(const plan::Chain& profile, const SelectivePolicy& selective) {
-  StorageRegions regions;
-  regions.of_stage.resize(profile.stages.size());
+OptionForwards option_forwards(const std::vector<torch::nn::AnyModule>& stages,
+                               const plan::Chain& profile, const StorageModes& modes,
+                               const StorageSettings& settings) {
+  OptionForwards forwards_of;
+  forwards_of.by_stage.resize(profile.stages.size());
   for (size_t i = 0; i < profile.stages.size(); ++i) {
-    auto& options = regions.of_stage[i];
-    options.emplace_back();  // option 0: the plain stage
+    auto& forwards = forwards_of.by_stage[i];
+    forwards.push_back(stage_forward(stages[i]));  // option 0: the plain stage
     for (const plan::StorageOption& option : profile.stages[i].alternatives) {
-      if (option.name == "checkpointed") {
-        options.emplace_back(CheckpointOptions());
-      } else if (option.name == "selective") {
-        TORCH_CHECK(static_cast<bool>(selective), "ckpt::PlannedSequential: stage ", i,
-                    " of the profile has a \"selective\" storage option, but "
-                    "PlannedSequentialOptions().selective_policy is empty. Set the policy the "
-                    "profile was measured with.");
-        options.emplace_back(CheckpointOptions().policy(selective));
-      } else {
-        TORCH_CHECK(false, "ckpt::PlannedSequential: storage option ", options.size(), " of stage ",
-                    i, " is named \"", option.name,
-                    "\", which it cannot run. Name the options of a profile \"checkpointed\" or "
-                    "\"selective\" (what ckpt::profile_chain measures).");
-      }
+      const std::string context =
+          c10::str("ckpt::PlannedSequential: storage option ", forwards.size(), " of stage ", i,
+                   " is named \"", option.name,
+                   "\", which is not a storage mode of "
+                   "PlannedSequentialOptions().storage_modes()");
+      const auto region = modes.at(option.name, context).region(settings);
+      TORCH_CHECK(region.has_value(), "ckpt::PlannedSequential: stage ", i,
+                  " of the profile has a \"", option.name,
+                  "\" storage option, which the options turn off (for \"selective\": "
+                  "PlannedSequentialOptions().selective_policy is empty). Give the options the "
+                  "profile was measured with.");
+      forwards.push_back(stage_forward(stages[i], region));
     }
   }
-  return regions;
+  return forwards_of;
 }
 
 ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::Schedule schedule,
-                               std::shared_ptr<const StorageRegions> regions,
+                               std::shared_ptr<const OptionForwards> option_forwards,
                                bool preserve_rng_state, std::shared_ptr<ExecutionObserver> observer)
     : stages_(std::move(stages)),
       schedule_(std::move(schedule)),
-      regions_(std::move(regions)),
+      option_forwards_(std::move(option_forwards)),
       loss_index_(schedule_.ops.size()),
       preserve_rng_state_(preserve_rng_state),
       observer_(std::move(observer)) {
@@ -102,7 +75,7 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
   TORCH_INTERNAL_ASSERT(loss_index_ < schedule_.ops.size(), "schedule without a loss operation");
   const size_t n = stages_.size();
   x_.resize(n + 1);
-  kept_.assign(n + 1, false);
+  is_checkpoint_.assign(n + 1, false);
   graphs_.resize(n);
   rng_.resize(n);
   autocast_.resize(n);
@@ -116,8 +89,22 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
       ++forwards[op.stage];
     }
   }
-  recomputed_.resize(n);
-  for (size_t i = 0; i < n; ++i) recomputed_[i] = forwards[i] > 1;
+  runs_again_.resize(n);
+  for (size_t i = 0; i < n; ++i) runs_again_[i] = forwards[i] > 1;
+}
+
+std::unordered_set<const c10::TensorImpl*> ScheduleRunner::single_stage_leaves() const {
+  std::unordered_map<const c10::TensorImpl*, int> stages_using;
+  for (const auto& stage : stages_) {
+    std::unordered_set<const c10::TensorImpl*> own;
+    for (const auto& p : stage.ptr()->parameters()) own.insert(p.unsafeGetTensorImpl());
+    for (const auto* leaf : own) ++stages_using[leaf];
+  }
+  std::unordered_set<const c10::TensorImpl*> single;
+  for (const auto& [leaf, count] : stages_using) {
+    if (count == 1) single.insert(leaf);
+  }
+  return single;
 }
 
 const at::Tensor& ScheduleRunner::available(int i) const {
@@ -129,7 +116,7 @@ const at::Tensor& ScheduleRunner::available(int i) const {
 at::Tensor ScheduleRunner::forward(const at::Tensor& input) {
   input_requires_grad_ = input.requires_grad() && is_differentiable(input);
   x_[0] = input;
-  kept_[0] = true;
+  is_checkpoint_[0] = true;
   for (size_t k = 0; k < loss_index_; ++k) run_forward(schedule_.ops[k]);
   snapshot_read_again(input);
   return available(static_cast<int>(stages_.size()));
@@ -138,12 +125,12 @@ at::Tensor ScheduleRunner::forward(const at::Tensor& input) {
 void ScheduleRunner::snapshot_read_again(const at::Tensor& input) {
   read_again_.clear();
   read_again_origin_.clear();
-  if (recomputed_[0]) {
+  if (runs_again_[0]) {
     read_again_.add(input);
     read_again_origin_.emplace_back(-1, 0);
   }
   for (size_t i = 0; i < stages_.size(); ++i) {
-    if (!recomputed_[i]) continue;
+    if (!runs_again_[i]) continue;
     const std::vector<at::Tensor> parameters = stages_[i].ptr()->parameters();
     for (size_t j = 0; j < parameters.size(); ++j) {
       read_again_.add(parameters[j]);
@@ -171,9 +158,9 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
     recompute.emplace(rng_[i], autocast_[i], training_[i], stage);
   } else {
     const c10::DeviceType device_type = infer_device_type({input});
-    if (preserve_rng_state_ && recomputed_[i])
+    if (preserve_rng_state_ && runs_again_[i])
       rng_[i].emplace(std::vector<at::Tensor>{input}, device_type);
-    if (recomputed_[i]) {
+    if (runs_again_[i]) {
       autocast_[i] = AutocastState::current(device_type);
       training_[i] = TrainingModes(ModuleList{stages_[i].ptr()});
     }
@@ -189,8 +176,8 @@ void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {
 
   if (op.kind == OpKind::ForwardAll) {
     const bool needs_grad = i > 0 ? is_differentiable(input) : input_requires_grad_;
-    const auto& region = regions_->of_stage[i].at(static_cast<size_t>(op.option));
-    graphs_[i].emplace(stages_[i], input, needs_grad, region ? &*region : nullptr);
+    const StageForward& forward = option_forwards_->of(i, op.option);
+    graphs_[i].emplace(forward, input, needs_grad);
     return;
   }
   at::Tensor output;
@@ -200,15 +187,16 @@ void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {
   }
   x_[i + 1] = std::move(output);
   if (op.kind == OpKind::ForwardInput) {
-    kept_[i] = true;
-  } else if (i > 0 && x_[i].defined() && !kept_[i]) {
+    is_checkpoint_[i] = true;
+  } else if (i > 0 && x_[i].defined() && !is_checkpoint_[i]) {
     x_[i].reset();
   }
 }
 
 at::Tensor ScheduleRunner::backward(at::Tensor grad_output, LeafGradients* leaves) {
   read_again_.check("ckpt::PlannedSequential", [this](size_t i) { return describe_read_again(i); });
-  const CpuRngRestore restore;  // recomputes must not move the caller's random stream
+  // Recomputes must not move the caller's random streams.
+  const RngRestore restore({x_[0]}, infer_device_type({x_[0]}));
   const int n = static_cast<int>(stages_.size());
   x_[n].reset();  // the loss consumed x_L
   delta_ = std::move(grad_output);
@@ -235,7 +223,7 @@ void ScheduleRunner::run_backward(const plan::Op& op, LeafGradients* leaves) {
   graphs_[i].reset();
   if (i > 0) {
     x_[i].reset();
-    kept_[i] = false;
+    is_checkpoint_[i] = false;
   }
 }
 

@@ -3,14 +3,15 @@
 // Runs one forward/backward of a chain under a schedule: the state between the two passes, kept
 // by the autograd node that stands for the chain in the graph.
 
-#include <ckpt/execute/planned_sequential_impl.h>
 #include <ckpt/plan/schedule.h>
+#include <ckpt/planned_sequential.h>
+#include <ckpt/storage_mode.h>
 
-#include "chains/stage_graph.h"
-#include "region/autocast_state.h"
-#include "region/rng_state.h"
-#include "region/training_modes.h"
-#include "region/version_snapshot.h"
+#include "autograd/autocast_state.h"
+#include "autograd/rng_state.h"
+#include "autograd/stage_graph.h"
+#include "autograd/training_modes.h"
+#include "autograd/version_snapshot.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
@@ -19,26 +20,33 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 namespace ckpt {
 namespace detail {
 
-/// How stage i runs `forward_all` with storage option k: `of_stage[i][k]` holds the options of
-/// the checkpointed region it runs as, or nothing for the plain stage (option 0).
-struct StorageRegions {
-  std::vector<std::vector<std::optional<CheckpointOptions>>> of_stage;
+/// How each stage runs `forward_all` in each of its storage options.
+struct OptionForwards {
+  /// Stage i's forward in storage option k: in the option's storage mode, plainly for option 0.
+  const StageForward& of(int i, int k) const {
+    return by_stage.at(static_cast<size_t>(i)).at(static_cast<size_t>(k));
+  }
+  std::vector<std::vector<StageForward>> by_stage;
 };
 
-/// The regions of every storage option of `profile`, from their names ("checkpointed",
-/// "selective"); an option with another name is an error.
-StorageRegions storage_regions(const plan::Chain& profile, const SelectivePolicy& selective);
+/// The forwards of every storage option of `stages` in `profile`, from the storage mode each
+/// option names (`ckpt::StorageModes`); an option that names no mode of `modes`, or a mode the
+/// settings turn off, is an error.
+OptionForwards option_forwards(const std::vector<torch::nn::AnyModule>& stages,
+                               const plan::Chain& profile, const StorageModes& modes,
+                               const StorageSettings& settings);
 
 class ScheduleRunner {
  public:
   ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::Schedule schedule,
-                 std::shared_ptr<const StorageRegions> regions, bool preserve_rng_state,
+                 std::shared_ptr<const OptionForwards> option_forwards, bool preserve_rng_state,
                  std::shared_ptr<ExecutionObserver> observer);
 
   /// Runs the operations before the loss and returns the chain's output (x_L).
@@ -47,6 +55,8 @@ class ScheduleRunner {
   /// grad). With `leaves` (a plain backward), the gradients of parameters are added to it;
   /// without, only the input's gradient is computed (as in `StageGraph::backward`).
   at::Tensor backward(at::Tensor grad_output, LeafGradients* leaves);
+  /// The parameters exactly one stage uses (see `LeafGradients`).
+  std::unordered_set<const c10::TensorImpl*> single_stage_leaves() const;
 
  private:
   void run_forward(const plan::Op& op);
@@ -58,20 +68,20 @@ class ScheduleRunner {
 
   std::vector<torch::nn::AnyModule> stages_;
   plan::Schedule schedule_;
-  std::shared_ptr<const StorageRegions> regions_;
+  std::shared_ptr<const OptionForwards> option_forwards_;
   size_t loss_index_;
   bool preserve_rng_state_;
   std::shared_ptr<ExecutionObserver> observer_;
 
   bool input_requires_grad_ = false;
   std::vector<at::Tensor> x_;                      // standalone x_i, i = 0..L
-  std::vector<bool> kept_;                         // x_i is a checkpoint
+  std::vector<bool> is_checkpoint_;                // x_i is kept until its backward
   std::vector<c10::optional<StageGraph>> graphs_;  // graphs_[i] holds x̄_{i+1}
   std::vector<c10::optional<RngStash>> rng_;       // RNG before stage i first ran
   std::vector<AutocastState> autocast_;            // autocast when stage i first ran
   std::vector<TrainingModes> training_;            // train()/eval() when stage i first ran
   std::vector<bool> ran_;
-  std::vector<bool> recomputed_;  // stage i runs more than once
+  std::vector<bool> runs_again_;  // stage i runs more than once
   at::Tensor delta_;              // the gradient at the current position
   // x_0 and the parameters of the stages that run again, after the forward; (stage, parameter
   // number) of each, stage -1 for x_0.

@@ -1,9 +1,10 @@
 #include <ckpt/memory_tracker.h>
 #include <ckpt/profiler.h>
 
-#include "chains/stage_graph.h"
+#include "autograd/buffer_guard.h"
+#include "autograd/rng_state.h"
+#include "autograd/stage_graph.h"
 #include "compat/torch_compat.h"
-#include "region/buffer_guard.h"
 
 #include <ckpt/plan/simulator.h>
 #include <ckpt/plan/solvers.h>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 
 namespace ckpt {
@@ -28,34 +30,6 @@ double seconds_since(Clock::time_point start, c10::Device device) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The states of the CPU generator and of the sample's device generator, put back on destruction:
-// profiling runs the stages many times and must not move the caller's random streams.
-class GeneratorStates {
- public:
-  explicit GeneratorStates(c10::Device device) {
-    save(c10::Device(c10::DeviceType::CPU));
-    if (!device.is_cpu() && compat::device_initialized(device.type())) save(device);
-  }
-  ~GeneratorStates() {
-    for (size_t i = 0; i < generators_.size(); ++i) {
-      std::lock_guard<std::mutex> lock(generators_[i].mutex());
-      generators_[i].set_state(states_[i]);
-    }
-  }
-  GeneratorStates(const GeneratorStates&) = delete;
-  GeneratorStates& operator=(const GeneratorStates&) = delete;
-
- private:
-  void save(c10::Device device) {
-    at::Generator generator = compat::default_generator(device);
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    states_.push_back(generator.get_state());
-    generators_.push_back(std::move(generator));
-  }
-  std::vector<at::Generator> generators_;
-  std::vector<at::Tensor> states_;
-};
-
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
@@ -64,10 +38,6 @@ double median(std::vector<double> values) {
 
 int64_t storage_bytes(const at::Tensor& t) {
   return t.defined() && t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
-}
-
-bool is_differentiable(const at::Tensor& t) {
-  return at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
 }
 
 // Swaps every parameter's `.grad` for the state a step starts from, for its lifetime, and puts
@@ -135,13 +105,14 @@ std::vector<int64_t> gradient_bytes_per_stage(const std::vector<torch::nn::AnyMo
   return bytes;
 }
 
-// Runs the stage with grad enabled (plainly, or as a checkpointed region) and its backward,
-// repeatedly: median times, what the forward keeps, and the temporaries of both, as one storage
-// option of the planner. The forward's temporaries are above what it keeps; the backward's are
-// above its inputs and the input gradient it produces.
-plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::Tensor& x,
-                                         bool input_grad, const CheckpointOptions* region,
-                                         const ProfileOptions& options, MemoryTracker& tracker) {
+// Runs the stage's forward in one storage mode (`forward`: plainly, or as a checkpointed region)
+// with grad enabled, and its backward, repeatedly: median times, what the forward keeps, and the
+// temporaries of both, as one storage option of the planner. The forward's temporaries are above
+// what it keeps; the backward's are above its inputs and the input gradient it produces.
+plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
+                                         const detail::StageForward& forward, const at::Tensor& x,
+                                         bool input_grad, const ProfileOptions& options,
+                                         MemoryTracker& tracker) {
   const c10::Device device = x.device();
   std::vector<double> forward_times, backward_times;
   int64_t saved = 0, forward_tmp = 0, backward_tmp = 0;
@@ -150,7 +121,7 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage, const at::
     const int64_t before = tracker.current_bytes();
     compat::synchronize(device);
     auto start = Clock::now();
-    detail::StageGraph graph(stage, x, input_grad, region);
+    detail::StageGraph graph(forward, x, input_grad);
     const double forward_time = seconds_since(start, device);
     saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
     forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
@@ -227,7 +198,7 @@ MemoryTracker tracker_for(c10::Device device) {
   return MemoryTracker(device, device.is_cpu() ? MemoryScope::CallingThread : MemoryScope::Process);
 }
 
-std::vector<std::shared_ptr<torch::nn::Module>> modules_of(
+std::vector<std::shared_ptr<torch::nn::Module>> stage_modules(
     const std::vector<torch::nn::AnyModule>& stages) {
   std::vector<std::shared_ptr<torch::nn::Module>> modules;
   for (const auto& stage : stages) modules.push_back(stage.ptr());
@@ -253,9 +224,9 @@ struct PlainStep {
 PlainStep measure_plain_step(const std::vector<torch::nn::AnyModule>& stages,
                              const at::Tensor& sample_input, const ProfileOptions& options,
                              MemoryTracker& tracker) {
-  const SwappedGradients grads(modules_of(stages), options.count_parameter_gradients()
-                                                       ? SwappedGradients::Start::None
-                                                       : SwappedGradients::Start::ZeroBuffers);
+  const SwappedGradients grads(stage_modules(stages), options.count_parameter_gradients()
+                                                          ? SwappedGradients::Start::None
+                                                          : SwappedGradients::Start::ZeroBuffers);
   tracker.reset_peak();
   const int64_t before = tracker.current_bytes();
   compat::synchronize(sample_input.device());
@@ -284,30 +255,34 @@ plan::Chain calibrated_to_step(plan::Chain chain, const std::vector<torch::nn::A
   return plan::scale_times(std::move(chain), measured / predicted);
 }
 
+// Measures the stage in each storage mode the options turn on, and offers the planner those that
+// keep less than the plain stage (`full_saved` bytes) and differ from every mode offered before.
+void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
+                         const ProfileOptions& options, MemoryTracker& tracker, int64_t full_saved,
+                         plan::Stage& measured) {
+  const StorageSettings settings{options.selective_policy()};
+  for (const StorageMode& mode : options.storage_modes().all()) {
+    const std::optional<CheckpointOptions> region = mode.region(settings);
+    if (!region) continue;
+    plan::StorageOption option =
+        measure_full_storage(stage, stage_forward(stage, region), x, input_grad, options, tracker);
+    option.name = mode.name;
+    bool useful = option.saved_bytes < full_saved;
+    for (const auto& offered : measured.alternatives) {
+      useful = useful && option.saved_bytes != offered.saved_bytes;
+    }
+    if (useful) measured.alternatives.push_back(std::move(option));
+  }
+}
+
 // Measures one stage on its input into `measured`: the sizes and times of the planner's model,
 // and the storage options that keep less than the plain stage. Returns the stage's output.
 at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
                          const ProfileOptions& options, MemoryTracker& tracker,
                          plan::Stage& measured) {
   const plan::StorageOption full =
-      measure_full_storage(stage, x, input_grad, nullptr, options, tracker);
-  // A region option is worth offering only where it keeps less than the plain stage, and the
-  // selective one only where its policy keeps something more than the checkpointed one.
-  int64_t checkpointed_saved = -1;
-  auto offer = [&](const CheckpointOptions& region, const char* name) {
-    plan::StorageOption option =
-        measure_full_storage(stage, x, input_grad, &region, options, tracker);
-    option.name = name;
-    const bool useful =
-        option.saved_bytes < full.saved_bytes && option.saved_bytes > checkpointed_saved;
-    if (useful) measured.alternatives.push_back(option);
-    return option.saved_bytes;
-  };
-  if (options.checkpointed_option())
-    checkpointed_saved = offer(CheckpointOptions(), "checkpointed");
-  if (options.selective_option()) {
-    offer(CheckpointOptions().policy(options.selective_option()), "selective");
-  }
+      measure_full_storage(stage, stage_forward(stage), x, input_grad, options, tracker);
+  offer_storage_modes(stage, x, input_grad, options, tracker, full.saved_bytes, measured);
   NoGradForward no_grad = measure_no_grad_forward(stage, x, options, tracker);
   measured.forward_time = no_grad.time;
   measured.forward_all_time = full.forward_time;
@@ -332,8 +307,8 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
               options.repeats(), ".");
   MemoryTracker tracker = tracker_for(sample_input.device());
   // Profiling runs the stages many times: leave the RNG and the buffers as they were.
-  const GeneratorStates generators(sample_input.device());
-  const detail::BufferGuard buffers(modules_of(stages), /*active=*/true);
+  const detail::RngRestore generators({sample_input}, detail::infer_device_type({sample_input}));
+  const detail::BufferGuard buffers(stage_modules(stages));
 
   plan::Chain chain;
   chain.input_bytes = storage_bytes(sample_input);
@@ -342,7 +317,7 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
   for (size_t i = 0; i < stages.size(); ++i) {
     auto stage = stages[i];
     const SwappedGradients grads({stage.ptr()}, SwappedGradients::Start::None);
-    const bool input_grad = i > 0 ? is_differentiable(x) : sample_input.requires_grad();
+    const bool input_grad = i > 0 ? detail::is_differentiable(x) : sample_input.requires_grad();
     plan::Stage measured{};
     x = measure_stage(stage, x, input_grad, options, tracker, measured);
     if (options.count_parameter_gradients()) measured.gradient_bytes = gradient_bytes[i];
@@ -362,8 +337,8 @@ int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stag
                                    const at::Tensor& sample_input, const ProfileOptions& options) {
   check_can_profile(stages, sample_input, "ckpt::measure_no_checkpoint_peak");
   MemoryTracker tracker = tracker_for(sample_input.device());
-  const GeneratorStates generators(sample_input.device());
-  const detail::BufferGuard buffers(modules_of(stages), /*active=*/true);
+  const detail::RngRestore generators({sample_input}, detail::infer_device_type({sample_input}));
+  const detail::BufferGuard buffers(stage_modules(stages));
   return measure_plain_step(stages, sample_input, options, tracker).peak_bytes;
 }
 

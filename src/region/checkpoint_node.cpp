@@ -60,7 +60,7 @@ DetachedInputs detached_inputs(const RegionState& state) {
 }  // namespace
 
 NonReentrantBackward::NonReentrantBackward(std::shared_ptr<RegionState> state, Boundary boundary)
-    : OwningNode(edge_list(boundary.edges)),
+    : BorderNode(edge_list(boundary.edges)),
       state_(std::move(state)),
       boundary_(std::move(boundary)) {}
 
@@ -69,24 +69,12 @@ void NonReentrantBackward::release_variables() {
   state_->end_backward();
 }
 
-variable_list NonReentrantBackward::apply(variable_list&& grads) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  state_->begin_backward(grads);
-  const size_t boundary_count = boundary_.edges.size();
-  variable_list result(boundary_count);
-
-  std::vector<size_t> needed;
-  for (size_t k = 0; k < boundary_count; ++k) {
-    if (task_should_compute_output(k)) needed.push_back(k);
-  }
-  if (needed.empty() || !any_defined(grads)) return result;
-
-  state_->check_unmodified();
-  const bool create_graph = at::GradMode::is_enabled();
-  const RegionMarker marker;
-  variable_list outputs = state_->run_recompute(/*replacement=*/nullptr);
-  state_->check_recomputed(outputs);
-
+// The engine's roots for the recompute's backward: the recomputed outputs that have a gradient.
+// An output the function did not compute (an argument, a captured tensor) is not a root: its
+// gradient goes straight to its boundary edge in `result`.
+std::pair<edge_list, variable_list> NonReentrantBackward::recomputed_roots(
+    const variable_list& outputs, const variable_list& grads, const RegionMarker& marker,
+    variable_list& result) const {
   edge_list roots;
   variable_list root_grads;
   for (size_t slot = 0; slot < grads.size(); ++slot) {
@@ -108,6 +96,28 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
       add_gradient(result[static_cast<size_t>(k)], grads[slot]);
     }
   }
+  return {std::move(roots), std::move(root_grads)};
+}
+
+variable_list NonReentrantBackward::apply(variable_list&& grads) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_->begin_backward(grads);
+  const size_t boundary_count = boundary_.edges.size();
+  variable_list result(boundary_count);
+
+  std::vector<size_t> needed;
+  for (size_t k = 0; k < boundary_count; ++k) {
+    if (task_should_compute_output(k)) needed.push_back(k);
+  }
+  if (needed.empty() || !any_defined(grads)) return result;
+
+  state_->check_unmodified();
+  const bool create_graph = at::GradMode::is_enabled();
+  const RegionMarker marker;
+  variable_list outputs = state_->run_recompute(/*replacement=*/nullptr);
+  state_->check_recomputed(outputs);
+
+  auto [roots, root_grads] = recomputed_roots(outputs, grads, marker, result);
   if (roots.empty()) return result;
   // Past their gradient edges the recomputed outputs are not needed; the region's backward
   // should not hold them (PyTorch's recompute keeps only what the graph saved).
@@ -125,52 +135,22 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
     state_->check_same_graph(boundary_.shape, border.shape());
   }
   const bool plain_backward = !create_graph && Engine::get_default_engine().is_checkpoint_valid();
-  if (plain_backward) accumulate_sole_gradients_early(border, needed);
+  if (plain_backward) {
+    accumulate_sole_gradients_early(border, boundary_, needed,
+                                    [this](size_t k) { return sole_holders(k); });
+  }
   Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
                                        /*accumulate_grad=*/true, border.outputs());
   return result;
 }
 
-// A parameter whose gradient buffer exists is accumulated into in place as soon as its gradient
-// is ready, so that the region does not hold it, and its border edge gets no gradient; its
-// accumulator still runs once in the outer backward (post-hooks, such as data-parallel
-// reducers', fire once). Only where that gradient is the accumulator's one input in this
-// backward: the region uses the parameter once, and no other live graph leads to its
-// accumulator. Otherwise autograd adds the inputs up first and then into the buffer, and adding
-// them one by one would round differently.
-void NonReentrantBackward::accumulate_sole_gradients_early(BorderCapture& border,
-                                                           const std::vector<size_t>& needed) {
-  // Holders of the accumulator when nothing else leads to it: the boundary's copy of the edge,
-  // this node's next edge, and the region's one edge into it (kept aside by the capture), plus
-  // the boundary copy of a nested region's node where that edge comes from one (its gradient is
-  // then the nested region's sum, handed on once), plus the enclosing region's boundary copy and
-  // next edge where it redirected this node's edge (and vouched that it is the one input).
+// Holders of a border edge's accumulator when nothing else leads to it: the boundary's copy of
+// the edge, this node's next edge, and the region's one edge into it (kept aside by the capture),
+// plus the enclosing region's boundary copy and next edge where it redirected this node's edge
+// (and vouched that it is the one gradient).
+long NonReentrantBackward::sole_holders(size_t k) const {
   constexpr long kSoleHolders = 3;
-  std::vector<bool> early(boundary_.edges.size(), false);
-  for (size_t k : needed) {
-    const Edge& edge = boundary_.edges[k];
-    const long holders = kSoleHolders + static_cast<long>(border.uses_by_regions(k)) +
-                         (k < sole_through_enclosing_.size() && sole_through_enclosing_[k] ? 2 : 0);
-    if (border.uses(k) != 1 || edge.function.use_count() != holders) continue;
-    if (auto receiver = early_accumulation(edge)) {
-      border.set_receiver(k, std::move(receiver));
-      early[k] = true;
-    }
-  }
-  // A nested region whose edge leads into such a leaf may add its gradient early too, sparing
-  // this region from holding it until the nested one's backward returns.
-  for (const auto& [node, edge, k] : border.region_edges()) {
-    if (early[k]) static_cast<NonReentrantBackward*>(node)->mark_sole_through_enclosing(edge);
-  }
-}
-
-void NonReentrantBackward::mark_sole_through_enclosing(size_t k) {
-  if (sole_through_enclosing_.size() <= k) sole_through_enclosing_.resize(boundary_.edges.size());
-  sole_through_enclosing_[k] = true;
-}
-
-bool is_region_node(const Node& node) {
-  return typeid(node) == typeid(NonReentrantBackward);
+  return kSoleHolders + (sole_through_enclosing(k) ? 2 : 0);
 }
 
 ReentrantBackward::ReentrantBackward(std::shared_ptr<RegionState> state, edge_list input_edges)

@@ -2,8 +2,8 @@
 
 #include <ckpt/options.h>
 
+#include "autograd/rng_state.h"
 #include "compat/torch_compat.h"
-#include "rng_state.h"
 
 #include <c10/util/Exception.h>
 

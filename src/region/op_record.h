@@ -3,7 +3,7 @@
 // CheckpointOptions::debug: the operators a region's forward and its recompute run, recorded by a
 // dispatch mode, and the error that shows both sequences where they part.
 
-#include "dispatch_mode.h"
+#include "autograd/dispatch_mode.h"
 
 #include <string>
 #include <vector>

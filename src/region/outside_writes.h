@@ -7,7 +7,7 @@
 
 #include <ckpt/detail/region.h>
 
-#include "dispatch_mode.h"
+#include "autograd/dispatch_mode.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>

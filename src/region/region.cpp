@@ -1,13 +1,13 @@
 #include <ckpt/detail/region.h>
 
-#include "buffer_guard.h"
+#include "autograd/buffer_guard.h"
+#include "autograd/dispatch_mode.h"
+#include "autograd/graph.h"
+#include "autograd/recompute_scope.h"
 #include "checkpoint_node.h"
 #include "compat/torch_compat.h"
-#include "dispatch_mode.h"
-#include "graph.h"
 #include "op_record.h"
 #include "outside_writes.h"
-#include "recompute_scope.h"
 #include "region_state.h"
 #include "selective.h"
 
@@ -32,16 +32,6 @@ std::string describe(const TensorMeta& meta) {
   for (size_t i = 0; i < meta.sizes.size(); ++i) out << (i ? ", " : "") << meta.sizes[i];
   out << "], dtype " << c10::toString(meta.dtype) << ", device " << meta.device;
   return out.str();
-}
-
-bool is_differentiable_type(const at::Tensor& tensor) {
-  return at::isFloatingType(tensor.scalar_type()) || at::isComplexType(tensor.scalar_type());
-}
-
-// A fresh tensor sharing the output's data but none of its autograd history. Unlike detach(),
-// it is not a view of the output, so it does not keep the region's graph alive.
-at::Tensor fresh_alias(const at::Tensor& tensor) {
-  return tensor.variable_data();
 }
 
 }  // namespace
@@ -251,7 +241,7 @@ Region::ForwardScope::ForwardScope(Region& region)
     // argument the function writes into leads from outside into the graph: keep it too.
     const bool release_graph = state.rng.has_value() && state.input_copies.empty() &&
                                !region.site_->keeps_forward_graph.load();
-    if (release_graph) buffers_ = std::make_unique<BufferGuard>(state.modules, /*active=*/true);
+    if (release_graph) buffers_ = std::make_unique<BufferGuard>(state.modules);
     caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept, release_graph);
     caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
   }
@@ -278,12 +268,18 @@ void Region::ForwardScope::finished() {
   }
 }
 
-bool Region::ForwardScope::failed_on_released_graph(const c10::Error& error) const {
-  // Autograd's error for a released saved tensor, or a region's for its released node (a region
-  // nested inside): both say "a second time".
-  return caching_ != nullptr && caching_->released() &&
-         error.msg().find("a second time") != std::string::npos;
+bool Region::ForwardScope::failed_on_released_graph(const ReleasedGraphError& error) const {
+  return caching_ != nullptr && error.forward_id() == caching_->id();
 }
+
+ReleasedGraphError::ReleasedGraphError(uint64_t forward_id)
+    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                 "ckpt::checkpoint: Trying to backward through the graph of a selectively "
+                 "checkpointed region's forward, whose saved tensors the forward released as it "
+                 "went (as PyTorch's selective checkpointing drops them). A backward through the "
+                 "region's intermediates works inside its function (the region then keeps its "
+                 "graph); outside it, backward through the region's outputs instead."),
+      forward_id_(forward_id) {}
 
 void Region::prepare_second_forward() {
   RegionState& state = *state_;
@@ -442,7 +438,7 @@ std::vector<at::Tensor> Region::finish_reentrant(std::vector<at::Tensor> outputs
   }
   auto node = compat::make_node<ReentrantBackward>(state_, std::move(input_edges));
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (!outputs[i].defined() || !is_differentiable_type(outputs[i])) continue;
+    if (!outputs[i].defined() || !is_differentiable(outputs[i])) continue;
     at::Tensor& output = outputs[i];
     output = fresh_alias(output);
     torch::autograd::impl::set_gradient_edge(

@@ -4,13 +4,13 @@
 
 #include <ckpt/detail/region.h>
 
-#include "autocast_state.h"
-#include "graph.h"
+#include "autograd/autocast_state.h"
+#include "autograd/graph.h"
+#include "autograd/rng_state.h"
+#include "autograd/training_modes.h"
+#include "autograd/version_snapshot.h"
 #include "input_copies.h"
-#include "rng_state.h"
 #include "selective.h"
-#include "training_modes.h"
-#include "version_snapshot.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

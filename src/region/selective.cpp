@@ -1,10 +1,14 @@
 #include "selective.h"
 
+#include <ckpt/detail/region.h>
+
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <string>
 #include <unordered_set>
 
@@ -55,11 +59,18 @@ bool unchanged(const KeptOutputs::Entry& entry) {
   return true;
 }
 
-// A tensor sharing `tensor`'s data with no autograd history of its own (autograd, above the
-// mode, gives the one handed out a history; the kept one must not hold the forward's graph).
-at::Tensor untracked_alias(const at::Tensor& tensor) {
-  return tensor.defined() ? tensor.variable_data() : tensor;
-}
+// On a node whose saved tensors a selective forward released: a backward that reaches it raises
+// ckpt's own error, before the node would fail on what it no longer holds.
+class ReleasedNodeHook final : public torch::autograd::FunctionPreHook {
+ public:
+  explicit ReleasedNodeHook(uint64_t forward_id) : forward_id_(forward_id) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list&) override {
+    throw ReleasedGraphError(forward_id_);
+  }
+
+ private:
+  uint64_t forward_id_;
+};
 
 // `value` with every tensor in it (a tensor or a list of tensors) replaced by `map(tensor)`.
 template <class Map>
@@ -152,10 +163,16 @@ void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* sta
         watch.counters.push_back({counter, counter.current_version()});
       }
       entry.watches.push_back(std::move(watch));
-      return untracked_alias(t);
+      return fresh_alias(t);
     }));
   }
   kept_.entries.push_back(std::move(entry));
+}
+
+CachingMode::CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph)
+    : policy_(std::move(policy)), kept_(kept), release_graph_(release_graph) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id.fetch_add(1, std::memory_order_relaxed);
 }
 
 // The arguments' nodes are complete (autograd, above the mode, recorded them when their
@@ -167,9 +184,9 @@ void CachingMode::release_producers(const c10::OperatorHandle& op, const torch::
     map_tensors(stack[i], [&](const at::Tensor& t) {
       const auto* meta = t.defined() ? torch::autograd::impl::get_autograd_meta(t) : nullptr;
       Node* node = meta != nullptr ? meta->grad_fn_.get() : nullptr;
-      if (node != nullptr && marker_.created_inside(*node)) {
+      if (node != nullptr && marker_.created_inside(*node) && released_.insert(node).second) {
         node->release_variables();
-        released_ = true;
+        node->add_pre_hook(std::make_unique<ReleasedNodeHook>(id_));
       }
       return t;
     });
@@ -229,6 +246,16 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
     run(op, stack);
     return;
   }
+  KeptOutputs::Entry& entry = next_entry(op);
+  if (usable(entry, operator_label(op.operator_name()))) {
+    hand_out(op, entry, stack);
+  } else {
+    run(op, stack);
+  }
+}
+
+// The forward's next kept call, which must be of the same operator.
+KeptOutputs::Entry& ReplayMode::next_entry(const c10::OperatorHandle& op) {
   const std::string name = operator_label(op.operator_name());
   TORCH_CHECK(next_ < kept_.entries.size(),
               "ckpt::checkpoint: the recompute of a selectively checkpointed region called ", name,
@@ -240,14 +267,20 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
               "checkpointed region called ", name, " where its forward called ",
               operator_label(entry.op), " (kept call #", next_ - 1,
               "). The function must run the same operators when it runs again.");
+  return entry;
+}
+
+// Whether the entry still holds what the forward's call returned. It does not after a backward
+// that kept no graph gave it up, or once its data was modified in place: the operator then runs
+// again, unless the policy said MustSave (an error).
+bool ReplayMode::usable(const KeptOutputs::Entry& entry, const std::string& name) const {
   if (entry.consumed) {
     // Only after a backward that kept no graph failed part-way, and is being run again.
     TORCH_CHECK(!entry.must, "ckpt::checkpoint: the outputs of ", name,
                 " that the selective policy keeps (MustSave) were given up by an earlier "
                 "backward through this region, which did not retain the graph. Pass "
                 "retain_graph=true to the backward if you need to run it again.");
-    run(op, stack);
-    return;
+    return false;
   }
   if (!unchanged(entry)) {
     // Modified in place after the forward kept it (by the caller, or by an earlier recompute
@@ -259,12 +292,17 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
                 name,
                 " (MustRecompute or PreferSave), or make the in-place operation out of "
                 "place.");
-    run(op, stack);
-    return;
+    return false;
   }
+  return true;
+}
+
+// Replaces the call's arguments with the kept outputs, and notes the writes into them that the
+// forward absorbed (the recompute skips them).
+void ReplayMode::hand_out(const c10::OperatorHandle& op, KeptOutputs::Entry& entry,
+                          torch::jit::Stack* stack) {
   torch::jit::drop(*stack, op.schema().arguments().size());
-  for (const c10::IValue& value : entry.returns)
-    stack->push_back(map_tensors(value, untracked_alias));
+  for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, fresh_alias));
   handed_out_.push_back(next_ - 1);
   size_t k = 0;
   for (const c10::IValue& value : entry.returns) {

@@ -5,8 +5,8 @@
 // of running those operators' kernels. Both are dispatch modes (dispatch_mode.h), so autograd,
 // above them, records every operator's node as usual.
 
-#include "dispatch_mode.h"
-#include "graph.h"
+#include "autograd/dispatch_mode.h"
+#include "autograd/graph.h"
 
 #include <ckpt/selective.h>
 
@@ -14,6 +14,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <cstdint>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -70,15 +71,15 @@ struct KeptOutputs {
 /// With `release_graph`, it also lets go of the region's forward graph's saved tensors as it
 /// goes, as PyTorch's pack hooks drop them: when an operator consumes a tensor that a node of the
 /// region computed, that node's variables are released. The graph then serves only to find the
-/// border. A backward through the region's own intermediates inside its forward fails on them;
-/// the region then runs its function again without releasing (`Region::run_forward`).
+/// border. A backward through the region's own intermediates inside its forward reaches a
+/// released node, whose pre-hook raises `ReleasedGraphError` with this mode's id; the region
+/// then runs its function again without releasing (`Region::run_forward`).
 class CachingMode : public DispatchMode {
  public:
-  CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph)
-      : policy_(std::move(policy)), kept_(kept), release_graph_(release_graph) {}
+  CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph);
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
-  /// Whether it released any node's variables.
-  bool released() const { return released_; }
+  /// The id that the `ReleasedGraphError`s of the nodes it released carry (unique per process).
+  uint64_t id() const { return id_; }
 
  private:
   void before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
@@ -89,7 +90,8 @@ class CachingMode : public DispatchMode {
   SelectivePolicy policy_;
   KeptOutputs& kept_;
   bool release_graph_;
-  bool released_ = false;
+  uint64_t id_;
+  std::unordered_set<const Node*> released_;
   RegionMarker marker_;  // the region's nodes are those created after the mode starts
 };
 
@@ -105,6 +107,9 @@ class ReplayMode : public DispatchMode {
   void check_all_used() const;
 
  private:
+  KeptOutputs::Entry& next_entry(const c10::OperatorHandle& op);
+  bool usable(const KeptOutputs::Entry& entry, const std::string& name) const;
+  void hand_out(const c10::OperatorHandle& op, KeptOutputs::Entry& entry, torch::jit::Stack* stack);
   bool skip_absorbed_write(const c10::OperatorHandle& op, torch::jit::Stack* stack);
   void mark_written(const std::vector<const c10::StorageImpl*>& written);
 

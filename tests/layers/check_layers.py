@@ -19,26 +19,29 @@ import pathlib
 import re
 import sys
 
-# Folders and headers, by layer (0: the LibTorch shim ... 6: the umbrella headers; then the
-# model zoo, the benchmarks and the program, each above the last: `ckpt bench` is the harness).
+# Folders and headers, by layer (0: the LibTorch shim, 1: the shared autograd toolkit ... 7: the
+# umbrella headers; then the model zoo, the benchmarks and the program, each above the last:
+# `ckpt bench` is the harness). docs/design.md describes each layer.
 LAYERS = {
     "src/compat": 0,
-    "include/ckpt/detail": 1, "include/ckpt/checkpoint.h": 1, "include/ckpt/options.h": 1,
-    "include/ckpt/selective.h": 1,
-    "include/ckpt/recompute.h": 1, "include/ckpt/memory_label.h": 1, "src/region": 1,
-    "include/ckpt/sequential.h": 2, "include/ckpt/modules.h": 2, "src/chains": 2,
-    "include/ckpt/plan": 3, "src/plan": 3,
-    "include/ckpt/execute": 4, "src/execute": 4,
+    "src/autograd": 1,
+    "include/ckpt/detail": 2, "include/ckpt/checkpoint.h": 2, "include/ckpt/options.h": 2,
+    "include/ckpt/selective.h": 2,
+    "include/ckpt/recompute.h": 2, "include/ckpt/memory_label.h": 2, "src/region": 2,
+    "include/ckpt/sequential.h": 3, "include/ckpt/modules.h": 3,
+    "include/ckpt/storage_mode.h": 3, "src/chains": 3,
+    "include/ckpt/plan": 4, "src/plan": 4,
     "include/ckpt/profiler.h": 5, "include/ckpt/memory_tracker.h": 5, "src/measure": 5,
-    "include/ckpt/planned_sequential.h": 6, "include/ckpt/ckpt.h": 6,
+    "include/ckpt/planned_sequential.h": 6, "src/execute": 6,
+    "include/ckpt/ckpt.h": 7,
     # ckpt::emulated_device: an accelerator for tests, beside ckpt on the LibTorch shim alone.
     "include/ckpt/emulated_device.h": 0, "src/emulated_device": 0,
     # ckpt::distributed: data-parallel training under any strategy, on top of the whole library.
-    "include/ckpt/distributed.h": 6, "src/distributed": 6,
+    "include/ckpt/distributed.h": 7, "src/distributed": 7,
     # Above the library, through its installed headers only.
-    "models": 7,  # the model zoo and the strategies of the tools and tests
-    "bench": 8,   # benchmarks; bench/compare is also the `ckpt bench` subcommand
-    "tools": 9,   # the ckpt program
+    "models": 8,  # the model zoo and the strategies of the tools and tests
+    "bench": 9,   # benchmarks; bench/compare is also the `ckpt bench` subcommand
+    "tools": 10,  # the ckpt program
 }
 CHECKED = ["include/ckpt", "src", "models", "bench", "tools"]
 SOURCE_SUFFIXES = {".h", ".hpp", ".cpp", ".cc"}
@@ -51,21 +54,10 @@ PRIVATE_REACH = {
     ("src/compat", "src"):
         "the LibTorch shim: version differences live in src/compat only, for every layer of the "
         "library",
-    ("src/region", "src/chains"):
-        "graph walks and autocast state of the region layer: the shared autograd toolkit, which "
-        "has no layer of its own yet (issue 28, item 2)",
-    ("src/region", "src/execute"):
-        "RNG fork, buffers, versions, training modes and autocast of the region layer: the shared "
-        "autograd toolkit, which has no layer of its own yet (issue 28, item 2)",
-    ("src/region", "src/measure"):
-        "buffer guards of the region layer: the shared autograd toolkit, which has no layer of "
-        "its own yet (issue 28, item 2)",
-    ("src/chains/stage_graph.h", "src/execute"):
-        "stage graph and leaf gradients, shared by the executor and the profiler: part of the "
-        "autograd toolkit (issue 28, item 2)",
-    ("src/chains/stage_graph.h", "src/measure"):
-        "stage graph and leaf gradients, shared by the executor and the profiler: part of the "
-        "autograd toolkit (issue 28, item 2)",
+    ("src/autograd", "src"):
+        "the shared autograd toolkit (graph walks, the accumulation rule, RNG fork, autocast, "
+        "buffers, versions, training modes, dispatch modes, stage graphs): its headers are meant "
+        "for the regions, chains, profiler and executor above it",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
 

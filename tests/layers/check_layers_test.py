@@ -60,7 +60,7 @@ class CheckLayersTest(unittest.TestCase):
     def test_a_relative_include_counts_as_the_file_it_reaches(self):
         self.expect_caught({"src/region/up.cpp": '#include "../chains/chain.h"\n',
                             "src/chains/chain.h": ""},
-                           "src/region/up.cpp (layer 1) includes src/chains/chain.h (layer 2)")
+                           "src/region/up.cpp (layer 2) includes src/chains/chain.h (layer 3)")
 
     def test_a_private_header_of_another_layer_is_caught(self):
         self.expect_caught({"src/measure/profiler.cpp": '#include "../region/graph.h"\n'},
@@ -68,12 +68,12 @@ class CheckLayersTest(unittest.TestCase):
 
     def test_tools_bench_and_models_are_checked(self):
         self.expect_caught({"tools/ckpt/train.cpp": '#include "region/graph.h"\n'},
-                           "tools/ckpt/train.cpp (layer 9) includes src/region/graph.h")
+                           "tools/ckpt/train.cpp (layer 10) includes src/region/graph.h")
         self.expect_caught({"models/strategy.cpp": '#include "harness.h"\n'},
-                           "models/strategy.cpp (layer 7) includes bench/compare/harness.h")
+                           "models/strategy.cpp (layer 8) includes bench/compare/harness.h")
         self.expect_caught({"bench/micro/b.cpp": '#include "../../tools/ckpt/units.h"\n',
                             "tools/ckpt/units.h": ""},
-                           "points up: bench/micro/b.cpp (layer 8) includes tools/ckpt/units.h")
+                           "points up: bench/micro/b.cpp (layer 9) includes tools/ckpt/units.h")
 
     def test_an_installed_header_reaches_only_installed_ones(self):
         self.expect_caught({"include/ckpt/detail/x.h": '#include "../../../src/region/graph.h"\n'},

@@ -3,7 +3,7 @@
 
 #include <ckpt/checkpoint.h>
 
-#include "region/rng_state.h"
+#include "autograd/rng_state.h"
 #include "support/support.h"
 
 namespace {

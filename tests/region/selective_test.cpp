@@ -582,6 +582,24 @@ TEST(SelectiveTest, BackwardInsideANestedSelectiveRegionRunsBothAgain) {
       EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
   }
 }
+
+// Issue 28, item 3: the second run is triggered by ckpt's own signal (a pre-hook on each node the
+// forward released), not by an error's text. A function's own error that happens to say "a second
+// time" propagates at once, after one run: it used to run the function again and switch the call
+// site to keeping its graph.
+TEST(SelectiveTest, AnErrorThatOnlySaysASecondTimeIsNotRetried) {
+  int calls = 0;
+  const auto fn = [&calls](const at::Tensor& t) {
+    ++calls;
+    auto h = t.sin().cos();  // cos consumes sin's output: the forward releases sin's node
+    TORCH_CHECK(h.numel() == 0, "the function's own error, raised a second time");
+    return h;
+  };
+  const auto x = torch::randn({3}, torch::requires_grad());
+  const auto options = ckpt::CheckpointOptions().policy(ckpt::save_matmuls());
+  CKPT_EXPECT_THROWS_WITH(ckpt::checkpoint(options, fn, x), "the function's own error");
+  EXPECT_EQ(calls, 1);
+}
 }  // namespace
 
 namespace {

@@ -3,6 +3,7 @@
 #include "device_option.h"
 #include "errors.h"
 #include "output_path.h"
+#include "strategy.h"
 #include "svg_chart.h"
 #include "train_args.h"
 #include "units.h"
@@ -43,6 +44,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
       ->capture_default_str();
   command->add_flag("--no-python", args.no_python, "Skip torch.utils.checkpoint");
   command->add_flag("--no-planned", args.no_planned, "Skip ckpt's planned schedules");
+  command->add_option("--storage-modes", args.storage_modes, models::storage_modes_help())
+      ->type_name("LIST")
+      ->capture_default_str();
   command
       ->add_option("--python", args.python,
                    "Python interpreter with torch (default: the one ckpt was built with, else "
@@ -74,6 +78,7 @@ bench::BenchOptions bench_options(const BenchArgs& args) {
   options.device = args.device;
   options.python = !args.no_python;
   options.planned = !args.no_planned;
+  options.storage_modes = args.storage_modes;
   options.python_executable = args.python;
   options.every_segment_count = !args.plot_path.empty();
   return options;
@@ -161,6 +166,11 @@ int run_bench(const BenchArgs& given) {
       throw UsageError("--models: unknown model '" + model +
                        "'; choose among mlp, resnet, transformer, small");
     }
+  }
+  try {
+    models::parse_storage_modes(args.storage_modes);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(error.what());
   }
   check_output_path(args.markdown_path, "--markdown");
   check_output_path(args.json_path, "--json");

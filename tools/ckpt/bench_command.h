@@ -20,6 +20,7 @@ struct BenchArgs {
   bool no_planned = false;
   std::string python;
   std::string device = "cpu";
+  std::string storage_modes = "checkpointed,selective";  // --storage-modes of the planned rows
   std::string markdown_path;
   std::string json_path;
   std::string plot_path;

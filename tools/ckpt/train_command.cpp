@@ -92,6 +92,7 @@ Strategy parse_strategy(const TrainArgs& args) {
   Strategy strategy;
   try {
     strategy = models::parse_strategy(args.strategy, args.layers + 2, " = layers + 2");
+    strategy.storage_modes = models::parse_storage_modes(args.storage_modes);
   } catch (const std::invalid_argument& error) {
     throw UsageError(error.what());
   }
@@ -176,7 +177,8 @@ using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 // Profiles the chain and solves for the budget; the plan goes into `result`.
 Forward plan_budget(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
                     torch::nn::Sequential& chain, PlannedSequential& planned, RunResult& result) {
-  planned = PlannedSequential(chain, strategy.budget);
+  planned = PlannedSequential(chain, strategy.budget,
+                              PlannedSequentialOptions().storage_modes(strategy.storage_modes));
   std::cerr << "[" << result.label << "] profiling " << args.layers + 2
             << " stages and solving for the budget...\n";
   try {
@@ -454,6 +456,9 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
                    "none | sequential:K | selective[:K] (keeps matrix products) | budget:BYTES | "
                    "budget:PCT% (through the planner)")
       ->type_name("NAME")
+      ->capture_default_str();
+  command->add_option("--storage-modes", args.storage_modes, models::storage_modes_help())
+      ->type_name("LIST")
       ->capture_default_str();
   command->add_option("--seed", args.seed, "Seed of the weights, batches and dropout")
       ->check(CLI::Validator(  // "-1" would wrap to 2^64 - 1

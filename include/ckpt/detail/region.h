@@ -64,6 +64,19 @@ std::shared_ptr<CallSite> call_site(CallSite& fallback, const ModuleList& module
 /// tensor arguments (the reentrant variant passes detached copies).
 using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>* inputs)>;
 
+/// ckpt's signal that a backward inside a selectively checkpointed region's function reached a
+/// node whose saved tensors that forward released: raised by a pre-hook on each such node,
+/// caught by `Region::run_forward` (which runs the function again keeping its graph) when it is
+/// its own forward's, identified by `forward_id`.
+class ReleasedGraphError : public c10::Error {
+ public:
+  explicit ReleasedGraphError(uint64_t forward_id);
+  uint64_t forward_id() const { return forward_id_; }
+
+ private:
+  uint64_t forward_id_;
+};
+
 struct RegionState;
 class RegionMarker;
 class CachingMode;
@@ -102,7 +115,7 @@ class Region {
           auto result = fn();
           scope.finished();
           return result;
-        } catch (const c10::Error& error) {
+        } catch (const ReleasedGraphError& error) {
           if (!scope.failed_on_released_graph(error)) throw;
         }
       }
@@ -123,8 +136,8 @@ class Region {
 
     /// The function returned: the buffers stay as it left them.
     void finished();
-    /// Whether `error` is a backward inside the function failing on a released saved tensor.
-    bool failed_on_released_graph(const c10::Error& error) const;
+    /// Whether `error` is a backward inside the function reaching a node this forward released.
+    bool failed_on_released_graph(const ReleasedGraphError& error) const;
 
    private:
     Region& region_;

@@ -1,7 +1,7 @@
 // The autocast state a region replays: the CPU's and that of the arguments' device type, for every
 // accelerator type autocast knows in this LibTorch (2.x: device-generic; 1.13: CPU and CUDA).
 
-#include "region/autocast_state.h"
+#include "autograd/autocast_state.h"
 #include "support/support.h"
 
 namespace {

@@ -273,6 +273,48 @@ std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge) {
   return [accumulator](const at::Tensor& gradient) { accumulator->apply({gradient}); };
 }
 
+void BorderNode::mark_sole_through_enclosing(size_t k) {
+  if (sole_through_enclosing_.size() <= k) sole_through_enclosing_.resize(num_outputs());
+  sole_through_enclosing_[k] = true;
+}
+
+bool is_region_node(const Node& node) {
+  return dynamic_cast<const BorderNode*>(&node) != nullptr;
+}
+
+void accumulate_sole_gradients_early(BorderCapture& border, const Boundary& boundary,
+                                     const std::vector<size_t>& needed,
+                                     const ExpectedHolders& expected) {
+  std::vector<bool> early(boundary.edges.size(), false);
+  for (size_t k : needed) {
+    const long holders = expected(k);
+    if (holders < 0 || border.uses(k) != 1) continue;
+    const Edge& edge = boundary.edges[k];
+    // A nested region's node keeps a copy of the edge too.
+    if (edge.function.use_count() != holders + static_cast<long>(border.uses_by_regions(k))) {
+      continue;
+    }
+    if (auto receiver = early_accumulation(edge)) {
+      border.set_receiver(k, std::move(receiver));
+      early[k] = true;
+    }
+  }
+  // A nested region whose edge leads into such a leaf may add its gradient early too, sparing
+  // the enclosing backward from holding it until the nested one returns.
+  for (const auto& [node, edge, k] : border.region_edges()) {
+    if (early[k]) static_cast<BorderNode*>(node)->mark_sole_through_enclosing(edge);
+  }
+}
+
+bool is_differentiable(const at::Tensor& tensor) {
+  return tensor.defined() &&
+         (at::isFloatingType(tensor.scalar_type()) || at::isComplexType(tensor.scalar_type()));
+}
+
+at::Tensor fresh_alias(const at::Tensor& tensor) {
+  return tensor.defined() ? tensor.variable_data() : tensor;
+}
+
 at::Tensor leaf_variable(const Edge& edge) {
   const auto* accumulator = accumulator_of(edge);
   return accumulator != nullptr ? accumulator->variable : at::Tensor();

@@ -1,7 +1,5 @@
 #include "recompute_mark.h"
 
-#include <ckpt/recompute.h>
-
 namespace ckpt {
 namespace detail {
 namespace {
@@ -15,10 +13,9 @@ RecomputeMark::~RecomputeMark() {
   --recompute_depth;
 }
 
-}  // namespace detail
-
-bool is_recomputing() {
-  return detail::recompute_depth > 0;
+bool recomputing() {
+  return recompute_depth > 0;
 }
 
+}  // namespace detail
 }  // namespace ckpt

@@ -138,20 +138,63 @@ class BorderCapture {
   bool any_cut_ = false;
 };
 
+/// A node that stands for a region inside another graph (the non-reentrant region's node): it
+/// keeps a copy of its next edges, the edges by which the region's graph left the region.
+class BorderNode : public compat::OwningNode {
+ public:
+  using compat::OwningNode::OwningNode;
+  /// An enclosing backward, which redirected next edge k to itself, adds the gradient of that
+  /// edge's leaf into `.grad` as soon as it arrives (it is the leaf's one gradient): this node may
+  /// add it early itself. Set before the enclosing engine run, read during it.
+  void mark_sole_through_enclosing(size_t k);
+
+ protected:
+  bool sole_through_enclosing(size_t k) const {
+    return k < sole_through_enclosing_.size() && sole_through_enclosing_[k];
+  }
+
+ private:
+  std::vector<bool> sole_through_enclosing_;
+};
+
+/// Whether `node` stands for a region (a `BorderNode`), which keeps a copy of its border's edges.
+bool is_region_node(const Node& node);
+
+/// How many references to boundary edge k's gradient accumulator the caller of
+/// `accumulate_sole_gradients_early` expects when nothing else leads to it (its own copies of the
+/// edge, the edge the capture keeps aside), or -1 where the leaf may get another gradient in this
+/// backward that no live reference shows.
+using ExpectedHolders = std::function<long(size_t k)>;
+
+/// ckpt's one accumulation rule, autograd's own: in one backward a leaf's gradients are summed
+/// first and the sum is added into its `.grad` (several added in one by one round differently).
+/// A gradient may therefore go into an existing `.grad` as soon as it arrives, so that nobody
+/// holds it, only where it is the leaf's sole gradient in this backward: the captured graph
+/// uses boundary edge k once, and the accumulator has no reference beyond `expected(k)` and the
+/// copies nested regions keep. For each such k in `needed` (and where `early_accumulation`
+/// allows it), the capture's receiver becomes the early one, and nested regions whose edge leads
+/// there are told they may add early themselves. Regions and the chains' stage graphs both use it.
+void accumulate_sole_gradients_early(BorderCapture& border, const Boundary& boundary,
+                                     const std::vector<size_t>& needed,
+                                     const ExpectedHolders& expected);
+
 /// A receiver that adds gradients for `edge` into its parameter's `.grad` ahead of the outer
 /// backward, where that is allowed: the edge ends at a gradient accumulator, the parameter's
 /// `.grad` exists as a dense buffer of the same shape, and no tensor hooks or post-accumulate-grad
-/// hooks wait for one summed gradient. Empty otherwise. The caller makes sure the gradient is the
-/// accumulator's only input in the backward: several, added in one by one, round differently
-/// from their sum. It adds through the accumulator, under the accumulator's lock (other threads'
-/// backward passes add into the same `.grad`), and skips the accumulator's post-hooks, which run
-/// once, in the outer backward. It holds the accumulator by pointer: call it only while the edge
-/// (which owns the accumulator) lives.
+/// hooks wait for one summed gradient. Empty otherwise. Only `accumulate_sole_gradients_early`
+/// calls it: it makes sure the gradient is the accumulator's only input in the backward. It adds
+/// through the accumulator, under the accumulator's lock (other threads' backward passes add into
+/// the same `.grad`), and skips the accumulator's post-hooks, which run once, in the outer
+/// backward. It holds the accumulator by pointer: call it only while the edge (which owns the
+/// accumulator) lives.
 std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge);
 
-/// Whether `node` stands for a non-reentrant region (checkpoint_node.h), which keeps a copy of its
-/// border's edges.
-bool is_region_node(const Node& node);
+/// Whether gradients can flow through tensors like `tensor`: floating point or complex.
+bool is_differentiable(const at::Tensor& tensor);
+
+/// A tensor sharing `tensor`'s data but none of its autograd history (undefined stays undefined).
+/// Unlike detach(), it is not a view of `tensor`, so it keeps no graph alive.
+at::Tensor fresh_alias(const at::Tensor& tensor);
 
 /// The leaf tensor (a parameter, say) whose gradient accumulator `edge` ends at, or an undefined
 /// tensor when the edge ends elsewhere.

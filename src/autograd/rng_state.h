@@ -60,5 +60,18 @@ class RngFork {
   std::vector<at::Tensor> saved_device_states_;
 };
 
+/// Puts the generators of the CPU and of `device_type`'s devices among `tensors` back, on
+/// destruction, as they were at construction: code that runs stages again (a chain's recomputes,
+/// the profiler's repeated runs) leaves the caller's random streams where they were.
+class RngRestore {
+ public:
+  RngRestore(const std::vector<at::Tensor>& tensors, c10::DeviceType device_type)
+      : now_(tensors, device_type), fork_(now_) {}
+
+ private:
+  RngStash now_;
+  RngFork fork_;  // restores the states it found, which are `now_`'s
+};
+
 }  // namespace detail
 }  // namespace ckpt

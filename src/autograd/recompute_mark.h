@@ -14,5 +14,8 @@ class RecomputeMark {
   RecomputeMark& operator=(const RecomputeMark&) = delete;
 };
 
+/// Whether the calling thread is inside a `RecomputeMark` (what `ckpt::is_recomputing()` says).
+bool recomputing();
+
 }  // namespace detail
 }  // namespace ckpt

@@ -11,11 +11,11 @@
 namespace ckpt {
 namespace detail {
 
-/// When `active`, snapshots the buffers of `modules` and their submodules, and writes the
-/// snapshot back when destroyed (also when an exception leaves the scope); otherwise does nothing.
+/// Snapshots the buffers of `modules` and their submodules, and writes the snapshot back when
+/// destroyed (also when an exception leaves the scope).
 class BufferGuard {
  public:
-  BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, bool active);
+  explicit BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
   ~BufferGuard();
   /// Leaves the buffers as they are now: nothing is written back.
   void dismiss() {

@@ -1,8 +1,7 @@
 #include "stage_graph.h"
 
-#include "module_region.h"
-#include "region/autocast_state.h"
-#include "region/graph.h"
+#include "autocast_state.h"
+#include "graph.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -12,22 +11,15 @@
 namespace ckpt {
 namespace detail {
 
-StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
-                       bool input_requires_grad, const CheckpointOptions* region) {
+StageGraph::StageGraph(const StageForward& forward, const at::Tensor& input,
+                       bool input_requires_grad) {
   const at::AutoGradMode grad_mode(true);
   // Autocast's cache would hand the stage casts of weights that an earlier run of it (a
   // recompute, a profiling run) made, outside this graph: each run casts its own.
   const AutocastCacheOff cache_off;
   leaf_ = input.detach();
   if (input_requires_grad) leaf_.requires_grad_(true);
-  if (region != nullptr) {
-    auto module = stage;
-    output_ = checkpoint_modules(
-        *region, {module.ptr()},
-        [module](const at::Tensor& x) mutable { return module.forward<at::Tensor>(x); }, leaf_);
-  } else {
-    output_ = stage.forward<at::Tensor>(leaf_);
-  }
+  output_ = forward(leaf_);
   if (!output_.requires_grad()) return;
   // A stage that returns a leaf (its input, from Identity or Dropout(0)) made no node: its
   // backward would start at the leaf's accumulator and hand nothing on. A view gives it one.
@@ -48,16 +40,9 @@ StageGraph::StageGraph(torch::nn::AnyModule& stage, const at::Tensor& input,
 void LeafGradients::add(const torch::autograd::Edge& edge, const at::Tensor& grad) {
   if (!grad.defined()) return;
   auto found = slots_.find(edge.function.get());
-  if (found == slots_.end()) {
-    found = slots_.emplace(edge.function.get(), Slot{edge, early_accumulation(edge), {}}).first;
-  }
-  Slot& slot = found->second;
-  if (slot.early) {
-    slot.early(grad);
-  } else {
-    // Out of place: the engine's gradient may alias a tensor still in use.
-    slot.sum = slot.sum.defined() ? slot.sum + grad : grad;
-  }
+  if (found == slots_.end()) found = slots_.emplace(edge.function.get(), Slot{edge, {}}).first;
+  at::Tensor& sum = found->second.sum;
+  sum = sum.defined() ? sum + grad : grad;
 }
 
 at::Tensor LeafGradients::take(const torch::autograd::Node* accumulator) {
@@ -123,7 +108,17 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
         };
       }
     }
-    const BorderCapture border(roots, marker_, boundary_, std::move(receivers));
+    BorderCapture border(roots, marker_, boundary_, std::move(receivers));
+    // Holders of a leaf's accumulator when nothing else leads to it: the boundary's copy of the
+    // edge, the chain node's next edge, and the stage's one edge into it (kept aside by the
+    // capture). The stage's input is not a leaf of the chain's backward.
+    std::vector<size_t> needed;
+    for (size_t k = 0; k < boundary_.edges.size(); ++k) {
+      if (boundary_.edges[k].function.get() != input_node) needed.push_back(k);
+    }
+    accumulate_sole_gradients_early(border, boundary_, needed, [&](size_t k) -> long {
+      return leaves.single_stage(leaf_variable(boundary_.edges[k])) ? 3 : -1;
+    });
     torch::autograd::Engine::get_default_engine().execute(
         roots, {std::move(grad_output)}, /*keep_graph=*/false, /*create_graph=*/false,
         /*accumulate_grad=*/true, border.outputs());

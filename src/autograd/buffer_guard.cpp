@@ -5,9 +5,7 @@
 namespace ckpt {
 namespace detail {
 
-BufferGuard::BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
-                         bool active) {
-  if (!active) return;
+BufferGuard::BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
   for (const auto& module : modules) {
     for (const auto& buffer : module->buffers(/*recurse=*/true)) {
       if (!buffer.defined()) continue;

@@ -2,8 +2,6 @@
 
 // What a recompute replays from its forward, in one place for regions and planned schedules.
 
-#include <ckpt/detail/region.h>
-
 #include "autocast_state.h"
 #include "buffer_guard.h"
 #include "recompute_mark.h"
@@ -11,6 +9,10 @@
 #include "training_modes.h"
 
 #include <c10/util/Optional.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <vector>
 
 namespace ckpt {
 namespace detail {
@@ -23,8 +25,9 @@ namespace detail {
 class RecomputeScope {
  public:
   RecomputeScope(const c10::optional<RngStash>& rng, const AutocastState& autocast,
-                 const TrainingModes& modes, const ModuleList& modules)
-      : autocast_(autocast), modes_(modes), buffers_(modules, /*active=*/true) {
+                 const TrainingModes& modes,
+                 const std::vector<std::shared_ptr<torch::nn::Module>>& modules)
+      : autocast_(autocast), modes_(modes), buffers_(modules) {
     if (rng.has_value()) fork_.emplace(*rng);
   }
   RecomputeScope(const RecomputeScope&) = delete;

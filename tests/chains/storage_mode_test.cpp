@@ -1,0 +1,74 @@
+// The storage-mode table (ckpt/storage_mode.h): the standard modes, adding and selecting modes,
+// and the errors that name what went wrong.
+
+#include <ckpt/storage_mode.h>
+
+#include "support/support.h"
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+std::optional<ckpt::CheckpointOptions> plain_region(const ckpt::StorageSettings&) {
+  return ckpt::CheckpointOptions();
+}
+
+TEST(StorageModes, StandardHasCheckpointedThenSelective) {
+  const auto modes = ckpt::StorageModes::standard();
+  ASSERT_EQ(modes.all().size(), 2u);
+  EXPECT_EQ(modes.names(), "checkpointed, selective");
+  ckpt::StorageSettings settings;
+  EXPECT_TRUE(modes.at("checkpointed", "test").region(settings).has_value());
+  // The selective mode is off without a policy, and on with one.
+  EXPECT_FALSE(modes.at("selective", "test").region(settings).has_value());
+  settings.selective_policy = ckpt::save_matmuls();
+  const auto region = modes.at("selective", "test").region(settings);
+  ASSERT_TRUE(region.has_value());
+  EXPECT_TRUE(static_cast<bool>(region->policy()));
+  EXPECT_EQ(ckpt::StorageModes().names(), "none");
+}
+
+TEST(StorageModes, AddRefusesBadEntries) {
+  auto modes = ckpt::StorageModes::standard();
+  CKPT_EXPECT_THROWS_WITH(modes.add({"selective", "again", plain_region}),
+                          "a mode named 'selective' is already in the table");
+  CKPT_EXPECT_THROWS_WITH(modes.add({"two words", "", plain_region}), "letters, digits and '_'");
+  CKPT_EXPECT_THROWS_WITH(modes.add({"", "", plain_region}), "letters, digits and '_'");
+  CKPT_EXPECT_THROWS_WITH(modes.add({"no_region", "", {}}), "mode 'no_region' has no `region`");
+  EXPECT_EQ(modes.names(), "checkpointed, selective");  // nothing added by the failures
+  modes.add({"offload_like", "a new entry", plain_region});
+  EXPECT_EQ(modes.names(), "checkpointed, selective, offload_like");
+}
+
+TEST(StorageModes, RemoveAndLookUp) {
+  auto modes = ckpt::StorageModes::standard().remove("selective");
+  EXPECT_EQ(modes.names(), "checkpointed");
+  EXPECT_EQ(modes.find("selective"), nullptr);
+  CKPT_EXPECT_THROWS_WITH(modes.remove("selective"),
+                          "no storage mode is named 'selective'; the table has: checkpointed.");
+  CKPT_EXPECT_THROWS_WITH(modes.at("keep_all", "ckpt::Somewhere"),
+                          "ckpt::Somewhere: no storage mode is named 'keep_all'");
+}
+
+TEST(StorageModes, SelectTakesNamesInTheirOrder) {
+  const auto modes = ckpt::StorageModes::standard();
+  EXPECT_EQ(modes.select("selective,checkpointed").names(), "selective, checkpointed");
+  EXPECT_EQ(modes.select("checkpointed").names(), "checkpointed");
+  EXPECT_TRUE(modes.select("none").all().empty());
+  EXPECT_TRUE(modes.select("").all().empty());
+  for (const char* bad : {"offload", "checkpointed,", "checkpointed,checkpointed", ",selective"}) {
+    EXPECT_THROW(modes.select(bad), std::invalid_argument) << bad;
+  }
+  try {
+    modes.select("checkpointed,offload");
+    FAIL() << "selected an unknown mode";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_STREQ(error.what(),
+                 "unknown storage mode 'offload' in 'checkpointed,offload'; the modes are: "
+                 "checkpointed, selective (or none)");
+  }
+}
+
+}  // namespace
