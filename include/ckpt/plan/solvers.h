@@ -146,6 +146,10 @@ class OptimalTable {
   const double* row(int i, int l) const;
   double* row(int i, int l);
   void build();
+  // The two cases of the recursion for the entry (i, l); `first` holds each shorter entry's
+  // first finite slot.
+  void add_forward_all(int i, int l, const std::vector<int64_t>& first);
+  void add_checkpoints(int i, int l, const std::vector<int64_t>& first);
   detail::Choice best_choice(int i, int l, int64_t m) const;
   void check_budget(const char* function, int64_t budget_bytes) const;
 
