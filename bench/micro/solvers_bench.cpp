@@ -72,6 +72,73 @@ void BM_OptimalTableSolve(benchmark::State& state) {
 }
 BENCHMARK(BM_OptimalTableSolve)->ArgNames({"stages"})->Arg(64)->Unit(benchmark::kMicrosecond);
 
+// What the solver limits of ckpt/plan/solvers.h (OptimalOptions) cost in time. The headers state
+// the complexity; bench/results.md ("Planner costs") records these timings.
+
+// Seconds per unit of work, `units` units each iteration.
+benchmark::Counter per_unit(double units) {
+  return benchmark::Counter(
+      units, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+// Pairs of an entry (i, l) and a checkpoint j of an L-stage chain: (L+1)(L+2)(L+3)/6.
+double entry_checkpoint_pairs(int64_t stages) {
+  return static_cast<double>((stages + 1) * (stages + 2) * (stages + 3) / 6);
+}
+
+// The slot table at max_exact_stages (200), the longest chain solve_optimal gives it.
+void BM_OptimalTableBuild(benchmark::State& state) {
+  const Chain chain = bench_chain(static_cast<int>(state.range(0)));
+  const int64_t budget = bench_budget(chain);
+  for (auto _ : state) {
+    const ckpt::plan::OptimalTable table(chain, budget);
+    benchmark::DoNotOptimize(table.min_feasible_budget_bytes());
+  }
+}
+BENCHMARK(BM_OptimalTableBuild)->ArgNames({"stages"})->Arg(200)->Unit(benchmark::kMillisecond);
+
+// The exact program run to the end; "per_step" is the time of one of the steps max_exact_work
+// counts.
+void BM_SolveExact(benchmark::State& state) {
+  const Chain chain = bench_chain(static_cast<int>(state.range(0)));
+  const int64_t budget = bench_budget(chain);
+  int64_t work = 0;
+  for (auto _ : state) {
+    const auto solution = ckpt::plan::solve_exact(chain, budget, int64_t{1} << 62);
+    work = solution.work;
+    benchmark::DoNotOptimize(solution.schedule);
+  }
+  state.counters["steps"] = static_cast<double>(work);
+  state.counters["per_step"] = per_unit(static_cast<double>(work));
+}
+BENCHMARK(BM_SolveExact)->ArgNames({"stages"})->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond);
+
+// The dense min-max program at the stages max_min_memory_pairs allows (1000).
+void BM_MinFeasibleBudget(benchmark::State& state) {
+  const Chain chain = bench_chain(static_cast<int>(state.range(0)));
+  for (auto _ : state) benchmark::DoNotOptimize(ckpt::plan::min_feasible_budget_bytes(chain));
+  state.counters["per_pair"] = per_unit(entry_checkpoint_pairs(state.range(0)));
+}
+BENCHMARK(BM_MinFeasibleBudget)->ArgNames({"stages"})->Arg(1000)->Unit(benchmark::kMillisecond);
+
+// The dense truncated program (8 steps an entry, as solve_optimal runs it) at the stages
+// max_truncated_pairs allows (390): at the smallest budget, where solve_optimal runs it (halfway:
+// 0), and halfway up, where its entries fill all 8 steps (halfway: 1).
+void BM_SolveTruncated(benchmark::State& state) {
+  const Chain chain = bench_chain(static_cast<int>(state.range(0)));
+  const int64_t budget =
+      state.range(1) ? bench_budget(chain) : ckpt::plan::min_feasible_budget_bytes(chain);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(ckpt::plan::solve_truncated(chain, budget, /*steps=*/8));
+  }
+  state.counters["per_pair"] = per_unit(entry_checkpoint_pairs(state.range(0)));
+}
+BENCHMARK(BM_SolveTruncated)
+    ->ArgNames({"stages", "halfway"})
+    ->Args({390, 0})
+    ->Args({390, 1})
+    ->Unit(benchmark::kMillisecond);
+
 void BM_Simulate(benchmark::State& state) {
   const Chain chain = bench_chain(static_cast<int>(state.range(0)));
   const auto schedule = ckpt::plan::solve_optimal(chain, bench_budget(chain));

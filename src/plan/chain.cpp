@@ -111,22 +111,67 @@ Totals totals(const Chain& chain) {
   return totals;
 }
 
+// Whether the stage passes check_stage, without building any message.
+bool stage_ok(const Stage& stage) {
+  bool ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 && stage.gradient_bytes >= 0 &&
+            stage.forward_all_tmp_bytes >= -1 && std::isfinite(stage.forward_time) &&
+            stage.forward_time >= 0 &&
+            (stage.forward_all_time == -1.0 || stage.forward_all_time >= 0) &&
+            option_ok(stage.option(0), stage.output_bytes);
+  for (const StorageOption& option : stage.alternatives) {
+    ok = ok && option_ok(option, stage.output_bytes);
+  }
+  return ok;
+}
+
+// Throws std::invalid_argument naming the first bad field of stage i.
+void check_stage(const Stage& stage, size_t i) {
+  const std::string name = "stages[" + std::to_string(i) + "].";
+  check_size(stage.output_bytes, name + "output_bytes");
+  check_size(stage.forward_tmp_bytes, name + "forward_tmp_bytes");
+  check_size(stage.gradient_bytes, name + "gradient_bytes");
+  if (stage.forward_all_tmp_bytes < -1) {
+    throw std::invalid_argument(std::string(kValidate) + name +
+                                "forward_all_tmp_bytes must be >= 0 bytes, or -1 for \"the same "
+                                "as forward_tmp_bytes\", but got " +
+                                std::to_string(stage.forward_all_tmp_bytes) + ".");
+  }
+  check_time(stage.forward_time, name + "forward_time");
+  if (!(stage.forward_all_time == -1.0 || stage.forward_all_time >= 0)) {
+    throw std::invalid_argument(std::string(kValidate) + name +
+                                "forward_all_time must be >= 0 seconds, or -1 for \"the same "
+                                "as forward_time\", but got " +
+                                std::to_string(stage.forward_all_time) + ".");
+  }
+  for (int k = 0; k < stage.option_count(); ++k) {
+    const std::string prefix =
+        k == 0 ? name : name + "alternatives[" + std::to_string(k - 1) + "].";
+    check_option(stage.option(k), stage.output_bytes, prefix);
+  }
+}
+
+// Throws std::invalid_argument when the chain's sums leave the planner's exact arithmetic.
+void check_totals(const Chain& chain) {
+  const Totals sums = totals(chain);
+  if (sums.bytes > Chain::kMaxTotalBytes) {
+    throw std::invalid_argument(std::string(kValidate) +
+                                "the sizes of the chain add up to more than 2^60 bytes (1 EiB), "
+                                "the planner's limit. Give the sizes in bytes, not bits or "
+                                "elements, or plan a shorter chain.");
+  }
+  if (!(sums.time <= Chain::kMaxTotalTime)) {
+    throw std::invalid_argument(std::string(kValidate) + "the times of the chain add up to " +
+                                std::to_string(sums.time) +
+                                ", above the planner's limit of 1e200. Give times in seconds.");
+  }
+}
+
 }  // namespace
 
 void Chain::validate() const {
   // Fast path without building messages (the simulator validates on every call).
   bool ok = !stages.empty() && input_bytes >= 0;
-  for (size_t i = 0; ok && i < stages.size(); ++i) {
-    const Stage& stage = stages[i];
-    ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 && stage.gradient_bytes >= 0 &&
-         stage.forward_all_tmp_bytes >= -1 && std::isfinite(stage.forward_time) &&
-         stage.forward_time >= 0 &&
-         (stage.forward_all_time == -1.0 || stage.forward_all_time >= 0) &&
-         option_ok(stage.option(0), stage.output_bytes);
-    for (const StorageOption& option : stage.alternatives) {
-      ok = ok && option_ok(option, stage.output_bytes);
-    }
-  }
+  for (size_t i = 0; ok && i < stages.size(); ++i) ok = stage_ok(stages[i]);
   if (ok && totals(*this).ok()) return;
   if (stages.empty()) {
     throw std::invalid_argument(std::string(kValidate) +
@@ -134,43 +179,8 @@ void Chain::validate() const {
                                 "stages of the model before planning.");
   }
   check_size(input_bytes, "input_bytes");
-  for (size_t i = 0; i < stages.size(); ++i) {
-    const Stage& stage = stages[i];
-    const std::string name = "stages[" + std::to_string(i) + "].";
-    check_size(stage.output_bytes, name + "output_bytes");
-    check_size(stage.forward_tmp_bytes, name + "forward_tmp_bytes");
-    check_size(stage.gradient_bytes, name + "gradient_bytes");
-    if (stage.forward_all_tmp_bytes < -1) {
-      throw std::invalid_argument(std::string(kValidate) + name +
-                                  "forward_all_tmp_bytes must be >= 0 bytes, or -1 for \"the same "
-                                  "as forward_tmp_bytes\", but got " +
-                                  std::to_string(stage.forward_all_tmp_bytes) + ".");
-    }
-    check_time(stage.forward_time, name + "forward_time");
-    if (!(stage.forward_all_time == -1.0 || stage.forward_all_time >= 0)) {
-      throw std::invalid_argument(std::string(kValidate) + name +
-                                  "forward_all_time must be >= 0 seconds, or -1 for \"the same "
-                                  "as forward_time\", but got " +
-                                  std::to_string(stage.forward_all_time) + ".");
-    }
-    for (int k = 0; k < stage.option_count(); ++k) {
-      const std::string prefix =
-          k == 0 ? name : name + "alternatives[" + std::to_string(k - 1) + "].";
-      check_option(stage.option(k), stage.output_bytes, prefix);
-    }
-  }
-  const Totals sums = totals(*this);
-  if (sums.bytes > kMaxTotalBytes) {
-    throw std::invalid_argument(std::string(kValidate) +
-                                "the sizes of the chain add up to more than 2^60 bytes (1 EiB), "
-                                "the planner's limit. Give the sizes in bytes, not bits or "
-                                "elements, or plan a shorter chain.");
-  }
-  if (!(sums.time <= kMaxTotalTime)) {
-    throw std::invalid_argument(std::string(kValidate) + "the times of the chain add up to " +
-                                std::to_string(sums.time) +
-                                ", above the planner's limit of 1e200. Give times in seconds.");
-  }
+  for (size_t i = 0; i < stages.size(); ++i) check_stage(stages[i], i);
+  check_totals(*this);
 }
 
 Chain scale_times(Chain chain, double factor) {

@@ -18,7 +18,7 @@ Budget Budget::bytes(int64_t value) {
     throw std::invalid_argument("the budget must be positive, but got " + std::to_string(value) +
                                 " bytes");
   }
-  return Budget(Kind::Bytes, static_cast<double>(value));
+  return Budget(Kind::Bytes, value, 0.0);
 }
 
 Budget Budget::fraction(double value) {
@@ -27,11 +27,40 @@ Budget Budget::fraction(double value) {
         "the fraction of the no-checkpoint peak must be in (0, 1], but got " +
         std::to_string(value) + " (40% is 0.4)");
   }
-  return Budget(Kind::Fraction, value);
+  return Budget(Kind::Fraction, 0, value);
 }
 
 Budget Budget::minimum() {
-  return Budget(Kind::Minimum, 0);
+  return Budget(Kind::Minimum, 0, 0.0);
+}
+
+const char* Budget::kind_name() const {
+  switch (kind_) {
+    case Kind::Bytes:
+      return "a budget in bytes";
+    case Kind::Fraction:
+      return "a fraction of the no-checkpoint peak";
+    case Kind::Minimum:
+      return "the minimum";
+  }
+  return "an unknown budget";
+}
+
+int64_t Budget::bytes() const {
+  if (!is_bytes()) {
+    throw std::logic_error(std::string("Budget::bytes() asked of ") + kind_name() +
+                           "; check is_bytes() first, or use resolve() for the bytes of any "
+                           "budget");
+  }
+  return bytes_;
+}
+
+double Budget::fraction() const {
+  if (!is_fraction()) {
+    throw std::logic_error(std::string("Budget::fraction() asked of ") + kind_name() +
+                           "; check is_fraction() first");
+  }
+  return fraction_;
 }
 
 namespace {
@@ -71,10 +100,10 @@ Budget Budget::parse(const std::string& text) {
 int64_t Budget::resolve(int64_t no_checkpoint_peak_bytes, int64_t smallest_feasible_bytes) const {
   switch (kind_) {
     case Kind::Bytes:
-      return static_cast<int64_t>(value_);
+      return bytes_;
     case Kind::Fraction:
       return static_cast<int64_t>(
-          std::floor(value_ * static_cast<double>(no_checkpoint_peak_bytes)));
+          std::floor(fraction_ * static_cast<double>(no_checkpoint_peak_bytes)));
     case Kind::Minimum:
       // Storing everything is a schedule too: a no-checkpoint peak known to be smaller (measured
       // rather than predicted) is the smaller feasible budget.

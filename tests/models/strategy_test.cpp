@@ -41,7 +41,7 @@ TEST(Strategy, EverySpellingParses) {
   const Strategy budget = parse_strategy("budget:40%", 4);
   EXPECT_EQ(budget.kind, Strategy::Kind::Budget);
   EXPECT_TRUE(budget.budget.is_fraction());
-  EXPECT_DOUBLE_EQ(budget.budget.value(), 0.4);
+  EXPECT_DOUBLE_EQ(budget.budget.fraction(), 0.4);
   EXPECT_TRUE(parse_strategy("budget:min", 4).budget.is_minimum());
 }
 

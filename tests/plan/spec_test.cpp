@@ -76,6 +76,36 @@ TEST(BudgetTest, ReadsIntegersExactly) {
   EXPECT_TRUE(contains(refusal([] { parse_bytes("1.5", "size"); }), "must be a positive size"));
 }
 
+// Past 2^53 a budget kept as a double would round 9007199254740993 bytes to ...992.
+TEST(BudgetTest, KeepsBytesExactly) {
+  const int64_t odd = 9007199254740993;
+  EXPECT_EQ(Budget::bytes(odd).resolve(1, 1), odd);
+  EXPECT_EQ(Budget::parse("9007199254740993").resolve(1, 1), odd);
+}
+
+// Each accessor holds one kind of budget, and asking the other kind says what to do instead.
+TEST(BudgetTest, AccessorsSayWhatTheyHold) {
+  EXPECT_EQ(Budget::parse("512MiB").bytes(), int64_t{512} << 20);
+  EXPECT_TRUE(Budget::parse("512MiB").is_bytes());
+  EXPECT_DOUBLE_EQ(Budget::parse("40%").fraction(), 0.4);
+  EXPECT_FALSE(Budget::parse("40%").is_bytes());
+  const auto message = [](const auto& ask) -> std::string {
+    try {
+      ask();
+    } catch (const std::logic_error& error) {
+      return error.what();
+    }
+    return "no error";
+  };
+  const std::string bytes_of_fraction = message([] { Budget::fraction(0.4).bytes(); });
+  EXPECT_TRUE(contains(bytes_of_fraction, "a fraction of the no-checkpoint peak"))
+      << bytes_of_fraction;
+  EXPECT_TRUE(contains(bytes_of_fraction, "resolve()")) << bytes_of_fraction;
+  EXPECT_TRUE(contains(message([] { Budget::minimum().bytes(); }), "asked of the minimum"));
+  EXPECT_TRUE(
+      contains(message([] { Budget::bytes(64).fraction(); }), "asked of a budget in bytes"));
+}
+
 TEST(SolverSpecTest, TooLargeCountSaysSo) {
   const std::string message = refusal([] { SolverSpec::parse("revolve:99999999999"); });
   EXPECT_TRUE(contains(message, "too large: at most 2147483647")) << message;

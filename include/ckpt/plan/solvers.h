@@ -60,7 +60,8 @@ Schedule solve_revolve(const Chain& chain, int slots);
 
 // ~~~ Optimal persistent schedules (rotor) ~~~
 
-/// Options of the optimal dynamic program.
+/// Options of the optimal dynamic program. The limits below bound work and memory; what that
+/// work takes on one machine is measured in bench/results.md ("Planner costs").
 struct OptimalOptions {
   /// Memory is discretised into this many slots of budget/slots bytes; every size is rounded
   /// up to whole slots, so returned schedules never exceed the budget. Default: 500
@@ -74,23 +75,23 @@ struct OptimalOptions {
   /// Default: 1 GiB
   int64_t max_table_bytes = int64_t{1} << 30;
   /// solve_optimal solves chains of more stages with solve_grouped in `groups` groups: the exact
-  /// table takes O(L^3 * slots) time (about 1.5 s for 200 stages). Default: 200
+  /// table takes O(L^3 * slots) time. Default: 200
   int max_exact_stages = 200;
   /// Groups of solve_optimal's long chains. Default: 128
   int groups = 128;
-  /// Steps solve_optimal lets the exact program compute (solve_exact; about 20 ms) before it
-  /// uses the table instead. Default: 2000000
+  /// Steps solve_optimal lets the exact program compute (solve_exact) before it uses the table
+  /// instead. Default: 2000000
   int64_t max_exact_work = 2000000;
   /// The min-max program (min_feasible_budget_bytes, solve_min_memory) is exact (dense) while
-  /// its pairs of an entry and a checkpoint, (L+1)(L+2)(L+3)/6, are at most this (about 4 ns
-  /// each: up to 1000 stages, 0.8 s) and its entries fit max_table_bytes. Longer chains get the
+  /// its pairs of an entry and a checkpoint, (L+1)(L+2)(L+3)/6, are at most this (up to 1000
+  /// stages with the default) and its entries fit max_table_bytes. Longer chains get the
   /// sparse program (docs/memory-model.md, "Long chains"): O(L^2) time, O(L^1.5) memory, and a
   /// minimum that may lie above the exact one (measured: by at most one activation).
   /// Default: 170000000
   int64_t max_min_memory_pairs = 170000000;
-  /// The same for solve_truncated (about 100 ns a pair): dense up to 390 stages with the
-  /// default. solve_optimal runs it on long chains near their smallest budget while its sparse
-  /// pairs are at most 4 times this (about 5900 stages). Default: 10000000
+  /// The same for solve_truncated: dense up to 390 stages with the default. solve_optimal runs it
+  /// on long chains near their smallest budget while its sparse pairs are at most 4 times this
+  /// (about 5900 stages). Default: 10000000
   int64_t max_truncated_pairs = 10000000;
 };
 
@@ -145,6 +146,10 @@ class OptimalTable {
   const double* row(int i, int l) const;
   double* row(int i, int l);
   void build();
+  // The two cases of the recursion for the entry (i, l); `first` holds each shorter entry's
+  // first finite slot.
+  void add_forward_all(int i, int l, const std::vector<int64_t>& first);
+  void add_checkpoints(int i, int l, const std::vector<int64_t>& first);
   detail::Choice best_choice(int i, int l, int64_t m) const;
   void check_budget(const char* function, int64_t budget_bytes) const;
 
@@ -178,7 +183,7 @@ struct ExactSolution {
   };
   Status status = Status::Infeasible;
   std::optional<Schedule> schedule;
-  /// Steps the program computed (about 10 ns each).
+  /// Steps the program computed (OptimalOptions::max_exact_work counts these).
   int64_t work = 0;
 };
 

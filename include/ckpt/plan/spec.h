@@ -32,9 +32,18 @@ class Budget {
   /// first 60 characters), for anything else.
   static Budget parse(const std::string& text);
 
+  /// An absolute budget: Budget::bytes, or a size parsed.
+  bool is_bytes() const { return kind_ == Kind::Bytes; }
+  /// A fraction of the no-checkpoint peak: Budget::fraction, or a percentage parsed.
   bool is_fraction() const { return kind_ == Kind::Fraction; }
+  /// The smallest feasible budget: Budget::minimum, or "min" parsed.
   bool is_minimum() const { return kind_ == Kind::Minimum; }
-  double value() const { return value_; }
+  /// The budget in bytes. Throws std::logic_error unless is_bytes(); resolve() gives any
+  /// budget in bytes.
+  int64_t bytes() const;
+  /// The fraction of the no-checkpoint peak, 0.4 for 40%. Throws std::logic_error unless
+  /// is_fraction().
+  double fraction() const;
   /// The budget in bytes for a chain whose no-checkpoint peak is `no_checkpoint_peak_bytes` and
   /// whose smallest feasible budget is `smallest_feasible_bytes`. The minimum is the smaller of
   /// the two: storing everything is always a schedule, so the minimum never exceeds 100%, even
@@ -43,9 +52,12 @@ class Budget {
 
  private:
   enum class Kind { Bytes, Fraction, Minimum };
-  Budget(Kind kind, double value) : kind_(kind), value_(value) {}
+  Budget(Kind kind, int64_t bytes, double fraction)
+      : kind_(kind), bytes_(bytes), fraction_(fraction) {}
+  const char* kind_name() const;
   Kind kind_;
-  double value_;
+  int64_t bytes_;    // Kind::Bytes only; an integer, exact past 2^53
+  double fraction_;  // Kind::Fraction only
 };
 
 /// A solver as written: "optimal" (the dynamic program), "uniform:K" (checkpoint_sequential with

@@ -267,11 +267,20 @@ int64_t OptimalTable::available_slots(int64_t budget_bytes) const {
                               max_budget_bytes_);
 }
 
-const double* OptimalTable::row(int i, int l) const {
-  const auto length = static_cast<size_t>(chain_.size());
+namespace {
+
+// The index of the interval (i, l), 0 <= i <= l <= length, in a triangle stored row by row: the
+// layout of the table's rows and of build()'s first finite slots.
+size_t triangle_index(int length, int i, int l) {
+  const auto n = static_cast<size_t>(length + 1);
   const auto si = static_cast<size_t>(i);
-  const size_t index =
-      si * (length + 1) - si * (si - (si > 0 ? 1 : 0)) / 2 + static_cast<size_t>(l - i);
+  return si * n - si * (si - (si > 0 ? 1 : 0)) / 2 + static_cast<size_t>(l - i);
+}
+
+}  // namespace
+
+const double* OptimalTable::row(int i, int l) const {
+  const size_t index = triangle_index(chain_.size(), i, l);
   return table_.data() + index * static_cast<size_t>(options_.slots + 1);
 }
 
@@ -280,64 +289,75 @@ double* OptimalTable::row(int i, int l) {
 }
 
 void OptimalTable::build() {
-  const Costs& c = *units_;
   const int length = chain_.size();
   const int64_t slots = options_.slots;
-  const bool restricted = options_.forward_all_only_before_backward;
   const auto rows = static_cast<size_t>(length + 1) * static_cast<size_t>(length + 2) / 2;
   table_.assign(rows * static_cast<size_t>(slots + 1), kInfinity);
-  // first[row] = the smallest m with a finite entry (slots + 1 if none): every candidate that
-  // reads a row below its first entry is infinite, so those m are skipped.
+  // first[triangle_index(i, l)] = the smallest m with a finite entry (slots + 1 if none): every
+  // candidate that reads a row below its first entry is infinite, so those m are skipped.
   std::vector<int64_t> first(rows, slots + 1);
-  auto first_of = [&](int i, int l) -> int64_t& {
-    const auto si = static_cast<size_t>(i);
-    const auto n = static_cast<size_t>(length + 1);
-    return first[si * n - si * (si - (si > 0 ? 1 : 0)) / 2 + static_cast<size_t>(l - i)];
-  };
 
   // NOTE: iterate by interval length d = l - i: every read below is of a shorter interval, so
   // zero-slot sizes are safe (rotor's C loop order is not).
   for (int d = 0; d <= length; ++d) {
     for (int i = 0; i + d <= length; ++i) {
       const int l = i + d;
-      double* __restrict out = row(i, l);
+      double* out = row(i, l);
       if (i == length) {  // the loss: holds δ_L while x_L is held outside
-        for (int64_t m = c.x_at(length); m <= slots; ++m) out[m] = 0.0;
-        first_of(i, l) = std::min<int64_t>(c.x_at(length), slots + 1);
+        const int64_t x = units_->x_at(length);
+        for (int64_t m = x; m <= slots; ++m) out[m] = 0.0;
+        first[triangle_index(length, i, l)] = std::min<int64_t>(x, slots + 1);
         continue;
       }
-      if (forward_all_allowed(restricted, length, i, l)) {
-        for (int k = 0; k < c.options(i); ++k) {
-          const double cost = c.forward_backward_time(i, k);
-          const int64_t need = c.forward_all_need(i, l, k);
-          if (l == i) {
-            for (int64_t m = need; m <= slots; ++m) out[m] = std::min(out[m], cost);
-          } else {
-            const int64_t saved = c.saved_at(i, k);
-            const double* __restrict sub = row(i + 1, l);
-            const int64_t start = std::max(need, first_of(i + 1, l) + saved);
-            for (int64_t m = start; m <= slots; ++m) {
-              out[m] = std::min(out[m], cost + sub[m - saved]);
-            }
-          }
-        }
+      if (forward_all_allowed(options_.forward_all_only_before_backward, length, i, l)) {
+        add_forward_all(i, l, first);
       }
-      double prefix = 0.0;
-      int64_t forward = detail::first_forward(c, i);
-      for (int j = i + 1; j <= l; ++j) {
-        prefix += c.time[static_cast<size_t>(j - 1)];
-        const int64_t need = detail::forward_input_need(c, i, j, l, forward);
-        const int64_t shift = c.x_at(j);
-        const double* __restrict right = row(j, l);
-        const double* __restrict left = row(i, j - 1);
-        const int64_t start = std::max({need, first_of(j, l) + shift, first_of(i, j - 1)});
-        for (int64_t m = start; m <= slots; ++m) {
-          out[m] = std::min(out[m], (prefix + right[m - shift]) + left[m]);
-        }
-      }
+      add_checkpoints(i, l, first);
       int64_t first_finite = 0;
       while (first_finite <= slots && !(out[first_finite] < kInfinity)) ++first_finite;
-      first_of(i, l) = first_finite;
+      first[triangle_index(length, i, l)] = first_finite;
+    }
+  }
+}
+
+// Case (b): stage i runs forward_all with option k, then Opt(i + 1, l) with its saved bytes held.
+void OptimalTable::add_forward_all(int i, int l, const std::vector<int64_t>& first) {
+  const Costs& c = *units_;
+  const int64_t slots = options_.slots;
+  double* __restrict out = row(i, l);
+  for (int k = 0; k < c.options(i); ++k) {
+    const double cost = c.forward_backward_time(i, k);
+    const int64_t need = c.forward_all_need(i, l, k);
+    if (l == i) {
+      for (int64_t m = need; m <= slots; ++m) out[m] = std::min(out[m], cost);
+      continue;
+    }
+    const int64_t saved = c.saved_at(i, k);
+    const double* __restrict sub = row(i + 1, l);
+    const int64_t start = std::max(need, first[triangle_index(chain_.size(), i + 1, l)] + saved);
+    for (int64_t m = start; m <= slots; ++m) out[m] = std::min(out[m], cost + sub[m - saved]);
+  }
+}
+
+// Case (a): forwards without storing from i to a checkpoint j, Opt(j, l) with x_j held, then
+// Opt(i, j - 1), for every j in (i, l].
+void OptimalTable::add_checkpoints(int i, int l, const std::vector<int64_t>& first) {
+  const Costs& c = *units_;
+  const int length = chain_.size();
+  const int64_t slots = options_.slots;
+  double* __restrict out = row(i, l);
+  double prefix = 0.0;
+  int64_t forward = detail::first_forward(c, i);
+  for (int j = i + 1; j <= l; ++j) {
+    prefix += c.time[static_cast<size_t>(j - 1)];
+    const int64_t need = detail::forward_input_need(c, i, j, l, forward);
+    const int64_t shift = c.x_at(j);
+    const double* __restrict right = row(j, l);
+    const double* __restrict left = row(i, j - 1);
+    const int64_t start = std::max({need, first[triangle_index(length, j, l)] + shift,
+                                    first[triangle_index(length, i, j - 1)]});
+    for (int64_t m = start; m <= slots; ++m) {
+      out[m] = std::min(out[m], (prefix + right[m - shift]) + left[m]);
     }
   }
 }
