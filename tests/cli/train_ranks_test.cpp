@@ -2,6 +2,8 @@
 // run against one process on the whole batch, its JSON, and its refusals. Every run is bounded by
 // `timeout`.
 
+#include "loopback.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -104,22 +106,6 @@ TEST(CliRanks, RefusesWhatCannotWork) {
 // ~~~ ranks as separate processes, and signals ~~~
 
 using Clock = std::chrono::steady_clock;
-
-// A port of the loopback that nobody listens on a moment ago.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 // `ckpt ARGS` started in the background, stdout and stderr into files named after `name`; in a
 // process group of its own when `own_group` (as a shell starts a job). A test that stops early
@@ -287,7 +273,7 @@ TEST(CliRanks, RanksStartedWithDifferentSettingsStopNamingThem) {
   const std::string base =
       "train --layers 2 --heads 2 --context 16 --batch 4 --threads 1 --strategy none "
       "--world-size 2 --timeout 30 --master-port " +
-      std::to_string(free_port()) + " ";
+      std::to_string(ckpt::cli::free_loopback_port()) + " ";
   Started rank0 = start(base + "--rank 0 --steps 3 --width 32", "settings_rank0");
   Started rank1 = start(base + "--rank 1 --steps 4 --width 64 --lr 0.001", "settings_rank1");
   const int code0 = wait_exit(rank0, 60);

@@ -3,6 +3,7 @@
 #include "corpus.h"
 #include "errors.h"
 #include "gpt.h"
+#include "loopback.h"
 #include "output_path.h"
 #include "progress.h"
 #include "rank_launcher.h"
@@ -425,22 +426,6 @@ int run_rank_reporting(const TrainArgs& args) {
   } catch (const std::exception& error) {
     return report_error(who + error.what(), kExitFailure);
   }
-}
-
-int free_loopback_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  if (port == 0) throw std::runtime_error("no free port on the loopback for the rendezvous");
-  return port;
 }
 
 // --ranks N: N processes on the loopback, forked before this one has done any LibTorch work.
