@@ -103,8 +103,9 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
           input_grad = input_grad.defined() ? input_grad + grad : grad;
         };
       } else {
-        receivers[k] = [&leaves, edge = boundary_.edges[k]](const at::Tensor& grad) {
-          leaves.add(edge, grad);
+        // By index: a copy of the edge would be one more holder of the accumulator.
+        receivers[k] = [&leaves, this, k](const at::Tensor& grad) {
+          leaves.add(boundary_.edges[k], grad);
         };
       }
     }

@@ -501,6 +501,34 @@ TEST(Cli, TrainSelectiveKeepsMatrixProductsBetweenNoneAndFullRecompute) {
   EXPECT_GT(selective_options, 0);
 }
 
+// Issue 28, item 1: --storage-modes selects from the storage-mode table; the profile offers only
+// the modes named, and a name the table lacks exits 2 naming those it has.
+TEST(Cli, TrainStorageModesComeFromTheTable) {
+  const auto option_names = [](const json& summary) {
+    std::set<std::string> names;
+    for (const json& stage : summary["checkpointed"]["profile"]["stages"]) {
+      for (const json& option : stage.value("alternatives", json::array())) {
+        names.insert(option.value("name", ""));
+      }
+    }
+    return names;
+  };
+  const std::string only_path = work_path("tiny_planned_checkpointed_only.json");
+  const Result only =
+      run(kTiny + "--strategy budget:min --storage-modes checkpointed --json " + only_path);
+  ASSERT_EQ(only.code, 0) << only.err;
+  EXPECT_EQ(option_names(json::parse(read_text(only_path))), std::set<std::string>{"checkpointed"});
+  const std::string none_path = work_path("tiny_planned_no_modes.json");
+  const Result none = run(kTiny + "--strategy budget:min --storage-modes none --json " + none_path);
+  ASSERT_EQ(none.code, 0) << none.err;
+  EXPECT_TRUE(option_names(json::parse(read_text(none_path))).empty());
+  expect_refused(kTiny + "--storage-modes checkpointed,offload", 2,
+                 "--storage-modes: unknown storage mode 'offload' in 'checkpointed,offload'; the "
+                 "modes are: checkpointed, selective (or none)");
+  expect_refused("bench --quick --storage-modes selective,selective", 2,
+                 "storage mode named twice: 'selective'");
+}
+
 // Issue 11, item 5: a budget below the smallest feasible one names it and the way to ask for it.
 TEST(Cli, TrainBudgetMinRunsAndAnInfeasibleBudgetNamesIt) {
   const std::string json_path = work_path("train_min.json");
