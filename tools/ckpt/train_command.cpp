@@ -10,6 +10,7 @@
 #include "output_path.h"
 #include "peak_report.h"
 #include "progress.h"
+#include "statistics.h"
 #include "strategy.h"
 #include "train_distributed.h"
 #include "train_recorder.h"
@@ -135,10 +136,7 @@ struct RunResult {
       if ((i == 0 || static_cast<int>(i) == instrumented_step) && step_ms.size() > 2) continue;
       times.push_back(step_ms[i]);
     }
-    if (times.empty()) return 0;
-    std::sort(times.begin(), times.end());
-    const size_t n = times.size();
-    return n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    return models::median(std::move(times));
   }
 };
 

@@ -6,6 +6,7 @@
 #include "output_path.h"
 #include "progress.h"
 #include "rank_launcher.h"
+#include "statistics.h"
 #include "train_strategy.h"
 #include "units.h"
 
@@ -69,12 +70,10 @@ struct RankRun {
   }
 };
 
+// The first step is a warm-up (AdamW allocates its state there): left out when enough remain.
 double median_after_first(std::vector<double> values) {
   if (values.size() > 2) values.erase(values.begin());
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+  return models::median(std::move(values));
 }
 
 void check_distributed_args(const TrainArgs& args) {
