@@ -21,7 +21,27 @@ struct SeedingFixture : ::testing::Test {
   SeedingFixture() { torch::manual_seed(0); }
 };
 
-/// Equal shapes, dtypes and bits (NaNs at the same places count as equal).
+/// The tensor's bytes as integers of its element's width (a complex element as two), detached,
+/// on the CPU and contiguous: equal exactly where the bits are.
+inline torch::Tensor bits_of(const torch::Tensor& t) {
+  torch::Tensor plain = t.detach().cpu().contiguous();
+  if (plain.is_complex()) plain = torch::view_as_real(plain.resolve_conj());
+  switch (plain.element_size()) {
+    case 1:
+      return plain.view(torch::kUInt8);
+    case 2:
+      return plain.view(torch::kInt16);
+    case 4:
+      return plain.view(torch::kInt32);
+    case 8:
+      return plain.view(torch::kInt64);
+  }
+  TORCH_CHECK(false, "bit_equal: no integer type of ", plain.element_size(), " bytes for ",
+              t.scalar_type());
+}
+
+/// Equal dtypes, shapes, devices and bits: NaNs with the same bits are equal, and -0.0 and 0.0
+/// are not (torch::equal compares values, which makes both the other way round).
 inline ::testing::AssertionResult bit_equal(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.defined() != b.defined()) {
     return ::testing::AssertionFailure() << "one tensor is undefined and the other is not";
@@ -32,11 +52,23 @@ inline ::testing::AssertionResult bit_equal(const torch::Tensor& a, const torch:
            << "shape/dtype differ: " << a.sizes() << " " << a.scalar_type() << " vs " << b.sizes()
            << " " << b.scalar_type();
   }
-  if (!torch::equal(a, b)) {
+  if (a.device() != b.device()) {
     return ::testing::AssertionFailure()
-           << "values differ, max abs difference " << (a - b).abs().max().item<double>();
+           << "devices differ: " << a.device() << " vs " << b.device();
   }
-  return ::testing::AssertionSuccess();
+  const torch::Tensor a_bits = bits_of(a).flatten(), b_bits = bits_of(b).flatten();
+  const torch::Tensor differ = a_bits.ne(b_bits);
+  const int64_t count = differ.sum().item<int64_t>();
+  if (count == 0) return ::testing::AssertionSuccess();
+  const int64_t first = differ.nonzero()[0][0].item<int64_t>();
+  auto failure = ::testing::AssertionFailure();
+  failure << count << " of " << differ.numel()
+          << " values differ in their bits; the first at flat index " << first << " (bits "
+          << a_bits[first].item<int64_t>() << " vs " << b_bits[first].item<int64_t>() << ")";
+  if (a.is_floating_point()) {
+    failure << "; max abs difference " << (a.detach() - b.detach()).abs().max().item<double>();
+  }
+  return failure;
 }
 
 /// Python's assertEqual tolerances for float32 (rtol 1.3e-6, atol 1e-5) and float64 (1e-7).
