@@ -6,11 +6,16 @@
 #include <torch/torch.h>
 
 #include "compat/torch_compat.h"
+#include "compat/version.h"
 
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <functional>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ckpt {
@@ -90,6 +95,35 @@ inline std::vector<torch::Tensor> take_grads(const torch::nn::Module& module) {
     if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
   }
   return grads;
+}
+
+/// A non-owning pointer to a graph node, matching compat::NodePtr (`expired()` tells if it died):
+/// std::weak_ptr before 2.13, c10::weak_intrusive_ptr since.
+using WeakNodePtr = std::conditional_t<
+    std::is_same_v<ckpt::compat::NodePtr, std::shared_ptr<torch::autograd::Node>>,
+    std::weak_ptr<torch::autograd::Node>, c10::weak_intrusive_ptr<torch::autograd::Node>>;
+
+/// Gives a leaf a post-accumulate-grad hook that receives the leaf once its `.grad` is updated,
+/// the C++ side of Python's `register_post_accumulate_grad_hook` (replacing any hook it had).
+/// Returns false, and does nothing, where this LibTorch has no such hooks (before 2.1).
+inline bool set_post_accumulate_grad_hook(const at::Tensor& leaf,
+                                          std::function<void(const at::Tensor&)> hook) {
+#if CKPT_TORCH_AT_LEAST(2, 1)
+  struct FunctionHook final : torch::autograd::PostAccumulateGradHook {
+    explicit FunctionHook(std::function<void(const at::Tensor&)> fn) : fn_(std::move(fn)) {}
+    void operator()(const torch::autograd::Variable& tensor) override { fn_(tensor); }
+    std::function<void(const at::Tensor&)> fn_;
+  };
+  TORCH_CHECK(leaf.is_leaf() && leaf.requires_grad(),
+              "post-accumulate-grad hooks can only be set on leaves that require grad");
+  torch::autograd::impl::set_post_acc_grad_hooks(leaf,
+                                                 std::make_unique<FunctionHook>(std::move(hook)));
+  return true;
+#else
+  (void)leaf;
+  (void)hook;
+  return false;
+#endif
 }
 
 /// Names the instances of tests parameterised on `use_reentrant`.
