@@ -2,6 +2,7 @@
 
 #include "bench_models.h"
 #include "process_memory.h"
+#include "statistics.h"
 #include "strategy.h"
 
 #include <ckpt/memory_tracker.h>
@@ -59,18 +60,10 @@ struct Stats {
 
 // Median and interquartile range (linear interpolation, as Python's statistics.quantiles with
 // the "exclusive" method is close enough for n >= 15).
-Stats stats(std::vector<double> v) {
+Stats stats(const std::vector<double>& v) {
   Stats s;
-  if (v.empty()) return s;
-  std::sort(v.begin(), v.end());
-  auto quantile = [&v](double q) {
-    const double pos = q * static_cast<double>(v.size() - 1);
-    const auto lo = static_cast<size_t>(std::floor(pos));
-    const size_t hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
-  };
-  s.median = quantile(0.5);
-  s.iqr = quantile(0.75) - quantile(0.25);
+  s.median = models::median(v);
+  s.iqr = models::quantile(v, 0.75) - models::quantile(v, 0.25);
   return s;
 }
 

@@ -103,9 +103,16 @@ class Search {
   // x_i that the graph of stage i still holds.
   template <class Visit>
   void for_each_move(const State& s, int64_t budget, Visit visit) const {
-    const int n = chain_.size();
     const int64_t now = current(s);
-    for (int i = 0; i < n; ++i) {
+    forward_moves(s, budget, now, visit);
+    loss_and_backward_moves(s, budget, now, visit);
+    if (!persistent_) freeing_moves(s, visit);
+  }
+
+  // forward_input, forward_none (persistent only) and forward_all of every stage that can run.
+  template <class Visit>
+  void forward_moves(const State& s, int64_t budget, int64_t now, Visit& visit) const {
+    for (int i = 0; i < chain_.size(); ++i) {
       const Stage& st = chain_.stages[i];
       if (backwarded(s, i) || !available(s, i) || available(s, i + 1)) continue;
       const int64_t all_tmp =
@@ -129,6 +136,12 @@ class Search {
         visit(all, all_time);
       }
     }
+  }
+
+  // The loss once the last output is there, then the one backward that can run next.
+  template <class Visit>
+  void loss_and_backward_moves(const State& s, int64_t budget, int64_t now, Visit& visit) const {
+    const int n = chain_.size();
     if (s.phase < 0 && available(s, n) && now + x(n) <= budget) {
       State loss = s;
       loss.phase = n;
@@ -136,7 +149,7 @@ class Search {
       loss.kept &= ~(1u << n);
       visit(loss, 0.0);
     }
-    const int i = s.phase - 1;  // the one backward that can run next
+    const int i = s.phase - 1;
     if (i >= 0 && has(s.full, i + 1) && available(s, i) &&
         now + x(i) + chain_.stages[i].backward_tmp_bytes <= budget) {
       State back = s;
@@ -148,8 +161,13 @@ class Search {
       }
       visit(back, chain_.stages[i].backward_time);
     }
-    if (persistent_) return;
-    // Stage k's graph (x̄_{k+1}) holds its input x_k: while it lives, x_k's memory cannot go.
+  }
+
+  // Without the persistent rule: freeing a standalone x_k or a graph x̄_k at any time. Stage k's
+  // graph (x̄_{k+1}) holds its input x_k: while it lives, x_k's memory cannot go.
+  template <class Visit>
+  void freeing_moves(const State& s, Visit& visit) const {
+    const int n = chain_.size();
     for (int k = 1; k <= n; ++k) {
       const bool input_held = k < n && has(s.full, k + 1);
       if (has(s.standalone, k) && !input_held) {

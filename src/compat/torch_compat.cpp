@@ -45,32 +45,6 @@ bool has_post_accumulate_grad_hooks(const at::Tensor& leaf) {
 #endif
 }
 
-#if CKPT_TORCH_AT_LEAST(2, 1)
-namespace {
-struct FunctionPostAccumulateGradHook final : torch::autograd::PostAccumulateGradHook {
-  explicit FunctionPostAccumulateGradHook(std::function<void(const at::Tensor&)> fn)
-      : fn_(std::move(fn)) {}
-  void operator()(const torch::autograd::Variable& tensor) override { fn_(tensor); }
-  std::function<void(const at::Tensor&)> fn_;
-};
-}  // namespace
-#endif
-
-bool set_post_accumulate_grad_hook(const at::Tensor& leaf,
-                                   std::function<void(const at::Tensor&)> hook) {
-#if CKPT_TORCH_AT_LEAST(2, 1)
-  TORCH_CHECK(leaf.is_leaf() && leaf.requires_grad(),
-              "ckpt: post-accumulate-grad hooks can only be set on leaves that require grad.");
-  torch::autograd::impl::set_post_acc_grad_hooks(
-      leaf, std::make_unique<FunctionPostAccumulateGradHook>(std::move(hook)));
-  return true;
-#else
-  (void)leaf;
-  (void)hook;
-  return false;
-#endif
-}
-
 #if CKPT_TORCH_AT_LEAST(2, 3)
 void AllocatorBase::copy_data(void* dest, const void* src, std::size_t count) const {
   std::memcpy(dest, src, count);

@@ -20,7 +20,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -33,20 +32,6 @@ namespace compat {
 
 /// The owning pointer of a graph node: std::shared_ptr before 2.13, c10::intrusive_ptr since.
 using NodePtr = decltype(torch::autograd::Edge::function);
-
-template <class Owner>
-struct WeakPointerOf;
-template <class T>
-struct WeakPointerOf<std::shared_ptr<T>> {
-  using type = std::weak_ptr<T>;
-};
-template <class T>
-struct WeakPointerOf<c10::intrusive_ptr<T>> {
-  using type = c10::weak_intrusive_ptr<T>;
-};
-
-/// A non-owning pointer to a graph node, matching `NodePtr` (`expired()` tells if it died).
-using WeakNodePtr = typename WeakPointerOf<NodePtr>::type;
 
 /// Makes a node of type `T` owned the way this LibTorch's edges own nodes.
 template <class T, class... Args>
@@ -88,12 +73,6 @@ bool has_tensor_pre_hooks(torch::autograd::AccumulateGrad& accumulator);
 /// Whether a leaf has post-accumulate-grad hooks (2.1+, `register_post_accumulate_grad_hook`):
 /// they run inside the accumulator, so its gradient must reach the accumulator itself.
 bool has_post_accumulate_grad_hooks(const at::Tensor& leaf);
-
-/// Gives a leaf a post-accumulate-grad hook that receives the leaf once its `.grad` is updated,
-/// the C++ side of Python's `register_post_accumulate_grad_hook` (replacing any hook it had).
-/// Returns false, and does nothing, where this LibTorch has no such hooks (before 2.1).
-bool set_post_accumulate_grad_hook(const at::Tensor& leaf,
-                                   std::function<void(const at::Tensor&)> hook);
 
 // ~~~ Allocators ~~~
 

@@ -41,8 +41,8 @@ std::vector<std::pair<Fn, std::vector<Fn>>> get_tests(Fn fn) {
 }
 
 // Every node reachable from `root`, as weak pointers.
-std::vector<ckpt::compat::WeakNodePtr> reachable(const torch::Tensor& root) {
-  std::vector<ckpt::compat::WeakNodePtr> out;
+std::vector<ckpt::test::WeakNodePtr> reachable(const torch::Tensor& root) {
+  std::vector<ckpt::test::WeakNodePtr> out;
   std::vector<ckpt::compat::NodePtr> stack;
   std::set<torch::autograd::Node*> seen;
   if (root.grad_fn()) stack.push_back(root.grad_fn());
@@ -60,7 +60,7 @@ std::vector<ckpt::compat::WeakNodePtr> reachable(const torch::Tensor& root) {
 
 // After the result is dropped, no node of its graph survives (no reference cycles).
 void expect_graph_dies(const Fn& fn) {
-  std::vector<ckpt::compat::WeakNodePtr> nodes;
+  std::vector<ckpt::test::WeakNodePtr> nodes;
   {
     auto a = torch::randn({}, torch::requires_grad());
     nodes = reachable(fn(a));

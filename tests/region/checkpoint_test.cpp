@@ -239,7 +239,7 @@ TEST_F(CheckpointTest, PostAccumulateGradHookOfAParameterInTwoRegionsFiresOncePe
   int calls = 0;
   at::Tensor seen;
   const bool supported =
-      ckpt::compat::set_post_accumulate_grad_hook(shared->weight, [&](const at::Tensor& leaf) {
+      ckpt::test::set_post_accumulate_grad_hook(shared->weight, [&](const at::Tensor& leaf) {
         ++calls;
         seen = leaf.grad().clone();
       });

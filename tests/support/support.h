@@ -6,11 +6,16 @@
 #include <torch/torch.h>
 
 #include "compat/torch_compat.h"
+#include "compat/version.h"
 
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <functional>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ckpt {
@@ -21,7 +26,27 @@ struct SeedingFixture : ::testing::Test {
   SeedingFixture() { torch::manual_seed(0); }
 };
 
-/// Equal shapes, dtypes and bits (NaNs at the same places count as equal).
+/// The tensor's bytes as integers of its element's width (a complex element as two), detached,
+/// on the CPU and contiguous: equal exactly where the bits are.
+inline torch::Tensor bits_of(const torch::Tensor& t) {
+  torch::Tensor plain = t.detach().cpu().contiguous();
+  if (plain.is_complex()) plain = torch::view_as_real(plain.resolve_conj());
+  switch (plain.element_size()) {
+    case 1:
+      return plain.view(torch::kUInt8);
+    case 2:
+      return plain.view(torch::kInt16);
+    case 4:
+      return plain.view(torch::kInt32);
+    case 8:
+      return plain.view(torch::kInt64);
+  }
+  TORCH_CHECK(false, "bit_equal: no integer type of ", plain.element_size(), " bytes for ",
+              t.scalar_type());
+}
+
+/// Equal dtypes, shapes, devices and bits: NaNs with the same bits are equal, and -0.0 and 0.0
+/// are not (torch::equal compares values, which makes both the other way round).
 inline ::testing::AssertionResult bit_equal(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.defined() != b.defined()) {
     return ::testing::AssertionFailure() << "one tensor is undefined and the other is not";
@@ -32,11 +57,23 @@ inline ::testing::AssertionResult bit_equal(const torch::Tensor& a, const torch:
            << "shape/dtype differ: " << a.sizes() << " " << a.scalar_type() << " vs " << b.sizes()
            << " " << b.scalar_type();
   }
-  if (!torch::equal(a, b)) {
+  if (a.device() != b.device()) {
     return ::testing::AssertionFailure()
-           << "values differ, max abs difference " << (a - b).abs().max().item<double>();
+           << "devices differ: " << a.device() << " vs " << b.device();
   }
-  return ::testing::AssertionSuccess();
+  const torch::Tensor a_bits = bits_of(a).flatten(), b_bits = bits_of(b).flatten();
+  const torch::Tensor differ = a_bits.ne(b_bits);
+  const int64_t count = differ.sum().item<int64_t>();
+  if (count == 0) return ::testing::AssertionSuccess();
+  const int64_t first = differ.nonzero()[0][0].item<int64_t>();
+  auto failure = ::testing::AssertionFailure();
+  failure << count << " of " << differ.numel()
+          << " values differ in their bits; the first at flat index " << first << " (bits "
+          << a_bits[first].item<int64_t>() << " vs " << b_bits[first].item<int64_t>() << ")";
+  if (a.is_floating_point()) {
+    failure << "; max abs difference " << (a.detach() - b.detach()).abs().max().item<double>();
+  }
+  return failure;
 }
 
 /// Python's assertEqual tolerances for float32 (rtol 1.3e-6, atol 1e-5) and float64 (1e-7).
@@ -58,6 +95,35 @@ inline std::vector<torch::Tensor> take_grads(const torch::nn::Module& module) {
     if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
   }
   return grads;
+}
+
+/// A non-owning pointer to a graph node, matching compat::NodePtr (`expired()` tells if it died):
+/// std::weak_ptr before 2.13, c10::weak_intrusive_ptr since.
+using WeakNodePtr = std::conditional_t<
+    std::is_same_v<ckpt::compat::NodePtr, std::shared_ptr<torch::autograd::Node>>,
+    std::weak_ptr<torch::autograd::Node>, c10::weak_intrusive_ptr<torch::autograd::Node>>;
+
+/// Gives a leaf a post-accumulate-grad hook that receives the leaf once its `.grad` is updated,
+/// the C++ side of Python's `register_post_accumulate_grad_hook` (replacing any hook it had).
+/// Returns false, and does nothing, where this LibTorch has no such hooks (before 2.1).
+inline bool set_post_accumulate_grad_hook(const at::Tensor& leaf,
+                                          std::function<void(const at::Tensor&)> hook) {
+#if CKPT_TORCH_AT_LEAST(2, 1)
+  struct FunctionHook final : torch::autograd::PostAccumulateGradHook {
+    explicit FunctionHook(std::function<void(const at::Tensor&)> fn) : fn_(std::move(fn)) {}
+    void operator()(const torch::autograd::Variable& tensor) override { fn_(tensor); }
+    std::function<void(const at::Tensor&)> fn_;
+  };
+  TORCH_CHECK(leaf.is_leaf() && leaf.requires_grad(),
+              "post-accumulate-grad hooks can only be set on leaves that require grad");
+  torch::autograd::impl::set_post_acc_grad_hooks(leaf,
+                                                 std::make_unique<FunctionHook>(std::move(hook)));
+  return true;
+#else
+  (void)leaf;
+  (void)hook;
+  return false;
+#endif
 }
 
 /// Names the instances of tests parameterised on `use_reentrant`.

@@ -193,6 +193,63 @@ class CheckedParser : public nlohmann::json_sax<json> {
   std::string error_;
 };
 
+// One of a stage's extra storage options, at `path`; it keeps at least the stage's output.
+plan::StorageOption read_alternative(const Reader& reader, const json& option,
+                                     const std::string& path, int64_t output_bytes) {
+  if (!option.is_object()) reader.fail(path, "must be an object");
+  plan::StorageOption storage;
+  storage.forward_time = reader.time(option, "forward_time", path);
+  storage.backward_time = reader.time(option, "backward_time", path);
+  storage.saved_bytes = reader.bytes(option, "saved_bytes", path, false);
+  storage.forward_tmp_bytes = reader.bytes(option, "forward_tmp_bytes", path, true);
+  storage.backward_tmp_bytes = reader.bytes(option, "backward_tmp_bytes", path, true);
+  const auto name = option.find("name");
+  if (name != option.end()) {
+    if (!name->is_string()) reader.fail(path + ".name", "must be a string");
+    storage.name = name->get<std::string>();
+  }
+  if (storage.saved_bytes < output_bytes) {
+    reader.fail(path + ".saved_bytes", "must be >= the stage's output_bytes (" +
+                                           std::to_string(output_bytes) + "), but got " +
+                                           std::to_string(storage.saved_bytes));
+  }
+  return storage;
+}
+
+// The stage object at `path` (such as "stages[3]"), its alternatives included.
+plan::Stage read_stage(const Reader& reader, const json& object, const std::string& path) {
+  if (!object.is_object()) reader.fail(path, "must be an object, but got " + describe(object));
+  plan::Stage stage;
+  stage.forward_time = reader.time(object, "forward_time", path);
+  stage.backward_time = reader.time(object, "backward_time", path);
+  stage.output_bytes = reader.bytes(object, "output_bytes", path, false);
+  stage.saved_bytes = reader.bytes(object, "saved_bytes", path, false);
+  stage.forward_tmp_bytes = reader.bytes(object, "forward_tmp_bytes", path, true);
+  stage.backward_tmp_bytes = reader.bytes(object, "backward_tmp_bytes", path, true);
+  if (object.contains("forward_all_tmp_bytes")) {
+    stage.forward_all_tmp_bytes = reader.bytes(object, "forward_all_tmp_bytes", path, true);
+  }
+  if (object.contains("forward_all_time")) {
+    stage.forward_all_time = reader.time(object, "forward_all_time", path);
+  }
+  stage.gradient_bytes = reader.bytes(object, "gradient_bytes", path, true);
+  if (stage.saved_bytes < stage.output_bytes) {
+    reader.fail(path + ".saved_bytes", "must be >= output_bytes (" +
+                                           std::to_string(stage.output_bytes) +
+                                           "): what a stage keeps includes its output, but got " +
+                                           std::to_string(stage.saved_bytes));
+  }
+  const auto alternatives = object.find("alternatives");
+  if (alternatives == object.end()) return stage;
+  if (!alternatives->is_array()) reader.fail(path + ".alternatives", "must be an array");
+  for (size_t k = 0; k < alternatives->size(); ++k) {
+    stage.alternatives.push_back(read_alternative(reader, (*alternatives)[k],
+                                                  path + ".alternatives[" + std::to_string(k) + "]",
+                                                  stage.output_bytes));
+  }
+  return stage;
+}
+
 }  // namespace
 
 plan::Chain chain_from_json(const json& document, const std::string& source) {
@@ -206,56 +263,7 @@ plan::Chain chain_from_json(const json& document, const std::string& source) {
   if (!stages.is_array()) reader.fail("stages", "must be an array of stage objects");
   if (stages.empty()) reader.fail("stages", "must hold at least one stage");
   for (size_t i = 0; i < stages.size(); ++i) {
-    const std::string path = "stages[" + std::to_string(i) + "]";
-    const json& object = stages[i];
-    if (!object.is_object()) reader.fail(path, "must be an object, but got " + describe(object));
-    plan::Stage stage;
-    stage.forward_time = reader.time(object, "forward_time", path);
-    stage.backward_time = reader.time(object, "backward_time", path);
-    stage.output_bytes = reader.bytes(object, "output_bytes", path, false);
-    stage.saved_bytes = reader.bytes(object, "saved_bytes", path, false);
-    stage.forward_tmp_bytes = reader.bytes(object, "forward_tmp_bytes", path, true);
-    stage.backward_tmp_bytes = reader.bytes(object, "backward_tmp_bytes", path, true);
-    if (object.contains("forward_all_tmp_bytes")) {
-      stage.forward_all_tmp_bytes = reader.bytes(object, "forward_all_tmp_bytes", path, true);
-    }
-    if (object.contains("forward_all_time")) {
-      stage.forward_all_time = reader.time(object, "forward_all_time", path);
-    }
-    stage.gradient_bytes = reader.bytes(object, "gradient_bytes", path, true);
-    if (stage.saved_bytes < stage.output_bytes) {
-      reader.fail(path + ".saved_bytes", "must be >= output_bytes (" +
-                                             std::to_string(stage.output_bytes) +
-                                             "): what a stage keeps includes its output, but got " +
-                                             std::to_string(stage.saved_bytes));
-    }
-    const auto alternatives = object.find("alternatives");
-    if (alternatives != object.end()) {
-      if (!alternatives->is_array()) reader.fail(path + ".alternatives", "must be an array");
-      for (size_t k = 0; k < alternatives->size(); ++k) {
-        const std::string option_path = path + ".alternatives[" + std::to_string(k) + "]";
-        const json& option = (*alternatives)[k];
-        if (!option.is_object()) reader.fail(option_path, "must be an object");
-        plan::StorageOption storage;
-        storage.forward_time = reader.time(option, "forward_time", option_path);
-        storage.backward_time = reader.time(option, "backward_time", option_path);
-        storage.saved_bytes = reader.bytes(option, "saved_bytes", option_path, false);
-        storage.forward_tmp_bytes = reader.bytes(option, "forward_tmp_bytes", option_path, true);
-        storage.backward_tmp_bytes = reader.bytes(option, "backward_tmp_bytes", option_path, true);
-        const auto name = option.find("name");
-        if (name != option.end()) {
-          if (!name->is_string()) reader.fail(option_path + ".name", "must be a string");
-          storage.name = name->get<std::string>();
-        }
-        if (storage.saved_bytes < stage.output_bytes) {
-          reader.fail(option_path + ".saved_bytes",
-                      "must be >= the stage's output_bytes (" + std::to_string(stage.output_bytes) +
-                          "), but got " + std::to_string(storage.saved_bytes));
-        }
-        stage.alternatives.push_back(storage);
-      }
-    }
-    chain.stages.push_back(stage);
+    chain.stages.push_back(read_stage(reader, stages[i], "stages[" + std::to_string(i) + "]"));
   }
   try {
     chain.validate();

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -50,48 +52,85 @@ fs::path executable_dir() {
   return fs::path(std::string(buffer.data(), static_cast<size_t>(length))).parent_path();
 }
 
+// Where to look: `path` alone when given, else the licence texts, the source tree's
+// data/corpus and the installation's share/ckpt/corpus, in that order.
+std::vector<fs::path> corpus_candidates(const std::string& path) {
+  if (!path.empty()) return {fs::path(path)};
+  std::vector<fs::path> candidates{"/usr/share/common-licenses"};
+  if (std::string(CKPT_SOURCE_DIR).size() > 0) {
+    candidates.emplace_back(fs::path(CKPT_SOURCE_DIR) / "data" / "corpus");
+  }
+  candidates.push_back(executable_dir().parent_path() / "share" / "ckpt" / "corpus");
+  return candidates;
+}
+
+// Every regular file of `folder` in name order, symbolic links skipped, one newline after each;
+// the total size is checked before anything is read.
+std::string read_folder(const fs::path& folder, int& file_count) {
+  std::error_code error;
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(folder, error)) {
+    if (entry.is_symlink() || !entry.is_regular_file()) continue;
+    files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  std::uintmax_t total = 0;
+  for (const fs::path& file : files) {
+    const std::uintmax_t size = fs::file_size(file, error);
+    if (!error) total += size;
+  }
+  check_size(folder, total);
+  std::string text;
+  for (const fs::path& file : files) text += read_file(file) + "\n";
+  file_count = static_cast<int>(files.size());
+  return text;
+}
+
+// The text of a file or a folder; false, with why in `why_not`, for anything else.
+bool read_candidate(const fs::path& candidate, Corpus& corpus, std::string& text,
+                    std::string& why_not) {
+  std::error_code error;
+  if (fs::is_regular_file(candidate, error)) {
+    text = read_file(candidate);
+    corpus.file_count = 1;
+    return true;
+  }
+  if (fs::is_directory(candidate, error)) {
+    text = read_folder(candidate, corpus.file_count);
+    return true;
+  }
+  why_not = fs::exists(candidate, error) ? "is not a regular file or a folder" : "does not exist";
+  return false;
+}
+
+// Character-level tokens: each distinct byte of the text gets an id, in byte order.
+void tokenize(const std::string& text, Corpus& corpus) {
+  std::array<bool, 256> seen{};
+  for (unsigned char c : text) seen[c] = true;
+  std::array<int64_t, 256> id{};
+  for (int c = 0; c < 256; ++c) {
+    if (seen[c]) {
+      id[c] = static_cast<int64_t>(corpus.vocabulary.size());
+      corpus.vocabulary.push_back(static_cast<char>(c));
+    }
+  }
+  corpus.tokens.reserve(text.size());
+  for (unsigned char c : text) corpus.tokens.push_back(id[c]);
+}
+
 }  // namespace
 
+// A path given with --corpus must be usable; the default candidates are tried in turn, and the
+// error says why each one was passed over.
 Corpus load_corpus(const std::string& path, int64_t min_tokens) {
-  std::vector<fs::path> candidates;
-  if (!path.empty()) {
-    candidates.emplace_back(path);
-  } else {
-    candidates.emplace_back("/usr/share/common-licenses");
-    if (std::string(CKPT_SOURCE_DIR).size() > 0) {
-      candidates.emplace_back(fs::path(CKPT_SOURCE_DIR) / "data" / "corpus");
-    }
-    candidates.push_back(executable_dir().parent_path() / "share" / "ckpt" / "corpus");
-  }
-  std::string skipped;  // why each default candidate was passed over
-  for (const fs::path& candidate : candidates) {
-    std::error_code error;
+  std::string skipped;
+  for (const fs::path& candidate : corpus_candidates(path)) {
     Corpus corpus;
     corpus.source = candidate.string();
-    std::string text;
-    if (fs::is_regular_file(candidate, error)) {
-      text = read_file(candidate);
-      corpus.file_count = 1;
-    } else if (fs::is_directory(candidate, error)) {
-      std::vector<fs::path> files;
-      for (const auto& entry : fs::directory_iterator(candidate, error)) {
-        if (entry.is_symlink() || !entry.is_regular_file()) continue;
-        files.push_back(entry.path());
-      }
-      std::sort(files.begin(), files.end());
-      std::uintmax_t total = 0;
-      for (const fs::path& file : files) {
-        const std::uintmax_t size = fs::file_size(file, error);
-        if (!error) total += size;
-      }
-      check_size(candidate, total);
-      for (const fs::path& file : files) text += read_file(file) + "\n";
-      corpus.file_count = static_cast<int>(files.size());
-    } else {
-      const std::string why =
-          fs::exists(candidate, error) ? "is not a regular file or a folder" : "does not exist";
-      if (!path.empty()) throw std::runtime_error("--corpus: '" + path + "' " + why);
-      skipped += "; " + candidate.string() + " " + why;
+    std::string text, why_not;
+    if (!read_candidate(candidate, corpus, text, why_not)) {
+      if (!path.empty()) throw std::runtime_error("--corpus: '" + path + "' " + why_not);
+      skipped += "; " + candidate.string() + " " + why_not;
       continue;
     }
     if (static_cast<int64_t>(text.size()) < min_tokens) {
@@ -105,17 +144,7 @@ Corpus load_corpus(const std::string& path, int64_t min_tokens) {
       skipped += "; " + candidate.string() + " " + why;
       continue;
     }
-    std::array<bool, 256> seen{};
-    for (unsigned char c : text) seen[c] = true;
-    std::array<int64_t, 256> id{};
-    for (int c = 0; c < 256; ++c) {
-      if (seen[c]) {
-        id[c] = static_cast<int64_t>(corpus.vocabulary.size());
-        corpus.vocabulary.push_back(static_cast<char>(c));
-      }
-    }
-    corpus.tokens.reserve(text.size());
-    for (unsigned char c : text) corpus.tokens.push_back(id[c]);
+    tokenize(text, corpus);
     return corpus;
   }
   throw std::runtime_error("no usable training text" + skipped +

@@ -10,6 +10,7 @@
 #include "output_path.h"
 #include "peak_report.h"
 #include "progress.h"
+#include "statistics.h"
 #include "strategy.h"
 #include "train_distributed.h"
 #include "train_recorder.h"
@@ -136,10 +137,7 @@ struct RunResult {
       if ((i == 0 || static_cast<int>(i) == instrumented_step) && step_ms.size() > 2) continue;
       times.push_back(step_ms[i]);
     }
-    if (times.empty()) return 0;
-    std::sort(times.begin(), times.end());
-    const size_t n = times.size();
-    return n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    return models::median(std::move(times));
   }
 };
 
@@ -294,6 +292,16 @@ void keep_peak(RunResult& result, int step, int instrumented_step, const MemoryT
   }
 }
 
+// The GPT every run starts from: seeded, built on the CPU (the same weights on any device), then
+// moved to the device.
+torch::nn::Sequential seeded_gpt(const TrainArgs& args, const GptConfig& config) {
+  torch::manual_seed(args.seed);
+  torch::nn::Sequential chain = make_gpt(config);
+  chain->to(c10::Device(args.device));
+  chain->train();
+  return chain;
+}
+
 RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
                      const std::string& label, bool instrument) {
   RunResult result;
@@ -302,10 +310,7 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
   // must be its blocks for the peak's breakdown to find them.
   MemoryTracker tracker{c10::Device(args.device)};
   const GptConfig config = gpt_config(args, corpus);
-  torch::manual_seed(args.seed);
-  torch::nn::Sequential chain = make_gpt(config);  // on the CPU: the same weights on any device
-  chain->to(c10::Device(args.device));
-  chain->train();
+  torch::nn::Sequential chain = seeded_gpt(args, config);
   std::vector<torch::Tensor> parameters = chain->parameters();
   const auto clear_grads = [&] {
     for (torch::Tensor& parameter : parameters) parameter.mutable_grad().reset();
@@ -433,14 +438,8 @@ void print_summary(const TrainArgs& args, const Strategy& strategy, const RunRes
   std::fflush(stdout);
 }
 
-}  // namespace
-
-CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
-  CLI::App* command = app.add_subcommand(
-      "train",
-      "Train the built-in GPT-style character model twice with the same seeds: without "
-      "checkpointing and under --strategy; compare peak memory, step time and losses");
-  command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+// The model and the batches: --layers, --width, --heads, --context, --batch, --steps, --threads.
+void add_shape_options(CLI::App* command, TrainArgs& args) {
   command->add_option("--layers", args.layers, "Transformer blocks")->capture_default_str();
   command->add_option("--width", args.width, "Embedding width")->capture_default_str();
   command->add_option("--heads", args.heads, "Attention heads (must divide --width)")
@@ -451,6 +450,10 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
   command->add_option("--steps", args.steps, "Training steps of each run")->capture_default_str();
   command->add_option("--threads", args.threads, "Intra-op threads (torch::set_num_threads)")
       ->capture_default_str();
+}
+
+// What each run does: --strategy, --seed, --device.
+void add_run_options(CLI::App* command, TrainArgs& args) {
   command
       ->add_option("--strategy", args.strategy,
                    "none | sequential:K | selective[:K] (keeps matrix products) | budget:BYTES | "
@@ -474,6 +477,10 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
                        " (emulated: ckpt's emulated accelerator, LibTorch 2.9+)")
       ->type_name("DEVICE")
       ->capture_default_str();
+}
+
+// How it learns and from what: --lr, --dropout, --untied, --corpus.
+void add_training_options(CLI::App* command, TrainArgs& args) {
   command->add_option("--lr", args.lr, "AdamW learning rate")->capture_default_str();
   command->add_option("--dropout", args.dropout, "Dropout probability")->capture_default_str();
   command->add_flag("--untied", args.untied, "Give the head its own weight (default: tied)");
@@ -481,6 +488,10 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
       ->add_option("--corpus", args.corpus,
                    "Training text: a file or folder (default: /usr/share/common-licenses)")
       ->type_name("PATH");
+}
+
+// What it writes: --plot, --trace, --json, --chain.
+void add_output_options(CLI::App* command, TrainArgs& args) {
   command->add_option("--plot", args.plot_path, "Write the memory-over-one-step chart (SVG)")
       ->type_name("FILE.svg");
   command->add_option("--trace", args.trace_path, "Write a Chrome trace of one step of each run")
@@ -491,6 +502,21 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
                    "Write the model's measured chain (stage times and sizes), the input of "
                    "`ckpt plan --chain`")
       ->type_name("FILE.json");
+}
+
+}  // namespace
+
+CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "train",
+      "Train the built-in GPT-style character model twice with the same seeds: without "
+      "checkpointing and under --strategy; compare peak memory, step time and losses");
+  command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  // In this order in --help.
+  add_shape_options(command, args);
+  add_run_options(command, args);
+  add_training_options(command, args);
+  add_output_options(command, args);
   add_distributed_options(command, args);
   return command;
 }

@@ -7,6 +7,7 @@
 #include "output_path.h"
 #include "progress.h"
 #include "rank_launcher.h"
+#include "statistics.h"
 #include "train_strategy.h"
 #include "units.h"
 
@@ -70,12 +71,10 @@ struct RankRun {
   }
 };
 
+// The first step is a warm-up (AdamW allocates its state there): left out when enough remain.
 double median_after_first(std::vector<double> values) {
   if (values.size() > 2) values.erase(values.begin());
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+  return models::median(std::move(values));
 }
 
 void check_distributed_args(const TrainArgs& args) {
@@ -147,6 +146,32 @@ torch::Tensor rows_of(const std::vector<int64_t>& values, const TrainArgs& args,
       .clone();
 }
 
+// A rank's GPT, seeded as `ckpt train` seeds it, and its forward: under the strategy on the rank's
+// share of the batch, data-parallel over `group`; alone (no group), the plain chain. Neither
+// copied nor moved: the strategy's forward refers to `chain`.
+struct RankModel {
+  RankModel(const TrainArgs& args, const Corpus& corpus, const models::GptConfig& config,
+            const ProcessGroup* group) {
+    torch::manual_seed(args.seed);
+    chain = models::make_gpt(config);
+    chain->train();
+    if (args.dtype == "float64") chain->to(torch::kDouble);
+    forward = [this](const at::Tensor& x) { return chain->forward(x); };
+    if (group != nullptr) {
+      TrainArgs local = args;
+      local.batch = args.batch / group->world_size();  // a plan is for the rank's share
+      forward = strategy_forward(local, corpus, chain).forward;
+      parallel = std::make_unique<DataParallel>(chain.ptr(), *group);
+    }
+  }
+  RankModel(const RankModel&) = delete;
+  RankModel& operator=(const RankModel&) = delete;
+
+  torch::nn::Sequential chain{nullptr};
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::unique_ptr<DataParallel> parallel;
+};
+
 // Trains `args.steps` steps with the seeds of `ckpt train`: data-parallel over `group` under the
 // strategy, or (no group) alone on the whole batch without checkpointing.
 RankRun train(const TrainArgs& args, const Corpus& corpus, const ProcessGroup* group,
@@ -154,22 +179,10 @@ RankRun train(const TrainArgs& args, const Corpus& corpus, const ProcessGroup* g
   const int rank = group != nullptr ? group->rank() : 0;
   const int world = group != nullptr ? group->world_size() : 1;
   const models::GptConfig config = gpt_config(args, corpus);
-  torch::manual_seed(args.seed);
-  torch::nn::Sequential chain = models::make_gpt(config);
-  chain->train();
-  if (args.dtype == "float64") chain->to(torch::kDouble);
-  std::function<at::Tensor(const at::Tensor&)> forward = [&chain](const at::Tensor& x) {
-    return chain->forward(x);
-  };
-  std::unique_ptr<DataParallel> parallel;
-  if (group != nullptr) {
-    TrainArgs local = args;
-    local.batch = args.batch / world;  // a plan is for the rank's share
-    forward = strategy_forward(local, corpus, chain).forward;
-    parallel = std::make_unique<DataParallel>(chain.ptr(), *group);
-  }
+  RankModel model(args, corpus, config, group);
+  const std::unique_ptr<DataParallel>& parallel = model.parallel;
   torch::manual_seed(args.seed + 1);
-  std::vector<torch::Tensor> parameters = chain->parameters();
+  std::vector<torch::Tensor> parameters = model.chain->parameters();
   torch::optim::AdamW optimizer(
       parameters,
       torch::optim::AdamWOptions(args.lr).betas(std::make_tuple(0.9, 0.95)).weight_decay(0.1));
@@ -190,8 +203,8 @@ RankRun train(const TrainArgs& args, const Corpus& corpus, const ProcessGroup* g
     if (parallel) parallel->begin_step();
     double loss_value = 0;
     {
-      const torch::Tensor loss =
-          torch::nn::functional::cross_entropy(forward(x).view({-1, config.vocab}), y.view({-1}));
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(
+          model.forward(x).view({-1, config.vocab}), y.view({-1}));
       loss.backward();
       loss_value = loss.item<float>();
     }
