@@ -5,7 +5,24 @@
 #include <c10/core/DeviceType.h>
 #include <torch/arg.h>
 
+#include <functional>
+#include <memory>
+#include <optional>
+
 namespace ckpt {
+
+/// A context of your own that a region holds while its forward or one of its recomputes runs:
+/// any RAII object (a guard, a timer, a profiler range), type-erased.
+using RegionContext = std::shared_ptr<void>;
+
+/// The two contexts of one region, as PyTorch's `context_fn` returns them: `forward` is called to
+/// enter a context around the region's forward, `recompute` around each of its recomputes
+/// (inside the replayed RNG, autocast and train()/eval() state, with `ckpt::is_recomputing()`
+/// true). Either may be empty.
+struct RegionContexts {
+  std::function<RegionContext()> forward;
+  std::function<RegionContext()> recompute;
+};
 
 /// Options for `ckpt::checkpoint` and `ckpt::checkpoint_sequential`.
 ///
@@ -36,6 +53,34 @@ struct CheckpointOptions {
   /// that shows both sequences, aligned at their first difference, when they differ, as
   /// PyTorch's `debug=True` does. Costs a name per operator. Default: false
   TORCH_ARG(bool, debug) = false;
+  /// Called once per region when its forward starts (PyTorch's `context_fn`): the contexts the
+  /// forward and the recomputes run in. Composes with `policy`. An exception it, or a context,
+  /// throws propagates with grad mode, RNG, autocast and buffers as they were. Default: none
+  TORCH_ARG(std::function<RegionContexts()>, context_fn);
+};
+
+/// Overrides the `debug` option of every region whose forward starts from now on, in the whole
+/// process (PyTorch's `set_checkpoint_debug_enabled`): true or false for every region,
+/// std::nullopt for each region's own option (the default).
+void set_checkpoint_debug_enabled(std::optional<bool> enabled);
+/// The process-wide override of `debug`; std::nullopt when there is none.
+std::optional<bool> checkpoint_debug_enabled();
+
+/// Sets the process-wide `debug` override for its lifetime, and puts the previous one back.
+///
+/// Example:
+/// ```
+/// { ckpt::CheckpointDebugGuard debug(true); /* every region records its operators here */ }
+/// ```
+class CheckpointDebugGuard {
+ public:
+  explicit CheckpointDebugGuard(std::optional<bool> enabled);
+  ~CheckpointDebugGuard();
+  CheckpointDebugGuard(const CheckpointDebugGuard&) = delete;
+  CheckpointDebugGuard& operator=(const CheckpointDebugGuard&) = delete;
+
+ private:
+  std::optional<bool> previous_;
 };
 
 /// The device type whose RNG and autocast state a region preserves when its tensor arguments sit

@@ -117,6 +117,7 @@ std::vector<at::Tensor> RegionState::run_recompute(
     replacement = &from_copies;
   }
   const RecomputeScope scope(rng, autocast, training, modules);
+  const RegionContext context = recompute_context ? recompute_context() : nullptr;
   const LabelScope label(child_label(memory_label, "recompute"));
   const at::AutoGradMode grad_mode(true);
   const StorageSnapshot outside(outside_state);
@@ -189,9 +190,16 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
                std::shared_ptr<CallSite> site)
     : state_(std::make_shared<RegionState>()), site_(std::move(site)) {
   RegionState& state = *state_;
+  // First, so that a factory that throws leaves nothing to undo.
+  if (options.context_fn()) {
+    RegionContexts contexts = options.context_fn()();
+    forward_context_ = std::move(contexts.forward);
+    state.recompute_context = std::move(contexts.recompute);
+  }
   state.memory_label = next_region_label();
   const LabelScope label(state.memory_label);  // what the region stashes is its own
   state.options = options;
+  if (const std::optional<bool> debug = checkpoint_debug_enabled()) state.options.debug(*debug);
   state.input_copies = InputCopies(inputs, site_->written_inputs.load());
   state.outside_state = live_outside_state(*site_);
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -233,6 +241,7 @@ Region::~Region() {
 
 Region::ForwardScope::ForwardScope(Region& region)
     : region_(region),
+      context_(region.forward_context_ ? region.forward_context_() : nullptr),
       label_(region.state_->memory_label),
       grad_mode_(!region.state_->options.use_reentrant()) {
   RegionState& state = *region.state_;

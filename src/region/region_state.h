@@ -54,6 +54,8 @@ struct RegionState {
   std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
   std::vector<size_t> connected;    // which outputs feed the backward node, by its input number
   RecomputeFn recompute;
+  // From `context_fn`: what each recompute runs in (empty without).
+  std::function<RegionContext()> recompute_context;
   // The region's memory label ("region N" under the caller's); its recompute runs under
   // "<it>/recompute".
   std::shared_ptr<LabelNode> memory_label;

@@ -141,7 +141,8 @@ class Region {
 
    private:
     Region& region_;
-    LabelScope label_;  // the region's memory label: "region N" under the caller's
+    RegionContext context_;  // outermost: the user's forward context, from `context_fn`
+    LabelScope label_;       // the region's memory label: "region N" under the caller's
     at::AutoGradMode grad_mode_;
     std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
@@ -167,6 +168,7 @@ class Region {
   std::shared_ptr<RegionState> state_;
   std::shared_ptr<CallSite> site_;
   std::unique_ptr<RegionMarker> marker_;
+  std::function<RegionContext()> forward_context_;  // from `context_fn`, for the forward
 };
 
 }  // namespace detail
