@@ -8,11 +8,15 @@
 //           sequential_reentrant:K | selective:K (K segments under save_matmuls()) | budget:B;
 //           planned:BUDGET (e.g. planned:100%), the same as budget:BUDGET; intercepted:K (K
 //           segments under a policy that keeps nothing: the dispatch modes' interception alone;
-//           prints how many operator calls the policy saw)
+//           prints how many operator calls the policy saw). Prefixed with penalty: (for example
+//           penalty:sequential:16), each step is a gradient-penalty step instead: the input's
+//           gradient with create_graph, then one backward of the loss plus the gradient's squared
+//           norm; with grouped_penalty: both passes run in one ckpt::GraphExecGroup.
 
 #include "bench_models.h"
 #include "strategy.h"
 
+#include <ckpt/graph_exec_group.h>
 #include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
 #include <ckpt/sequential.h>
@@ -21,8 +25,10 @@
 
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace {
 
@@ -65,6 +71,32 @@ Forward method_forward(const std::string& method, torch::nn::Sequential model,
 
 }  // namespace
 
+// The step: forward, mean of squares, backward; or the gradient-penalty step.
+enum class Step { Plain, Penalty, GroupedPenalty };
+
+Step step_kind(std::string& method) {
+  for (const auto& [prefix, kind] : {std::pair<std::string, Step>{"penalty:", Step::Penalty},
+                                     std::pair<std::string, Step>{"grouped_penalty:",
+                                                                  Step::GroupedPenalty}}) {
+    if (method.rfind(prefix, 0) != 0) continue;
+    method = method.substr(prefix.size());
+    return kind;
+  }
+  return Step::Plain;
+}
+
+void run_step(Step kind, const Forward& forward, const torch::Tensor& x) {
+  if (kind == Step::Plain) {
+    forward(x).square().mean().backward();
+    return;
+  }
+  std::optional<ckpt::GraphExecGroup> group;
+  if (kind == Step::GroupedPenalty) group.emplace();
+  const torch::Tensor loss = forward(x).square().mean();
+  const torch::Tensor gradient = torch::autograd::grad({loss}, {x}, {}, true, true)[0];
+  (loss + gradient.square().sum()).backward();
+}
+
 int main(int argc, char** argv) try {
   if (argc < 4) {
     std::cerr << "usage: step_program MODEL METHOD STEPS [--quick]\n";
@@ -75,13 +107,13 @@ int main(int argc, char** argv) try {
   const auto config = ckpt::models::model_config(argv[1], quick);
   torch::nn::Sequential model = ckpt::models::build_model(config);
   const torch::Tensor x = ckpt::models::make_input(config).requires_grad_();
-  const Forward forward = method_forward(argv[2], model, x.detach());
+  std::string method = argv[2];
+  const Step kind = step_kind(method);
+  const Forward forward = method_forward(method, model, x.detach());
   for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
   x.mutable_grad() = torch::zeros_like(x);
   const int steps = std::stoi(argv[3]);
-  for (int s = 0; s < steps; ++s) {  // the bench's step: forward, mean of squares, backward
-    forward(x).square().mean().backward();
-  }
+  for (int s = 0; s < steps; ++s) run_step(kind, forward, x);
   if (g_policy_calls > 0) std::cerr << "policy calls per step: " << g_policy_calls / steps << "\n";
   return 0;
 } catch (const std::exception& e) {

@@ -2,6 +2,7 @@
 
 #include <ckpt/detail/region.h>
 #include <ckpt/detail/traversal.h>
+#include <ckpt/graph_exec_group.h>
 #include <ckpt/options.h>
 
 #include <ATen/core/grad_mode.h>

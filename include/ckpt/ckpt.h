@@ -4,6 +4,7 @@
 /// Umbrella header of ckpt, activation checkpointing for LibTorch.
 
 #include <ckpt/checkpoint.h>
+#include <ckpt/graph_exec_group.h>
 #include <ckpt/memory_label.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/modules.h>

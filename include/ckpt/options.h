@@ -57,6 +57,13 @@ struct CheckpointOptions {
   /// forward and the recomputes run in. Composes with `policy`. An exception it, or a context,
   /// throws propagates with grad mode, RNG, autocast and buffers as they were. Default: none
   TORCH_ARG(std::function<RegionContexts()>, context_fn);
+  /// Early stop (PyTorch's `early_stop`): the recompute runs the kernels of only those operators
+  /// whose outputs the backward reads, learned at each call site from its first full recompute;
+  /// the others build their autograd nodes but compute nothing. Random and in-place operators
+  /// always run, so RNG and buffers end as after a full recompute. Gradients are the same bits:
+  /// a recompute that would use a skipped output is run again in full. Non-reentrant variant
+  /// only. `set_checkpoint_early_stop` overrides it. Default: true
+  TORCH_ARG(bool, early_stop) = true;
 };
 
 /// Overrides the `debug` option of every region whose forward starts from now on, in the whole
@@ -78,6 +85,30 @@ class CheckpointDebugGuard {
   ~CheckpointDebugGuard();
   CheckpointDebugGuard(const CheckpointDebugGuard&) = delete;
   CheckpointDebugGuard& operator=(const CheckpointDebugGuard&) = delete;
+
+ private:
+  std::optional<bool> previous_;
+};
+
+/// Overrides the `early_stop` option of every region whose recompute starts from now on, in the
+/// whole process (PyTorch's `set_checkpoint_early_stop`): true or false for every region,
+/// std::nullopt for each region's own option (the default).
+void set_checkpoint_early_stop(std::optional<bool> enabled);
+/// The process-wide override of `early_stop`; std::nullopt when there is none.
+std::optional<bool> checkpoint_early_stop();
+
+/// Sets the process-wide `early_stop` override for its lifetime, and puts the previous one back.
+///
+/// Example:
+/// ```
+/// { ckpt::CheckpointEarlyStopGuard full(false); /* every recompute here runs in full */ }
+/// ```
+class CheckpointEarlyStopGuard {
+ public:
+  explicit CheckpointEarlyStopGuard(std::optional<bool> enabled);
+  ~CheckpointEarlyStopGuard();
+  CheckpointEarlyStopGuard(const CheckpointEarlyStopGuard&) = delete;
+  CheckpointEarlyStopGuard& operator=(const CheckpointEarlyStopGuard&) = delete;
 
  private:
   std::optional<bool> previous_;

@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
 #if CKPT_TORCH_AT_LEAST(2, 3)
@@ -31,6 +32,19 @@ bool any_tensor_pre_hooks(N& node, long) {
 }
 
 }  // namespace
+
+WeakNodePtr weak_node(torch::autograd::Node& node) {
+#if CKPT_TORCH_AT_LEAST(2, 13)
+  return c10::weak_intrusive_ptr<torch::autograd::Node>(
+      c10::intrusive_ptr<torch::autograd::Node>::unsafe_reclaim_from_nonowning(&node));
+#else
+  return node.weak_from_this();
+#endif
+}
+
+bool inside_backward() {
+  return torch::autograd::get_current_graph_task_exec_info() != nullptr;
+}
 
 bool has_tensor_pre_hooks(torch::autograd::AccumulateGrad& accumulator) {
   return any_tensor_pre_hooks(accumulator, 0);

@@ -43,6 +43,20 @@ auto make_node(Args&&... args) {
   }
 }
 
+/// A non-owning pointer to a node that tells when the node died: std::weak_ptr before 2.13,
+/// c10::weak_intrusive_ptr since. `lock()` gives a NodePtr (null once the node died).
+using WeakNodePtr =
+    std::conditional_t<std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>,
+                       std::weak_ptr<torch::autograd::Node>,
+                       c10::weak_intrusive_ptr<torch::autograd::Node>>;
+
+/// A weak pointer to `node`, which must be owned (by a NodePtr) at the time of the call.
+WeakNodePtr weak_node(torch::autograd::Node& node);
+
+/// Whether the calling thread runs a backward pass now (an autograd engine's graph task), so
+/// that `Engine::queue_callback` can defer work to its end.
+bool inside_backward();
+
 /// Base of an autograd node that holds more than its next edges (other edges, closures, shared
 /// state). Since 2.13 a node outlives its last owner while weak pointers to it remain: LibTorch
 /// calls `release_resources` instead of the destructor, and a member that still owns other nodes

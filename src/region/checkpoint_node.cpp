@@ -1,5 +1,7 @@
 #include "checkpoint_node.h"
 
+#include "early_stop.h"
+
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -67,25 +69,55 @@ NonReentrantBackward::NonReentrantBackward(std::shared_ptr<RegionState> state, B
 void NonReentrantBackward::release_variables() {
   std::lock_guard<std::mutex> lock(mutex_);
   state_->end_backward();
+  if (forwarded_ == nullptr || !state_->released) return;
+  // The region is done: its node lets go of the recomputed graph, after the engine has routed
+  // this call's gradients along the edges into it.
+  if (compat::inside_backward()) {
+    Engine::get_default_engine().queue_callback([weak = compat::weak_node(*this)] {
+      if (auto node = weak.lock()) static_cast<NonReentrantBackward&>(*node).stop_forwarding();
+    });
+  } else {
+    stop_forwarding_locked();
+  }
 }
 
-// The engine's roots for the recompute's backward: the recomputed outputs that have a gradient.
-// An output the function did not compute (an argument, a captured tensor) is not a root: its
-// gradient goes straight to its boundary edge in `result`.
-std::pair<edge_list, variable_list> NonReentrantBackward::recomputed_roots(
-    const variable_list& outputs, const variable_list& grads, const RegionMarker& marker,
-    variable_list& result) const {
+// The recomputed graph: the gradient edges of the recomputed outputs. With early stop, a
+// recompute that read data it skipped runs again in full; the check comes once the outputs are
+// dropped, when only the graph (or something unknown) can hold that data.
+std::shared_ptr<const RecomputedGraph> NonReentrantBackward::recompute() const {
+  for (bool early = state_->options.early_stop();; early = false) {
+    auto graph = std::make_shared<RecomputedGraph>();
+    EarlyStopRun early_stop(*state_->site, early);
+    variable_list outputs = state_->run_recompute(/*replacement=*/nullptr, early_stop.mode());
+    state_->check_recomputed(outputs);
+    for (size_t slot : state_->connected) {
+      const at::Tensor& output = outputs[slot];
+      graph->edges.push_back(output.requires_grad() ? torch::autograd::impl::gradient_edge(output)
+                                                    : Edge());
+    }
+    // Past their gradient edges the recomputed outputs are not needed; the region's backward
+    // should not hold them (PyTorch's recompute keeps only what the graph saved).
+    outputs.clear();
+    if (early_stop.finish()) return graph;
+  }
+}
+
+// The engine's roots: the recomputed outputs that have a gradient. An output the function did
+// not compute (an argument, a captured tensor) is not a root: its gradient goes straight to its
+// boundary edge in `result`.
+std::pair<edge_list, variable_list> NonReentrantBackward::roots(const RecomputedGraph& graph,
+                                                                const variable_list& grads,
+                                                                variable_list& result) const {
   edge_list roots;
   variable_list root_grads;
   for (size_t slot = 0; slot < grads.size(); ++slot) {
     if (!grads[slot].defined()) continue;
-    const at::Tensor& output = outputs[state_->connected[slot]];
-    TORCH_CHECK(output.requires_grad(), "ckpt::checkpoint: output #", state_->connected[slot],
+    const Edge& edge = graph.edges[slot];
+    TORCH_CHECK(edge.is_valid(), "ckpt::checkpoint: output #", state_->connected[slot],
                 " of the region required grad in the forward pass but not in the recomputation. "
                 "The checkpointed function must compute the same thing when it runs again.");
-    Edge edge = torch::autograd::impl::gradient_edge(output);
-    if (marker.created_inside(*edge.function)) {
-      roots.push_back(std::move(edge));
+    if (graph.marker.created_inside(*edge.function)) {
+      roots.push_back(edge);
       root_grads.push_back(grads[slot]);
     } else {
       // The function returned a tensor it did not compute (an argument, a captured tensor).
@@ -99,9 +131,19 @@ std::pair<edge_list, variable_list> NonReentrantBackward::recomputed_roots(
   return {std::move(roots), std::move(root_grads)};
 }
 
+// The group this backward belongs to: the forward's, else the one current on this thread.
+std::shared_ptr<GroupState> NonReentrantBackward::group() const {
+  std::shared_ptr<GroupState> group = state_->forward_group.lock();
+  return group != nullptr ? group : current_graph_exec_group();
+}
+
 variable_list NonReentrantBackward::apply(variable_list&& grads) {
   std::lock_guard<std::mutex> lock(mutex_);
   state_->begin_backward(grads);
+  if (forwarded_ != nullptr) {
+    state_->check_unmodified();
+    return std::move(grads);  // into the recomputed graph, whose nodes the engine runs itself
+  }
   const size_t boundary_count = boundary_.edges.size();
   variable_list result(boundary_count);
 
@@ -112,24 +154,72 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
   if (needed.empty() || !any_defined(grads)) return result;
 
   state_->check_unmodified();
+  const std::shared_ptr<const RecomputedGraph> graph = recompute();
+  const std::shared_ptr<GroupState> group = this->group();
+  const bool keep = group != nullptr;
+  run_recomputed(*graph, grads, needed, keep, result);
+  if (keep) forward_after_this_backward(graph, *group);
+  return result;
+}
+
+// In a group, once this backward is over, the node hands its gradients to the recomputed graph
+// instead of recomputing: its next edges become the recomputed outputs' edges. A later backward
+// then runs through that graph as plain autograd would run through the forward's, summing at
+// each node what reaches it from every path (a gradient penalty's double-backward graph leads
+// into it too), so it costs no recompute and gives plain autograd's bits. Not before the backward
+// is over: the engine routes this call's outputs along the node's edges, and its graph task knows
+// only those.
+void NonReentrantBackward::forward_after_this_backward(std::shared_ptr<const RecomputedGraph> graph,
+                                                       GroupState& group) {
+  compat::WeakNodePtr weak = compat::weak_node(*this);
+  auto stop = [weak] {
+    if (auto node = weak.lock()) static_cast<NonReentrantBackward&>(*node).stop_forwarding();
+  };
+  if (!group.join(std::move(stop))) return;
+  Engine::get_default_engine().queue_callback([weak, graph = std::move(graph)] {
+    auto node = weak.lock();
+    if (node == nullptr) return;
+    auto& self = static_cast<NonReentrantBackward&>(*node);
+    std::lock_guard<std::mutex> lock(self.mutex_);
+    if (self.state_ == nullptr || self.state_->released) return;
+    self.redirect(edge_list(graph->edges));
+    self.forwarded_ = graph;
+  });
+}
+
+// Assigned directly: set_next_edges() would recompute the node's topological number, which
+// LibTorch refuses once the node has parents. The number only lets `autograd::grad` skip nodes
+// that cannot lead to its inputs; the recomputed graph leads to the same border the old number
+// was taken from, so it stays a valid bound for every input outside the region.
+void NonReentrantBackward::redirect(edge_list&& edges) {
+  next_edges_ = std::move(edges);
+}
+
+void NonReentrantBackward::stop_forwarding() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stop_forwarding_locked();
+}
+
+void NonReentrantBackward::stop_forwarding_locked() {
+  if (forwarded_ == nullptr) return;
+  redirect(edge_list(boundary_.edges));
+  forwarded_.reset();
+}
+
+// The backward through a fresh recompute. Every needed border edge gets a receiver, which
+// collects its gradients: each is returned summed over the region's uses, and reaches its
+// accumulator with the rest of the backward's.
+void NonReentrantBackward::run_recomputed(const RecomputedGraph& graph, const variable_list& grads,
+                                          const std::vector<size_t>& needed, bool keep_graph,
+                                          variable_list& result) {
+  auto [roots, root_grads] = this->roots(graph, grads, result);
+  if (roots.empty()) return;
   const bool create_graph = at::GradMode::is_enabled();
-  const RegionMarker marker;
-  variable_list outputs = state_->run_recompute(/*replacement=*/nullptr);
-  state_->check_recomputed(outputs);
-
-  auto [roots, root_grads] = recomputed_roots(outputs, grads, marker, result);
-  if (roots.empty()) return result;
-  // Past their gradient edges the recomputed outputs are not needed; the region's backward
-  // should not hold them (PyTorch's recompute keeps only what the graph saved).
-  outputs.clear();
-
-  // Every needed border edge gets a receiver, which collects its gradients: each is returned
-  // summed over the region's uses, and reaches its accumulator with the rest of the backward's.
-  std::vector<GradientReceiver> receivers(boundary_count);
+  std::vector<GradientReceiver> receivers(boundary_.edges.size());
   for (size_t k : needed) {
     receivers[k] = [&result, k](const at::Tensor& grad) { add_gradient(result[k], grad); };
   }
-  BorderCapture border(roots, marker, boundary_, std::move(receivers));
+  BorderCapture border(roots, graph.marker, boundary_, std::move(receivers));
   // The walks start at the same outputs only when every output has a gradient.
   if (roots.size() == state_->connected.size()) {
     state_->check_same_graph(boundary_.shape, border.shape());
@@ -139,9 +229,8 @@ variable_list NonReentrantBackward::apply(variable_list&& grads) {
     accumulate_sole_gradients_early(border, boundary_, needed,
                                     [this](size_t k) { return sole_holders(k); });
   }
-  Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/create_graph, create_graph,
+  Engine::get_default_engine().execute(roots, root_grads, keep_graph || create_graph, create_graph,
                                        /*accumulate_grad=*/true, border.outputs());
-  return result;
 }
 
 // Holders of a border edge's accumulator when nothing else leads to it: the boundary's copy of

@@ -31,16 +31,27 @@ class NonReentrantBackward final : public BorderNode {
   void release_owned() override {
     state_.reset();
     boundary_ = Boundary();
+    forwarded_.reset();
   }
   long sole_holders(size_t k) const;
-  std::pair<edge_list, variable_list> recomputed_roots(const variable_list& outputs,
-                                                       const variable_list& grads,
-                                                       const RegionMarker& marker,
-                                                       variable_list& result) const;
+  std::shared_ptr<const RecomputedGraph> recompute() const;
+  std::pair<edge_list, variable_list> roots(const RecomputedGraph& graph,
+                                            const variable_list& grads,
+                                            variable_list& result) const;
+  std::shared_ptr<GroupState> group() const;
+  void run_recomputed(const RecomputedGraph& graph, const variable_list& grads,
+                      const std::vector<size_t>& needed, bool keep_graph, variable_list& result);
+  void forward_after_this_backward(std::shared_ptr<const RecomputedGraph> graph, GroupState& group);
+  void stop_forwarding();
+  void stop_forwarding_locked();
+  void redirect(edge_list&& edges);
 
   std::shared_ptr<RegionState> state_;
   // A copy of the next edges as created: an enclosing region's recompute may redirect them.
   Boundary boundary_;
+  // In a GraphExecGroup after its first backward: the recomputed graph the node's next edges
+  // lead into (see forward_after_this_backward); null otherwise.
+  std::shared_ptr<const RecomputedGraph> forwarded_;
 };
 
 /// Reentrant: its next edges are the gradient edges of the tensor arguments. Backward recomputes

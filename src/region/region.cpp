@@ -106,8 +106,8 @@ void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& 
               "when it runs again; CheckpointOptions().determinism_check(false) skips this check.");
 }
 
-std::vector<at::Tensor> RegionState::run_recompute(
-    const std::vector<at::Tensor>* replacement) const {
+std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>* replacement,
+                                                   DispatchMode* early_stop) const {
   std::vector<at::Tensor> from_copies;
   if (replacement == nullptr && !input_copies.empty()) {
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -121,6 +121,8 @@ std::vector<at::Tensor> RegionState::run_recompute(
   const LabelScope label(child_label(memory_label, "recompute"));
   const at::AutoGradMode grad_mode(true);
   const StorageSnapshot outside(outside_state);
+  std::optional<DispatchModeGuard> early_stop_guard;
+  if (early_stop != nullptr) early_stop_guard.emplace(*early_stop);
   if (!kept && !options.debug()) return recompute(replacement);
   std::optional<ReplayMode> replay;
   std::vector<std::string> recompute_ops;
@@ -197,6 +199,8 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
     state.recompute_context = std::move(contexts.recompute);
   }
   state.memory_label = next_region_label();
+  state.site = site_;
+  if (!options.use_reentrant()) state.forward_group = current_graph_exec_group();
   const LabelScope label(state.memory_label);  // what the region stashes is its own
   state.options = options;
   if (const std::optional<bool> debug = checkpoint_debug_enabled()) state.options.debug(*debug);

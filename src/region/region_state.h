@@ -9,6 +9,7 @@
 #include "autograd/rng_state.h"
 #include "autograd/training_modes.h"
 #include "autograd/version_snapshot.h"
+#include "graph_exec_group.h"
 #include "input_copies.h"
 #include "selective.h"
 
@@ -54,6 +55,8 @@ struct RegionState {
   std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
   std::vector<size_t> connected;    // which outputs feed the backward node, by its input number
   RecomputeFn recompute;
+  std::shared_ptr<CallSite> site;  // where the region was made: what early stop learned there
+  std::weak_ptr<GroupState> forward_group;  // the GraphExecGroup current when the forward ran
   // From `context_fn`: what each recompute runs in (empty without).
   std::function<RegionContext()> recompute_context;
   // The region's memory label ("region N" under the caller's); its recompute runs under
@@ -82,8 +85,10 @@ struct RegionState {
   /// (with the determinism check on).
   void check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const;
   /// Runs the recompute with the forward's RNG and autocast state and grad mode on, and puts the
-  /// modules' buffers back as they were.
-  std::vector<at::Tensor> run_recompute(const std::vector<at::Tensor>* replacement) const;
+  /// modules' buffers back as they were. `early_stop`, when given, is the outermost mode around
+  /// the function (it sees only the calls that reach the kernels).
+  std::vector<at::Tensor> run_recompute(const std::vector<at::Tensor>* replacement,
+                                        DispatchMode* early_stop = nullptr) const;
   /// Records the outputs handed to the caller (connected to the region's node, in slot order).
   void hand_out(const std::vector<at::Tensor>& outputs);
   /// At the start of the node's backward: raises the error for a backward through a region whose

@@ -29,6 +29,8 @@ class Module;
 namespace ckpt {
 namespace detail {
 
+struct EarlyStopPlan;
+
 /// Modules a region calls: their buffers are restored after the recompute, and the reentrant
 /// variant checks their parameters for in-place changes.
 using ModuleList = std::vector<std::shared_ptr<torch::nn::Module>>;
@@ -52,6 +54,14 @@ struct CallSite {
   /// The data of that state, which recomputes here copy before and write back after.
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outside_state;
   std::mutex outside_state_mutex;
+  /// Early stop: which operator calls of a recompute here the backward does not read, as the
+  /// last full recompute here found them (null until one ran, or after a recompute here found the
+  /// plan stale).
+  std::shared_ptr<const EarlyStopPlan> early_stop_plan;
+  std::mutex early_stop_mutex;
+  /// A recompute here read data that early stop had not computed (and ran again in full): the
+  /// function's behaviour changes between recomputes, so recomputes here run in full from now on.
+  std::atomic<bool> early_stop_failed{false};
 };
 
 /// The call site of the code identified by `code` (the address of a static of its own) running

@@ -1,0 +1,260 @@
+// Issue 33, item 1: early stop. A recompute runs the kernels of only the operators whose outputs
+// the backward reads, learned at each call site from its first recompute; gradients, RNG and
+// buffers end as after a full recompute.
+
+#include <ckpt/ckpt.h>
+
+#include "support/support.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+namespace {
+
+using ckpt::test::bit_equal;
+using ckpt::test::take_grads;
+
+// A custom operator whose CPU kernel counts its calls: y = 2x, with its own autograd formula,
+// which saves nothing (so the backward never reads y).
+std::atomic<int> doubled{0};
+
+at::Tensor counted_double_kernel(const at::Tensor& x) {
+  ++doubled;
+  return x * 2;
+}
+
+class CountedDouble : public torch::autograd::Function<CountedDouble> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("ckpt_early_stop_test::counted_double", "")
+                               .typed<at::Tensor(const at::Tensor&)>();
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op.call(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0] * 2};
+  }
+};
+
+at::Tensor counted_double(const at::Tensor& x) {
+  return CountedDouble::apply(x);
+}
+
+TORCH_LIBRARY(ckpt_early_stop_test, m) {
+  m.def("counted_double(Tensor x) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(ckpt_early_stop_test, CPU, m) {
+  m.impl("counted_double", counted_double_kernel);
+}
+TORCH_LIBRARY_IMPL(ckpt_early_stop_test, Autograd, m) {
+  m.impl("counted_double", counted_double);
+}
+
+// Linear, BatchNorm (training), then a tail the backward does not read: the doubling (its
+// formula saves nothing), a random draw, and a sum with no saved tensors.
+struct Tail : torch::nn::Module {
+  Tail()
+      : linear(register_module("linear", torch::nn::Linear(6, 5))),
+        norm(register_module("norm", torch::nn::BatchNorm1d(5))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor y = norm(linear(x)).sin();
+    return counted_double(y) + torch::rand({5});
+  }
+  torch::nn::Linear linear;
+  torch::nn::BatchNorm1d norm;
+};
+
+struct Step {
+  at::Tensor out, input_grad, random_after, mean, var;
+  std::vector<at::Tensor> grads;
+  int kernel_calls = 0;
+};
+
+Step run_step(const std::shared_ptr<Tail>& model, const at::Tensor& input, bool checkpointed,
+              const ckpt::CheckpointOptions& options = {}) {
+  torch::manual_seed(7);
+  doubled = 0;
+  Step step;
+  const at::Tensor x = input.detach().requires_grad_();
+  step.out = checkpointed ? ckpt::checkpoint(options, model, x) : model->forward(x);
+  step.out.pow(2).sum().backward();
+  step.input_grad = x.grad().clone();
+  step.random_after = torch::rand({3});
+  step.mean = model->norm->running_mean.clone();
+  step.var = model->norm->running_var.clone();
+  step.grads = take_grads(*model);
+  step.kernel_calls = doubled.load();
+  return step;
+}
+
+void expect_same(const Step& a, const Step& b) {
+  EXPECT_TRUE(bit_equal(a.out, b.out));
+  EXPECT_TRUE(bit_equal(a.input_grad, b.input_grad));
+  EXPECT_TRUE(bit_equal(a.random_after, b.random_after));
+  EXPECT_TRUE(bit_equal(a.mean, b.mean));
+  EXPECT_TRUE(bit_equal(a.var, b.var));
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(bit_equal(a.grads[i], b.grads[i])) << i;
+}
+
+// Plain steps and checkpointed steps on the same model from the same buffers, in turn.
+struct EarlyStopTest : ckpt::test::SeedingFixture {
+  std::shared_ptr<Tail> model = std::make_shared<Tail>();
+  at::Tensor input = torch::randn({4, 6});
+  at::Tensor mean0 = model->norm->running_mean.clone(), var0 = model->norm->running_var.clone();
+
+  Step step(bool checkpointed, const ckpt::CheckpointOptions& options = {}) {
+    torch::NoGradGuard no_grad;
+    model->norm->running_mean.copy_(mean0);
+    model->norm->running_var.copy_(var0);
+    torch::AutoGradMode grad(true);
+    return run_step(model, input, checkpointed, options);
+  }
+};
+
+// The first recompute at a call site runs in full and learns; the next ones skip the doubling.
+// Everything else (the random draw, BatchNorm's update) runs, and every result is the plain
+// step's.
+TEST_F(EarlyStopTest, SkipsTheKernelsWhoseOutputsTheBackwardDoesNotRead) {
+  const Step plain = step(false);
+  EXPECT_EQ(plain.kernel_calls, 1);
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(run);
+    const Step checkpointed = step(true);
+    EXPECT_EQ(checkpointed.kernel_calls, run == 0 ? 2 : 1);
+    expect_same(checkpointed, plain);
+  }
+}
+
+// Off per region, or for every region with the process-wide switch: every recompute runs all.
+TEST_F(EarlyStopTest, TheOptionAndTheGlobalSwitchTurnItOff) {
+  const Step plain = step(false);
+  for (int run = 0; run < 2; ++run) {
+    const Step off = step(true, ckpt::CheckpointOptions().early_stop(false));
+    EXPECT_EQ(off.kernel_calls, 2);
+    expect_same(off, plain);
+  }
+  {
+    ckpt::CheckpointEarlyStopGuard full(false);
+    EXPECT_EQ(ckpt::checkpoint_early_stop(), std::optional<bool>(false));
+    for (int run = 0; run < 2; ++run) EXPECT_EQ(step(true).kernel_calls, 2);
+  }
+  EXPECT_EQ(ckpt::checkpoint_early_stop(), std::nullopt);
+  // The override wins over the option, as in PyTorch.
+  ckpt::CheckpointEarlyStopGuard on(true);
+  step(true, ckpt::CheckpointOptions().early_stop(false));
+  EXPECT_EQ(step(true, ckpt::CheckpointOptions().early_stop(false)).kernel_calls, 1);
+}
+
+// Without preserve_rng_state the recompute draws from the live generator: the random draw the
+// backward does not read still runs, so the stream after the step is a full recompute's.
+TEST_F(EarlyStopTest, RandomOperatorsAlwaysRun) {
+  const auto no_stash = ckpt::CheckpointOptions().preserve_rng_state(false);
+  const Step full = step(true, ckpt::CheckpointOptions(no_stash).early_stop(false));
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(run);
+    const Step early = step(true, no_stash);
+    EXPECT_EQ(early.kernel_calls, run == 0 ? 2 : 1);
+    expect_same(early, full);
+  }
+}
+
+// An output the backward reads (sin saves its input) is computed in every recompute.
+TEST(EarlyStop, AnOutputTheBackwardReadsIsRecomputed) {
+  const at::Tensor input = torch::randn({3, 4});
+  auto f = [](const at::Tensor& x) { return counted_double(x.cos()).sin(); };
+  const at::Tensor x0 = input.detach().requires_grad_();
+  f(x0).sum().backward();
+  for (int run = 0; run < 3; ++run) {
+    doubled = 0;
+    const at::Tensor x = input.detach().requires_grad_();
+    ckpt::checkpoint(f, x).sum().backward();
+    EXPECT_EQ(doubled.load(), 2);
+    EXPECT_TRUE(bit_equal(x.grad(), x0.grad()));
+  }
+}
+
+// Inputs of another shape: the plan does not fit, the recompute runs those calls and learns again.
+TEST(EarlyStop, AnotherShapeRunsInFullAndLearnsAgain) {
+  auto f = [](const at::Tensor& x) { return counted_double(x.tanh()) + x; };
+  for (int64_t rows : {3, 3, 5, 5, 3}) {
+    SCOPED_TRACE(rows);
+    const at::Tensor input = torch::randn({rows, 4});
+    const at::Tensor x0 = input.detach().requires_grad_();
+    f(x0).exp().sum().backward();
+    const at::Tensor x = input.detach().requires_grad_();
+    ckpt::checkpoint(f, x).exp().sum().backward();
+    EXPECT_TRUE(bit_equal(x.grad(), x0.grad()));
+  }
+}
+
+// The safety net: a function that, from its third call on, keeps its doubled output somewhere.
+// The plan (learned when nothing kept it) skips the doubling; the stand-in it kept is still alive
+// once the recompute's outputs are dropped, so the recompute runs again in full, and the call
+// site skips nothing from then on. (The stand-in itself went where the function put it: code
+// with side effects should check ckpt::is_recomputing().)
+TEST(EarlyStop, ARecomputeThatKeepsASkippedOutputRunsAgainInFull) {
+  std::vector<at::Tensor> kept;
+  int calls = 0;
+  auto f = [&](const at::Tensor& x) {
+    at::Tensor y = counted_double(x.sin());
+    if (++calls >= 3) kept.push_back(y.detach());
+    return y * 3;
+  };
+  const at::Tensor input = torch::randn({2, 5});
+  const at::Tensor expected = input.sin() * 2;
+  const at::Tensor x0 = input.detach().requires_grad_();
+  (counted_double(x0.sin()) * 3).sum().backward();
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(run);
+    doubled = 0;
+    kept.clear();
+    const int calls_before = calls;
+    const at::Tensor x = input.detach().requires_grad_();
+    ckpt::checkpoint(f, x).sum().backward();
+    EXPECT_TRUE(bit_equal(x.grad(), x0.grad()));
+    // run 0: forward, learning recompute; run 1: forward, the plan's recompute (its stand-in is
+    // kept), the full one; run 2: forward, a full recompute.
+    EXPECT_EQ(calls - calls_before, run == 1 ? 3 : 2);
+    EXPECT_EQ(doubled.load(), 2);
+    if (run == 0) continue;  // nothing kept yet
+    ASSERT_FALSE(kept.empty());
+    EXPECT_TRUE(bit_equal(kept.back(), expected));
+    if (run == 2) {
+      for (const at::Tensor& t : kept) EXPECT_TRUE(bit_equal(t, expected));
+    }
+  }
+}
+
+// Nested regions and a selective policy: each region learns its own plan.
+TEST(EarlyStop, NestedAndSelectiveRegionsGiveThePlainGradients) {
+  auto linear = torch::nn::Linear(4, 4);
+  auto inner = [&](const at::Tensor& x) { return counted_double(linear(x).relu()); };
+  auto outer = [&](const at::Tensor& x) {
+    return counted_double(ckpt::checkpoint(inner, x.sin()) + 1);
+  };
+  const at::Tensor input = torch::randn({3, 4});
+  const at::Tensor x0 = input.detach().requires_grad_();
+  outer(x0).sum().backward();
+  const auto plain = take_grads(*linear);
+  for (const bool selective : {false, true}) {
+    for (int run = 0; run < 3; ++run) {
+      SCOPED_TRACE(std::to_string(selective) + " " + std::to_string(run));
+      const at::Tensor x = input.detach().requires_grad_();
+      const auto options = selective ? ckpt::CheckpointOptions().policy(ckpt::save_matmuls())
+                                     : ckpt::CheckpointOptions();
+      ckpt::checkpoint(options, outer, x).sum().backward();
+      EXPECT_TRUE(bit_equal(x.grad(), x0.grad()));
+      const auto grads = take_grads(*linear);
+      for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(bit_equal(grads[i], plain[i])) << i;
+    }
+  }
+}
+
+}  // namespace
