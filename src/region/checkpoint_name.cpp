@@ -58,7 +58,9 @@ const c10::OperatorHandle& name_op() {
 }  // namespace
 
 bool names_tensor(const c10::OperatorHandle& op) {
-  return op == name_op();
+  // The schema lives in the operator's table entry: one address per operator (LibTorch 1.13's
+  // OperatorHandle has no ==).
+  return &op.schema() == &name_op().schema();
 }
 
 }  // namespace detail
