@@ -6,6 +6,7 @@
 /// `create_selective_checkpoint_contexts` does. docs/mechanism.md explains how the operators are
 /// intercepted (below autograd, in C++).
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/ArrayRef.h>
@@ -36,6 +37,13 @@ struct OpCall {
 
   /// The operator's qualified name, without its overload: "aten::mm".
   const std::string& name() const { return schema.name(); }
+
+  /// The name a `checkpoint_name` call gives its tensor, or null for any other call. The
+  /// decision for such a call is the decision for the named tensor: saving it keeps the outputs
+  /// of the operator call that computed it.
+  const std::string* tensor_name() const {
+    return schema.name() == "ckpt::name" ? &arguments[1].toStringRef() : nullptr;
+  }
 };
 
 /// A selective checkpointing policy, given to `CheckpointOptions().policy(...)`. A default
@@ -83,6 +91,36 @@ class SelectivePolicy {
  private:
   Decide decide_;
 };
+
+/// Names `tensor` for selective checkpointing (JAX's `checkpoint_name`) and returns it unchanged:
+/// the same tensor, with its gradient passing through. A policy sees the name as a call whose
+/// `OpCall::tensor_name()` is `name`, and its decision there applies to the operator call that
+/// computed the tensor's data (following views back to it): `save_names` keeps that call's
+/// outputs, and the recompute does not run its kernel.
+///
+/// A name belongs to the innermost region with a selective policy around the call; regions
+/// outside it do not see it. Within one such region a name may be given once (an error
+/// otherwise). Outside such a region, or in one without a policy, it does nothing and costs a
+/// thread-local check.
+///
+/// Example:
+/// ```
+/// auto attention_output = ckpt::checkpoint_name(attention->forward(x), "attn_out");
+/// ```
+at::Tensor checkpoint_name(const at::Tensor& tensor, const std::string& name);
+
+/// Keeps the tensors named (`checkpoint_name`) with one of `names`, and decides every other
+/// operator call with `others` (recomputes it when `others` is empty), as JAX's
+/// `save_only_these_names` does. A named tensor that cannot be kept is an error that says why: an
+/// argument of the region, data written in place after it was computed, or the output of a
+/// random operator.
+///
+/// Example:
+/// ```
+/// auto options = ckpt::CheckpointOptions().policy(
+///     ckpt::save_names({"attn_out"}, /*others=*/ckpt::save_matmuls()));
+/// ```
+SelectivePolicy save_names(std::vector<std::string> names, SelectivePolicy others = {});
 
 /// Keeps the outputs of matrix products (mm, addmm, bmm, baddbmm, matmul, linear, as they reach
 /// the kernels), convolutions, and the scaled-dot-product-attention forwards; recomputes the rest.

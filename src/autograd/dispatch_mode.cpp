@@ -53,6 +53,11 @@ void install_fallback() {
 
 }  // namespace
 
+bool dispatch_mode_active() {
+  return !modes.empty() && c10::impl::tls_is_dispatch_key_included(kModeKey) &&
+         !c10::impl::tls_is_dispatch_key_excluded(kModeKey);
+}
+
 DispatchModeGuard::DispatchModeGuard(DispatchMode& mode) {
   install_fallback();
   modes.push_back(&mode);

@@ -41,6 +41,9 @@ class DispatchMode {
   static void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) { op.callBoxed(stack); }
 };
 
+/// Whether an operator call of this thread would reach a mode now: a cheap thread-local check.
+bool dispatch_mode_active();
+
 /// Makes `mode` the innermost mode of this thread for its lifetime. Raises an error when the
 /// fallback kernel cannot be installed (another library took DispatchKey::Fake).
 class DispatchModeGuard {

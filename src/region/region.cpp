@@ -255,7 +255,8 @@ Region::ForwardScope::ForwardScope(Region& region)
     const bool release_graph = state.rng.has_value() && state.input_copies.empty() &&
                                !region.site_->keeps_forward_graph.load();
     if (release_graph) buffers_ = std::make_unique<BufferGuard>(state.modules);
-    caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept, release_graph);
+    caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept, release_graph,
+                                             state.rng ? &*state.rng : nullptr);
     caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
   }
   if (state.options.debug()) {

@@ -1,8 +1,13 @@
 #include "selective.h"
 
+#include "autograd/version_snapshot.h"
+
 #include <ckpt/detail/region.h>
 
 #include <ATen/core/enum_tag.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -139,40 +144,215 @@ const at::Tensor* in_place_self(const c10::OperatorHandle& op, const torch::jit:
   return value.isTensor() && value.toTensor().defined() ? &value.toTensor() : nullptr;
 }
 
+// A kept tensor's watch: its data, and its version counter as it is now.
+KeptOutputs::Watch watch_of(const at::Tensor& t) {
+  KeptOutputs::Watch watch;
+  watch.storage = storage_of(t);
+  if (t.defined() && t.unsafeGetTensorImpl()->version_counter().enabled()) {
+    const c10::VariableVersion& counter = t.unsafeGetTensorImpl()->version_counter();
+    watch.counters.push_back({counter, counter.current_version()});
+  }
+  return watch;
+}
+
 }  // namespace
 
+RememberedOutput::RememberedOutput(const at::Tensor& output) : tensor(output.getIntrusivePtr()) {
+  if (output.layout() != at::kStrided || !output.has_storage()) return;
+  storage = output.storage().getWeakStorageImpl();
+  sizes = at::DimVector(output.sizes());
+  strides = at::DimVector(output.strides());
+  offset = output.storage_offset();
+  options = output.options();
+}
+
+at::Tensor RememberedOutput::get() const {
+  if (c10::intrusive_ptr<c10::TensorImpl> impl = tensor.lock()) return at::Tensor(std::move(impl));
+  c10::intrusive_ptr<c10::StorageImpl> data = storage.lock();
+  if (!data) return {};
+  // ckpt's own operators reach neither the modes nor autograd.
+  const c10::impl::ExcludeDispatchKeyGuard modes_off(c10::DispatchKey::Fake);
+  const at::NoGradGuard no_grad;
+  return at::empty({0}, options).set_(c10::Storage(std::move(data)), offset, sizes, strides);
+}
+
 void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (names_tensor(op)) return name(op, stack);
+  const size_t call = calls_++;
   if (release_graph_) release_producers(op, *stack);
-  std::vector<const c10::StorageImpl*> arguments;
-  if (!kept_.entries.empty()) {
-    arguments = tensor_storages(*stack, stack->size() - op.schema().arguments().size());
-    if (op.schema().is_mutable()) before_write(op, *stack);
+  const std::vector<const c10::StorageImpl*> arguments =
+      tensor_storages(*stack, stack->size() - op.schema().arguments().size());
+  Writes writes;
+  if (op.schema().is_mutable()) {
+    writes.storages = written_storages(op, *stack);
+    if (const at::Tensor* self = in_place_self(op, *stack)) {
+      writes.absorbable = storage_of(*self);
+      writes.counter.counter = self->unsafeGetTensorImpl()->version_counter();
+    }
+    if (!kept_.entries.empty()) before_write(op, *stack, writes.storages);
   }
   const Keep keep = keeps_outputs(policy_, op, *stack);
   run(op, stack);
   const size_t count = op.schema().returns().size();
-  if (!arguments.empty()) note_reads(arguments, *stack, count);
+  if (!kept_.entries.empty()) note_reads(arguments, *stack, count);
+  note_uses(arguments, tensor_storages(*stack, stack->size() - count), writes);
+  remember_outputs(op, *stack, call, arguments);
   if (keep == Keep::No) return;
-  KeptOutputs::Entry entry{op.operator_name(), keep == Keep::Must, {}, {}, false};
+  KeptOutputs::Entry entry(op.operator_name());
+  entry.call = call;
+  entry.must = keep == Keep::Must;
   for (size_t i = stack->size() - count; i < stack->size(); ++i) {
     entry.returns.push_back(map_tensors((*stack)[i], [&](const at::Tensor& t) {
-      KeptOutputs::Watch watch;
-      watch.storage = storage_of(t);
-      if (t.defined() && t.unsafeGetTensorImpl()->version_counter().enabled()) {
-        const c10::VariableVersion& counter = t.unsafeGetTensorImpl()->version_counter();
-        watch.counters.push_back({counter, counter.current_version()});
-      }
-      entry.watches.push_back(std::move(watch));
+      entry.watches.push_back(watch_of(t));
       return fresh_alias(t);
     }));
   }
-  kept_.entries.push_back(std::move(entry));
+  kept_.entries.push_back(std::move(entry));  // the latest call: the entries stay in call order
 }
 
-CachingMode::CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph)
-    : policy_(std::move(policy)), kept_(kept), release_graph_(release_graph) {
+CachingMode::CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph,
+                         const RngStash* rng)
+    : policy_(std::move(policy)), kept_(kept), release_graph_(release_graph), rng_(rng) {
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id.fetch_add(1, std::memory_order_relaxed);
+}
+
+// What a call did to the data the region's calls created: wrote into some, read some (arguments
+// it does not return: a view is no read).
+void CachingMode::note_uses(const std::vector<const c10::StorageImpl*>& arguments,
+                            const std::vector<const c10::StorageImpl*>& outputs,
+                            const Writes& writes) {
+  for (const c10::StorageImpl* storage : writes.storages) {
+    const auto found = data_.find(storage);
+    if (found == data_.end()) continue;
+    Data& data = found->second;
+    if (storage != writes.absorbable || data.read_since_write) {
+      data.written = true;
+      continue;
+    }
+    ++data.absorbed_writes;
+    if (writes.counter.counter.enabled()) data.counters.push_back(writes.counter);
+  }
+  for (const c10::StorageImpl* storage : arguments) {
+    if (contains(outputs, storage)) continue;
+    const auto found = data_.find(storage);
+    if (found != data_.end()) found->second.read_since_write = true;
+  }
+}
+
+// Remembers a call whose results are all tensors, for the data it created (outputs that share no
+// argument's storage: a view or an in-place result stays its creator's data), so that a name can
+// have all its outputs kept.
+void CachingMode::remember_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                   size_t call,
+                                   const std::vector<const c10::StorageImpl*>& arguments) {
+  const size_t count = op.schema().returns().size();
+  std::shared_ptr<Call> record;
+  for (size_t i = stack.size() - count; i < stack.size(); ++i) {
+    if (!stack[i].isTensor() || !stack[i].toTensor().defined()) return;
+  }
+  for (size_t i = stack.size() - count; i < stack.size(); ++i) {
+    const at::Tensor& t = stack[i].toTensor();
+    const c10::StorageImpl* storage = storage_of(t);
+    if (storage == nullptr || contains(arguments, storage)) continue;
+    if (record == nullptr) {
+      record = std::make_shared<Call>(Call{call, op, {}});
+      for (size_t j = stack.size() - count; j < stack.size(); ++j) {
+        record->outputs.emplace_back(stack[j].toTensor());
+      }
+    }
+    Data data{record, t.storage().getWeakStorageImpl(), false, false, 0, {}};
+    data_.insert_or_assign(storage, std::move(data));
+  }
+}
+
+// checkpoint_name inside the region: the policy decides for the named tensor. The result is the
+// tensor itself, and modes outside this one do not see the call (the name is this region's).
+void CachingMode::name(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const at::Tensor tensor = (*stack)[stack->size() - 2].toTensor();
+  const std::string name = (*stack)[stack->size() - 1].toStringRef();
+  if (!names_.insert(name).second) {
+    if (rng_ != nullptr) rng_->restore();
+    TORCH_CHECK(false, "ckpt::checkpoint_name: the name \"", name,
+                "\" was given twice in one selectively checkpointed region (the second time to ",
+                describe_shape(tensor),
+                "). A name picks out one tensor of its region: give each tensor a name of its own "
+                "(add the block's number, say), or checkpoint each block as a region of its own "
+                "(ckpt::Checkpointed, or checkpoint_sequential with one segment per block).");
+  }
+  const size_t count = op.schema().arguments().size();
+  const CheckpointPolicy decision = policy_(OpCall{
+      op.schema(), c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - count, count)});
+  stack->pop_back();
+  // Offloading by name, once ckpt offloads, is a decision for the named tensor like these.
+  if (decision == CheckpointPolicy::MustRecompute || decision == CheckpointPolicy::PreferRecompute)
+    return;
+  const bool must = decision == CheckpointPolicy::MustSave;
+  const std::string why_not = keep_named(tensor, must);
+  if (why_not.empty() || !must) return;  // PreferSave: recomputed
+  if (rng_ != nullptr) rng_->restore();
+  TORCH_CHECK(false,
+              "ckpt::checkpoint_name: the selective policy says MustSave for the tensor named "
+              "\"",
+              name, "\", but ", why_not,
+              ", so it cannot be kept. Name data an operator of the region computed, before any "
+              "in-place operation on it, or return PreferSave for it to have it recomputed.");
+}
+
+// Keeps the outputs of the call that computed `tensor`'s data, in that call's place among the
+// kept entries. Returns why it cannot, or nothing.
+std::string CachingMode::keep_named(const at::Tensor& tensor, bool must) {
+  const auto found = data_.find(storage_of(tensor));
+  if (found == data_.end()) {
+    return "its data was not computed inside the region (an argument, a parameter, or a tensor "
+           "the function captured)";
+  }
+  const Data& data = found->second;
+  const Call& call = *data.call;
+  const std::string producer = operator_label(call.op.operator_name());
+  if (data.written) return "its data was written in place after " + producer + " computed it";
+  if (const char* reason = cannot_keep(call.op))
+    return "it was computed by " + producer + ", " + reason;
+  auto& entries = kept_.entries;
+  const auto place = std::lower_bound(
+      entries.begin(), entries.end(), call.number,
+      [](const KeptOutputs::Entry& entry, size_t number) { return entry.call < number; });
+  if (place != entries.end() && place->call == call.number) {  // the policy kept it already
+    place->named = true;
+    place->must = place->must || must;
+    return {};
+  }
+  KeptOutputs::Entry entry(call.op.operator_name());
+  entry.call = call.number;
+  entry.named = true;
+  entry.must = must;
+  for (const RememberedOutput& remembered : call.outputs) {
+    const at::Tensor output = remembered.get();
+    if (!output.defined()) {
+      return producer + ", which computed it, returned other tensors whose data is gone";
+    }
+    KeptOutputs::Watch watch = watch_of(output);
+    const auto output_data = data_.find(watch.storage);
+    if (output_data != data_.end() && output_data->second.call.get() == &call) {
+      const Data& written = output_data->second;
+      if (written.written) {
+        return "another output of " + producer + ", which computed it, was written in place since";
+      }
+      watch.read_since_write = written.read_since_write;
+      watch.absorbed_writes = written.absorbed_writes;
+      watch.counters.insert(watch.counters.end(), written.counters.begin(), written.counters.end());
+    }
+    // A change through the named tensor shows on its counter (a remade output has its own).
+    if (watch.storage == storage_of(tensor) && !output.is_same(tensor) &&
+        tensor.unsafeGetTensorImpl()->version_counter().enabled()) {
+      const c10::VariableVersion& counter = tensor.unsafeGetTensorImpl()->version_counter();
+      watch.counters.push_back({counter, counter.current_version()});
+    }
+    entry.watches.push_back(std::move(watch));
+    entry.returns.emplace_back(fresh_alias(output));
+  }
+  entries.insert(place, std::move(entry));
+  return {};
 }
 
 // The arguments' nodes are complete (autograd, above the mode, recorded them when their
@@ -196,8 +376,8 @@ void CachingMode::release_producers(const c10::OperatorHandle& op, const torch::
 // A write into kept data that nothing has read since it was kept (or last written) is absorbed:
 // the data keeps its result. Any other write turns the kept tensor into a copy the entry owns
 // alone, taken before the write (holding the writes absorbed until then).
-void CachingMode::before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  const std::vector<const c10::StorageImpl*> written = written_storages(op, stack);
+void CachingMode::before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                               const std::vector<const c10::StorageImpl*>& written) {
   if (written.empty()) return;
   const at::Tensor* self = in_place_self(op, stack);
   for (KeptOutputs::Entry& entry : kept_.entries) {
@@ -238,11 +418,17 @@ void CachingMode::note_reads(const std::vector<const c10::StorageImpl*>& argumen
 }
 
 void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (names_tensor(op)) {  // as in the forward: the result is the tensor, and the name stays here
+    stack->pop_back();
+    return;
+  }
+  const size_t call = calls_++;
   if (op.schema().is_mutable()) {
     if (skip_absorbed_write(op, stack)) return;
     mark_written(written_storages(op, *stack));
   }
-  if (keeps_outputs(policy_, op, *stack) == Keep::No) {
+  const bool policy_keeps = keeps_outputs(policy_, op, *stack) != Keep::No;
+  if (!policy_keeps && !named_here(call)) {
     run(op, stack);
     return;
   }
@@ -252,6 +438,12 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
   } else {
     run(op, stack);
   }
+}
+
+// Whether the forward kept this call's outputs for a name given after it.
+bool ReplayMode::named_here(size_t call) const {
+  return next_ < kept_.entries.size() && kept_.entries[next_].named &&
+         kept_.entries[next_].call == call;
 }
 
 // The forward's next kept call, which must be of the same operator.
@@ -366,6 +558,16 @@ void KeptOutputs::seal() {
 }
 
 }  // namespace detail
+
+SelectivePolicy save_names(std::vector<std::string> names, SelectivePolicy others) {
+  std::unordered_set<std::string> kept(names.begin(), names.end());
+  return SelectivePolicy([kept = std::move(kept), others = std::move(others)](const OpCall& call) {
+    if (const std::string* name = call.tensor_name()) {
+      return kept.count(*name) ? CheckpointPolicy::MustSave : CheckpointPolicy::PreferRecompute;
+    }
+    return others(call);
+  });
+}
 
 SelectivePolicy save_ops(std::vector<std::string> ops) {
   std::unordered_set<std::string> names(ops.begin(), ops.end());

@@ -7,19 +7,27 @@
 
 #include "autograd/dispatch_mode.h"
 #include "autograd/graph.h"
+#include "autograd/rng_state.h"
 
 #include <ckpt/selective.h>
 
+#include <ATen/core/DimVector.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
 namespace ckpt {
 namespace detail {
+
+/// Whether `op` is `ckpt::name`, the operator `checkpoint_name` calls (checkpoint_name.cpp).
+bool names_tensor(const c10::OperatorHandle& op);
 
 /// The outputs one region kept, in the order its forward produced them.
 struct KeptOutputs {
@@ -42,7 +50,10 @@ struct KeptOutputs {
     bool read_since_write = false;
   };
   struct Entry {
+    explicit Entry(c10::OperatorName name) : op(std::move(name)) {}
     c10::OperatorName op;
+    size_t call = 0;                   // the call's number among the forward's operator calls
+    bool named = false;                // kept for a name given after the call (checkpoint_name)
     bool must = false;                 // MustSave (PreferSave falls back to recomputing)
     std::vector<c10::IValue> returns;  // tensors as fresh aliases, without autograd history
     std::vector<Watch> watches;        // one per tensor of `returns`, in traversal order
@@ -53,11 +64,28 @@ struct KeptOutputs {
     // empty), so that they live only as long as the recomputed graph needs them.
     bool consumed = false;
   };
-  std::vector<Entry> entries;
+  std::vector<Entry> entries;  // by `call`
 
   /// Takes the versions of the counters as the region's forward left them (after its absorbed
   /// writes), so that any later change is seen.
   void seal();
+};
+
+/// An operator's output as the caching mode remembers it, without holding it: a view of its data
+/// may outlive it (matmul returns a view of bmm's product), and it is then made again on that
+/// data.
+struct RememberedOutput {
+  explicit RememberedOutput(const at::Tensor& output);  // a defined tensor
+  /// The output itself while it lives, else a tensor made again on its data while that lives
+  /// (without autograd history, as kept outputs are), else an undefined tensor.
+  at::Tensor get() const;
+
+  c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
+  // Null but for a strided tensor.
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+  at::DimVector sizes, strides;
+  int64_t offset = 0;
+  at::TensorOptions options;
 };
 
 /// Keeps the outputs the policy saves (the region's forward), and watches what the operators after
@@ -74,23 +102,66 @@ struct KeptOutputs {
 /// border. A backward through the region's own intermediates inside its forward reaches a
 /// released node, whose pre-hook raises `ReleasedGraphError` with this mode's id; the region
 /// then runs its function again without releasing (`Region::run_forward`).
+///
+/// A name (`checkpoint_name`) arrives after the call that computed the named data, so the mode
+/// remembers, for the data each call creates, that call and its outputs (without holding them),
+/// and keeps them when a name the policy saves points at them: the entry takes the call's place
+/// among the kept ones. Errors it raises put the random generators back to `rng` (if given).
 class CachingMode : public DispatchMode {
  public:
-  CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph);
+  CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph,
+              const RngStash* rng = nullptr);
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
   /// The id that the `ReleasedGraphError`s of the nodes it released carry (unique per process).
   uint64_t id() const { return id_; }
 
  private:
-  void before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+  void before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                    const std::vector<const c10::StorageImpl*>& written);
   void note_reads(const std::vector<const c10::StorageImpl*>& arguments,
                   const torch::jit::Stack& outputs, size_t output_count);
   void release_producers(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+  void name(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+  std::string keep_named(const at::Tensor& tensor, bool must);
+  struct Writes;
+  void note_uses(const std::vector<const c10::StorageImpl*>& arguments,
+                 const std::vector<const c10::StorageImpl*>& outputs, const Writes& writes);
+  void remember_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t call,
+                        const std::vector<const c10::StorageImpl*>& arguments);
+
+  // One call whose outputs a name may ask for later.
+  struct Call {
+    size_t number;
+    c10::OperatorHandle op;
+    std::vector<RememberedOutput> outputs;  // all it returned: tensors, none undefined
+  };
+  // What became of data created by a call of the region since then. Writes into it are absorbed
+  // as `before_write` absorbs writes into kept data, so that a name given after Linear's bias add
+  // keeps its product.
+  struct Data {
+    std::shared_ptr<const Call> call;
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // keeps the address from being reused
+    bool read_since_write = false;  // a call read it since it was created or last written
+    bool written = false;           // a call wrote into it in a way that cannot be absorbed
+    uint32_t absorbed_writes = 0;
+    std::vector<KeptOutputs::Counter> counters;  // of the tensors absorbed writes went through
+  };
+  // The data a call is about to write into; `absorbable` is its in-place argument (see
+  // `in_place_self`), if any, and `counter` that argument's version counter.
+  struct Writes {
+    std::vector<const c10::StorageImpl*> storages;
+    const c10::StorageImpl* absorbable = nullptr;
+    KeptOutputs::Counter counter;
+  };
 
   SelectivePolicy policy_;
   KeptOutputs& kept_;
   bool release_graph_;
+  const RngStash* rng_;
   uint64_t id_;
+  size_t calls_ = 0;  // operator calls so far (names not counted)
+  std::unordered_map<const c10::StorageImpl*, Data> data_;
+  std::unordered_set<std::string> names_;
   std::unordered_set<const Node*> released_;
   RegionMarker marker_;  // the region's nodes are those created after the mode starts
 };
@@ -112,10 +183,12 @@ class ReplayMode : public DispatchMode {
   void hand_out(const c10::OperatorHandle& op, KeptOutputs::Entry& entry, torch::jit::Stack* stack);
   bool skip_absorbed_write(const c10::OperatorHandle& op, torch::jit::Stack* stack);
   void mark_written(const std::vector<const c10::StorageImpl*>& written);
+  bool named_here(size_t call) const;
 
   SelectivePolicy policy_;
   KeptOutputs& kept_;
   bool consume_;
+  size_t calls_ = 0;  // operator calls so far, counted as the forward counted them
   size_t next_ = 0;
   std::vector<size_t> handed_out_;  // entries whose outputs this recompute handed out
   // Handed-out data and how many of the writes into it the forward absorbed are still to come.
