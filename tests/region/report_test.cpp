@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -69,6 +70,10 @@ TEST_F(ReportTest, SelectiveRegionKeepsWhatTheTrackerMeasures) {
   EXPECT_EQ(tanh->decision, ckpt::KeptDecision::Recomputed);
   EXPECT_EQ(tanh->counted_bytes, 0);
   EXPECT_EQ(find_entry(region, "RNG state (cpu)"), nullptr);  // nothing random: dropped
+  // A kept call is not also listed as recomputed.
+  EXPECT_EQ(std::count_if(region.entries.begin(), region.entries.end(),
+                          [](const ckpt::KeptEntry& entry) { return entry.what == "aten::mm"; }),
+            1);
   EXPECT_EQ(report.kept_bytes(), 2 * 32 * 64 * 4);
   EXPECT_EQ(report.kept_bytes(), held.since_start() - storage_bytes(y));
   y.sum().backward();  // the report holds nothing: the backward runs as without it
