@@ -193,9 +193,9 @@ struct ReportAccess {
                          KeptDecision decision, const at::Tensor& tensor);
   /// Adds an entry the recompute produces again (its `bytes` and metadata filled in).
   static void add_recomputed(KeptReport& report, size_t region, KeptEntry entry);
-  /// Adds `bytes` measured without a tensor to name (a stage's whole graph), kept.
+  /// Adds `bytes` measured on `device` without a tensor to name (a stage's whole graph), kept.
   static void add_measured(KeptReport& report, size_t region, std::string what, std::string why,
-                           int64_t bytes);
+                           int64_t bytes, c10::Device device);
   /// Whether `tensor`'s memory block is counted by a kept entry of the report.
   static bool counts(const KeptReport& report, const at::Tensor& tensor);
   /// The regions from `first` on ran inside the forward of a region that let go of their state

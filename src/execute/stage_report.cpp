@@ -1,5 +1,7 @@
 #include "stage_report.h"
 
+#include "compat/torch_compat.h"
+
 #include <utility>
 
 namespace ckpt {
@@ -19,12 +21,26 @@ StageReport::StageReport(KeptReport& report, const plan::Op& op, const at::Tenso
       input_(input),
       name_("stage " + std::to_string(op.stage)),
       mode_(std::move(mode)),
-      first_(report.regions().size()) {
+      first_(report.regions().size()),
+      device_(input.device()) {
   if (!plain(op)) return;
-  // The calling thread's allocations on the CPU; a device's allocator counts every thread's.
-  const bool cpu = input.device().is_cpu();
-  tracker_.emplace(input.device(), cpu ? MemoryScope::CallingThread : MemoryScope::Process);
-  before_ = tracker_->current_bytes();
+  // On the CPU, a tracker of the thread's allocations; on a device, its allocator's count (every
+  // thread's): a MemoryTracker there would restart the device's high-water mark, which the
+  // caller may be measuring.
+  if (device_.is_cpu()) {
+    tracker_.emplace(device_, MemoryScope::CallingThread);
+  } else if (!compat::device_memory_measurable(device_.type())) {
+    return;  // not measured: a note says so
+  } else if (!device_.has_index()) {
+    device_.set_index(0);
+  }
+  measured_ = true;
+  before_ = allocated();
+}
+
+int64_t StageReport::allocated() const {
+  return tracker_ ? tracker_->current_bytes()
+                  : compat::device_memory_stats(device_).allocated_bytes;
 }
 
 void StageReport::finish(bool input_held, const at::Tensor& output, const RngStash* rng,
@@ -53,7 +69,7 @@ void StageReport::finish(bool input_held, const at::Tensor& output, const RngSta
                                  : "the schedule keeps it: the stage runs again from it",
                              KeptDecision::Kept, input_);
   }
-  if (tracker_) add_graph(output);
+  if (plain(op_)) add_graph(output);
   if (output.defined() && !last) {
     ReportAccess::add_tensor(report_, region, "output",
                              "the stage's graph holds it until its backward; the next stage "
@@ -70,13 +86,20 @@ void StageReport::finish(bool input_held, const at::Tensor& output, const RngSta
 // A plain stage keeps its whole graph: autograd's saved tensors, as the tracker measures them,
 // less its output (an entry of its own, or the caller's for the last stage).
 void StageReport::add_graph(const at::Tensor& output) {
-  int64_t graph = tracker_->current_bytes() - before_;
+  const size_t region = ReportAccess::regions(report_).size() - 1;
+  if (!measured_) {
+    ReportAccess::regions(report_)[region].note =
+        "Keeps its whole graph, which this LibTorch cannot measure on " + device_.str() + ".";
+    return;
+  }
+  int64_t graph = allocated() - before_;
   if (output.has_storage() &&
       output.storage().unsafeGetStorageImpl() != input_.storage().unsafeGetStorageImpl()) {
     graph -= static_cast<int64_t>(output.storage().nbytes());
   }
-  ReportAccess::add_measured(report_, ReportAccess::regions(report_).size() - 1, "graph",
-                             "what autograd saves for the stage's backward (measured)", graph);
+  ReportAccess::add_measured(report_, region, "graph",
+                             "what autograd saves for the stage's backward (measured)", graph,
+                             device_);
 }
 
 }  // namespace detail

@@ -12,6 +12,7 @@
 #include "autograd/rng_state.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstddef>
 #include <optional>
@@ -33,14 +34,17 @@ class StageReport {
 
  private:
   void add_graph(const at::Tensor& output);
+  int64_t allocated() const;  // bytes allocated on the input's device now
 
   KeptReport& report_;
   plan::Op op_;
   at::Tensor input_;
   std::string name_;
   std::string mode_;
-  size_t first_;                          // the report's regions from here on are the stage's
-  std::optional<MemoryTracker> tracker_;  // a plain stage's: measures its graph
+  size_t first_;  // the report's regions from here on are the stage's
+  c10::Device device_;
+  bool measured_ = false;                 // a plain stage's graph is measured
+  std::optional<MemoryTracker> tracker_;  // on the CPU
   int64_t before_ = 0;
 };
 

@@ -196,12 +196,13 @@ void ReportAccess::add_recomputed(KeptReport& report, size_t region, KeptEntry e
 }
 
 void ReportAccess::add_measured(KeptReport& report, size_t region, std::string what,
-                                std::string why, int64_t bytes) {
+                                std::string why, int64_t bytes, c10::Device device) {
   RegionReport& target = report.regions_.at(region);
   KeptEntry entry;
   entry.what = std::move(what);
   entry.why = std::move(why);
   entry.dtype = c10::ScalarType::Undefined;
+  entry.device = device;
   entry.bytes = bytes;
   entry.counted_bytes = bytes;
   target.kept_bytes += bytes;
