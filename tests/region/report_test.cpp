@@ -170,6 +170,32 @@ TEST_F(ReportTest, ARegionInsideAnotherRegionsForwardIsFreedWithItsGraph) {
   EXPECT_EQ(report.kept_bytes(), held.since_start() - storage_bytes(y));
 }
 
+// A function that writes into its argument: the first call at the place keeps its whole graph
+// (and says so), later calls keep a copy of the argument from before the write.
+TEST_F(ReportTest, AnArgumentWrittenInPlaceIsKeptWithItsCopy) {
+  const ckpt::test::WarningCapture warnings;
+  auto w = torch::randn({16, 16}, torch::requires_grad());
+  ckpt::KeptReport report;
+  {
+    ckpt::ReportScope scope(report);
+    for (int call = 0; call < 2; ++call) {
+      auto h = torch::randn({4, 16}, torch::requires_grad()) * 2;
+      ckpt::checkpoint([&](torch::Tensor t) { return t.relu_().mm(w); }, h).sum().backward();
+    }
+  }
+  EXPECT_TRUE(warnings.contains("keeps its activations instead"));
+  ASSERT_EQ(report.regions().size(), 2u);
+  EXPECT_NE(report.regions()[0].note.find("keeps its whole forward graph"), std::string::npos);
+  EXPECT_TRUE(report.regions()[0].entries.empty());
+  const ckpt::RegionReport& copied = report.regions()[1];
+  const ckpt::KeptEntry* argument = find_entry(copied, "argument #0");
+  const ckpt::KeptEntry* copy = find_entry(copied, "copy of argument #0");
+  ASSERT_TRUE(argument && copy);
+  EXPECT_EQ(copy->decision, ckpt::KeptDecision::Kept);
+  EXPECT_EQ(copy->counted_bytes, 4 * 16 * 4);
+  EXPECT_EQ(copied.kept_bytes, argument->counted_bytes + copy->counted_bytes);
+}
+
 TEST_F(ReportTest, RegionWithoutGradientsKeepsNothing) {
   ckpt::KeptReport report;
   {
