@@ -12,5 +12,6 @@
 #include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
 #include <ckpt/recompute.h>
+#include <ckpt/report.h>
 #include <ckpt/sequential.h>
 #include <ckpt/storage_mode.h>

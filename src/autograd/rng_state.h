@@ -35,6 +35,11 @@ class RngStash {
 
   c10::DeviceType device_type() const { return device_type_; }
   bool had_device_at_forward() const { return had_device_; }
+  /// The stashed states (for reports of what a region keeps): the CPU's (undefined once
+  /// dropped), and one per device generator, in the order of `device_generators()`.
+  const at::Tensor& cpu_state() const { return cpu_state_; }
+  const std::vector<at::Tensor>& device_states() const { return device_states_; }
+  const std::vector<at::Generator>& device_generators() const { return device_generators_; }
 
  private:
   friend class RngFork;

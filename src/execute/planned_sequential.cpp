@@ -1,6 +1,7 @@
 #include <ckpt/plan/solvers.h>
 #include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
+#include <ckpt/report.h>
 
 #include "compat/torch_compat.h"
 #include "joined_stages.h"
@@ -165,6 +166,7 @@ void PlannedSequentialImpl::plan(const plan::Chain& profile) {
 
 std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::measure_and_solve(
     const torch::Tensor& sample_input) const {
+  const detail::ReportPause no_report;  // the profiler's runs are not the forward's
   // Measured with these options' modes and settings unless the user supplied a profiler.
   const std::shared_ptr<ChainProfiler> profiler =
       options.profiler() ? options.profiler()
@@ -278,7 +280,7 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
   const std::shared_ptr<const detail::ChainPlan> plan =
       differentiated || !planned() ? plan_for(input) : nullptr;
   // A schedule that recomputes nothing is the plain chain: run it as such, adding nothing.
-  if (!differentiated || (plan->keeps_everything && !observer_)) {
+  if (!differentiated || (plan->keeps_everything && !observer_ && !detail::active_report())) {
     torch::Tensor x = input;
     for (auto& stage : stages_) x = stage.forward<torch::Tensor>(x);
     return x;

@@ -3,10 +3,12 @@
 #include <ckpt/detail/region.h>
 
 #include "autograd/recompute_scope.h"
+#include "stage_report.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <unordered_map>
 
 namespace ckpt {
@@ -39,6 +41,7 @@ OptionForwards option_forwards(const std::vector<torch::nn::AnyModule>& stages,
                                const StorageSettings& settings) {
   OptionForwards forwards_of;
   forwards_of.by_stage.resize(profile.stages.size());
+  forwards_of.names.resize(profile.stages.size());
   for (size_t i = 0; i < profile.stages.size(); ++i) {
     auto& forwards = forwards_of.by_stage[i];
     forwards.push_back(stage_forward(stages[i]));  // option 0: the plain stage
@@ -55,6 +58,7 @@ OptionForwards option_forwards(const std::vector<torch::nn::AnyModule>& stages,
                   "PlannedSequentialOptions().selective_policy is empty). Give the options the "
                   "profile was measured with.");
       forwards.push_back(stage_forward(stages[i], region));
+      forwards_of.names[i].push_back(option.name);
     }
   }
   return forwards_of;
@@ -117,7 +121,9 @@ at::Tensor ScheduleRunner::forward(const at::Tensor& input) {
   input_requires_grad_ = input.requires_grad() && is_differentiable(input);
   x_[0] = input;
   is_checkpoint_[0] = true;
+  report_ = active_report();
   for (size_t k = 0; k < loss_index_; ++k) run_forward(schedule_.ops[k]);
+  report_ = nullptr;
   snapshot_read_again(input);
   return available(static_cast<int>(stages_.size()));
 }
@@ -166,9 +172,24 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
     }
     ran_[i] = true;
   }
+  std::optional<StageReport> report;
+  if (report_ != nullptr) report.emplace(*report_, op, input, storage_name(op));
   run_stage(op, input);
   // A stage that drew no random numbers on the CPU needs no stashed CPU state (5 KB each).
   if (!recompute && rng_[i].has_value()) rng_[i]->drop_cpu_state_if_unused();
+  if (report) {
+    report->finish(x_[i].defined(), graphs_[i] ? graphs_[i]->output() : at::Tensor(),
+                   rng_[i].has_value() ? &*rng_[i] : nullptr,
+                   i + 1 == static_cast<int>(stages_.size()));
+  }
+}
+
+// How the stage stores in the operation, as reports name it.
+std::string ScheduleRunner::storage_name(const plan::Op& op) const {
+  if (op.kind != OpKind::ForwardAll) return plan::to_string(op.kind);
+  if (op.option == 0) return "plain";
+  return option_forwards_->names.at(static_cast<size_t>(op.stage))
+      .at(static_cast<size_t>(op.option - 1));
 }
 
 void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {

@@ -5,6 +5,7 @@
 
 #include <ckpt/plan/schedule.h>
 #include <ckpt/planned_sequential.h>
+#include <ckpt/report.h>
 #include <ckpt/storage_mode.h>
 
 #include "autograd/autocast_state.h"
@@ -34,6 +35,8 @@ struct OptionForwards {
     return by_stage.at(static_cast<size_t>(i)).at(static_cast<size_t>(k));
   }
   std::vector<std::vector<StageForward>> by_stage;
+  /// The storage mode of stage i's option k (k > 0), for reports: names[i][k - 1].
+  std::vector<std::vector<std::string>> names;
 };
 
 /// The forwards of every storage option of `stages` in `profile`, from the storage mode each
@@ -60,6 +63,7 @@ class ScheduleRunner {
 
  private:
   void run_forward(const plan::Op& op);
+  std::string storage_name(const plan::Op& op) const;
   void run_stage(const plan::Op& op, const at::Tensor& input);
   void run_backward(const plan::Op& op, LeafGradients* leaves);
   const at::Tensor& available(int i) const;
@@ -74,8 +78,9 @@ class ScheduleRunner {
   std::shared_ptr<ExecutionObserver> observer_;
 
   bool input_requires_grad_ = false;
-  std::vector<at::Tensor> x_;                      // standalone x_i, i = 0..L
-  std::vector<bool> is_checkpoint_;                // x_i is kept until its backward
+  KeptReport* report_ = nullptr;     // the forward's ReportScope's: what each stage keeps
+  std::vector<at::Tensor> x_;        // standalone x_i, i = 0..L
+  std::vector<bool> is_checkpoint_;  // x_i is kept until its backward
   std::vector<c10::optional<StageGraph>> graphs_;  // graphs_[i] holds x̄_{i+1}
   std::vector<c10::optional<RngStash>> rng_;       // RNG before stage i first ran
   std::vector<AutocastState> autocast_;            // autocast when stage i first ran

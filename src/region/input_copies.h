@@ -27,6 +27,8 @@ class InputCopies {
 
   bool empty() const { return copies_.empty(); }
   bool copied(size_t i) const { return i < copies_.size() && copies_[i].defined(); }
+  /// The copy of argument i (undefined where not copied).
+  const at::Tensor& copy(size_t i) const { return copies_.at(i); }
   /// A fresh tensor with argument i's value before the write, for one recompute to write into:
   /// with its gradient edge then (the non-reentrant recompute's graph leads where the forward's
   /// did), or detached and requiring grad as the argument did (the reentrant variant's).

@@ -9,6 +9,7 @@
 #include "op_record.h"
 #include "outside_writes.h"
 #include "region_state.h"
+#include "report_record.h"
 #include "selective.h"
 
 #include <ATen/core/grad_mode.h>
@@ -237,6 +238,12 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
   state.cast_cache_off.emplace();
   state.inputs = std::move(inputs);
   marker_ = std::make_unique<RegionMarker>();
+  if (KeptReport* report = active_report()) {
+    const char* mode = options.policy()          ? "selective"
+                       : options.use_reentrant() ? "checkpointed (reentrant)"
+                                                 : "checkpointed";
+    report_ = std::make_unique<RegionRecord>(*report, MemoryLabel::current(), mode);
+  }
 }
 
 Region::~Region() {
@@ -258,6 +265,10 @@ Region::ForwardScope::ForwardScope(Region& region)
     caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept, release_graph,
                                              state.rng ? &*state.rng : nullptr);
     caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
+  }
+  if (region.report_) {
+    report_ = std::make_unique<ReportMode>(state.kept.get(), region.report_->start_forward());
+    report_guard_ = std::make_unique<DispatchModeGuard>(*report_);
   }
   if (state.options.debug()) {
     recording_ = std::make_unique<RecordingMode>(state.forward_ops);
@@ -380,7 +391,10 @@ bool Region::wrote_into_inputs_unexpectedly() {
 
 std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, RecomputeFn recompute) {
   RegionState& state = *state_;
-  if (wrote_into_inputs_unexpectedly()) return outputs;  // this call keeps its graph
+  if (wrote_into_inputs_unexpectedly()) {  // this call keeps its graph
+    if (report_) report_->keeps_graph();
+    return outputs;
+  }
   if (state.rng.has_value() && !state.rng->had_device_at_forward()) {
     TORCH_CHECK(!compat::device_initialized(state.rng->device_type()), "ckpt::checkpoint: the ",
                 c10::DeviceTypeName(state.rng->device_type()),
@@ -394,8 +408,11 @@ std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, Recomput
   state.outputs.reserve(outputs.size());
   for (const auto& output : outputs) state.outputs.push_back(TensorMeta::of(output));
   state.recompute = std::move(recompute);
-  return state.options.use_reentrant() ? finish_reentrant(std::move(outputs))
-                                       : finish_non_reentrant(std::move(outputs));
+  outputs = state.options.use_reentrant() ? finish_reentrant(std::move(outputs))
+                                          : finish_non_reentrant(std::move(outputs));
+  // Its state lives on until the backward only where outputs were handed to its node.
+  if (report_) report_->finish(state, !state.handed_out.empty());
+  return outputs;
 }
 
 std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> outputs) {

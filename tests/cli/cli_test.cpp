@@ -529,6 +529,58 @@ TEST(Cli, TrainStorageModesComeFromTheTable) {
                  "storage mode named twice: 'selective'");
 }
 
+// Issue 33, item 6: --report prints what the strategy run's regions keep after its first step,
+// one region per checkpointed stage under `selective`, and --json carries the same report; the
+// plain run has none, and a run without --report prints and writes nothing of it.
+TEST(Cli, TrainReportShowsWhatEachRegionKeeps) {
+  const std::string json_path = work_path("tiny_report.json");
+  const Result result = run(kTiny + "--strategy selective --report --json " + json_path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.out.find("what the first step of the selective run keeps for its backward "
+                            "(--report):\nkept for the backward: "),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("forward/region 1 (selective): kept"), std::string::npos) << result.out;
+  const json summary = json::parse(read_text(json_path));
+  EXPECT_FALSE(summary["baseline"].contains("kept_report"));
+  const json& report = summary["checkpointed"]["kept_report"];
+  // --layers 2: the embedding and two blocks (checkpoint_sequential runs the head plainly).
+  ASSERT_EQ(report["regions"].size(), 3u);
+  int64_t kept = 0;
+  bool kept_product = false;
+  for (const json& region : report["regions"]) {
+    EXPECT_EQ(region["mode"], "selective");
+    kept += region["kept_bytes"].get<int64_t>();
+    for (const json& entry : region["entries"]) {
+      kept_product |= entry["decision"] == "kept" &&
+                      entry["why"].get<std::string>().rfind("the policy saves it", 0) == 0;
+    }
+  }
+  EXPECT_TRUE(kept_product);
+  EXPECT_GT(kept, 0);
+  EXPECT_EQ(report["kept_bytes"].get<int64_t>(), kept);
+
+  const Result plain = run(kTiny + "--strategy selective");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("--report"), std::string::npos) << plain.out;
+}
+
+// Under a planned strategy each stage of the first step's forward has its report, named after
+// the stage, with the storage the schedule gives it.
+TEST(Cli, TrainReportOfAPlannedRunNamesEachStage) {
+  const std::string json_path = work_path("tiny_planned_report.json");
+  const Result result = run(kTiny + "--strategy budget:min --report --json " + json_path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  const json summary = json::parse(read_text(json_path));
+  std::set<std::string> stages;
+  for (const json& region : summary["checkpointed"]["kept_report"]["regions"]) {
+    stages.insert(region["stage"].get<std::string>());
+  }
+  EXPECT_EQ(stages, (std::set<std::string>{"stage 0", "stage 1", "stage 2", "stage 3"}));
+  expect_refused(kTiny + "--report --ranks 2", 2,
+                 "--report prints what a single-process run keeps; leave out --ranks");
+}
+
 // Issue 11, item 5: a budget below the smallest feasible one names it and the way to ask for it.
 TEST(Cli, TrainBudgetMinRunsAndAnInfeasibleBudgetNamesIt) {
   const std::string json_path = work_path("train_min.json");

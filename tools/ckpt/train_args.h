@@ -28,6 +28,7 @@ struct TrainArgs {
   std::string trace_path;
   std::string json_path;
   std::string chain_path;  // where to write the measured chain (the planner's input)
+  bool report = false;     // --report: what the checkpointed run's regions keep (first step)
   // Data-parallel training (train_distributed.h): local ranks, or one rank of an outside group.
   int64_t ranks = 0;
   int64_t rank = -1;

@@ -20,6 +20,7 @@
 #include <ckpt/memory_label.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/planned_sequential.h>
+#include <ckpt/report.h>
 #include <ckpt/sequential.h>
 
 #include <torch/torch.h>
@@ -123,6 +124,8 @@ struct RunResult {
   int forward_count = 0;
   std::string schedule;
   nlohmann::json profile;
+  // --report, the strategy's run: what its first step's forward keeps for the backward.
+  std::optional<KeptReport> kept_report;
 
   int steps() const { return static_cast<int>(losses.size()); }
   // The warm-up step (AdamW allocates its state in the first step) is left out when possible.
@@ -302,8 +305,17 @@ torch::nn::Sequential seeded_gpt(const TrainArgs& args, const GptConfig& config)
   return chain;
 }
 
+// The forward of a step that reports (--report): its regions record what they keep into `report`.
+Forward reporting(const Forward& forward, std::optional<KeptReport>& report) {
+  return [&forward, &report](const torch::Tensor& x) {
+    report.emplace();
+    const ReportScope scope(*report);
+    return forward(x);
+  };
+}
+
 RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy& strategy,
-                     const std::string& label, bool instrument) {
+                     const std::string& label, bool instrument, bool report) {
   RunResult result;
   result.label = label;
   // Before the model: the first tracker installs the counting allocator, and the parameters
@@ -318,6 +330,7 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
   if (instrument) result.recorder = std::make_unique<StepRecorder>(stage_names(args.layers));
   PlannedSequential planned{nullptr};
   const Forward forward = prepare_strategy(args, corpus, strategy, chain, planned, result);
+  const Forward first_forward = report ? reporting(forward, result.kept_report) : forward;
 
   torch::manual_seed(args.seed + 1);  // dropout draws: the same in every run
   torch::optim::AdamW optimizer(
@@ -339,9 +352,9 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
     sample_batch(corpus, args.batch, args.context, rng, inputs, targets);
     clear_grads();
     const bool record = result.recorder && step == instrumented_step;
-    const double loss =
-        train_step(forward, to_tensor(inputs, args), to_tensor(targets, args), config.vocab,
-                   optimizer, tracker, record ? &sampler : nullptr, result);
+    const double loss = train_step(step == 0 ? first_forward : forward, to_tensor(inputs, args),
+                                   to_tensor(targets, args), config.vocab, optimizer, tracker,
+                                   record ? &sampler : nullptr, result);
     if (breakdown && step >= instrumented_step) {
       keep_peak(result, step, instrumented_step, tracker, parameters, optimizer);
     }
@@ -351,6 +364,11 @@ RunResult train_once(const TrainArgs& args, const Corpus& corpus, const Strategy
   }
   progress.finish();
   if (result.recorder) set_probe(chain, nullptr);
+  if (result.kept_report) {
+    std::printf("\nwhat the first step of the %s run keeps for its backward (--report):\n%s",
+                label.c_str(), result.kept_report->text().c_str());
+    std::fflush(stdout);
+  }
   return result;
 }
 
@@ -379,6 +397,7 @@ nlohmann::json run_json(const RunResult& run, int instrumented_step) {
     object["profile"] = run.profile;
   }
   if (run.peak_breakdown) object["peak_breakdown"] = peak_json(*run.peak_breakdown);
+  if (run.kept_report) object["kept_report"] = nlohmann::json::parse(run.kept_report->json());
   return object;
 }
 
@@ -497,6 +516,9 @@ void add_output_options(CLI::App* command, TrainArgs& args) {
   command->add_option("--trace", args.trace_path, "Write a Chrome trace of one step of each run")
       ->type_name("FILE.json");
   command->add_option("--json", args.json_path, "Write the summary as JSON")->type_name("FILE");
+  command->add_flag("--report", args.report,
+                    "Print what each checkpointed region of the --strategy run keeps for its "
+                    "backward, and why (from its first step)");
   command
       ->add_option("--chain", args.chain_path,
                    "Write the model's measured chain (stage times and sizes), the input of "
@@ -560,11 +582,11 @@ BothRuns train_both(const TrainArgs& args, const Corpus& corpus, const Strategy&
                     bool instrument) {
   BothRuns runs;
   const auto baseline = [&] {
-    runs.baseline = train_once(args, corpus, Strategy{}, "no checkpoint", instrument);
+    runs.baseline = train_once(args, corpus, Strategy{}, "no checkpoint", instrument, false);
     runs.interrupted = runs.interrupted || runs.baseline.interrupted;
   };
   const auto checkpointed = [&] {
-    runs.checkpointed = train_once(args, corpus, strategy, strategy.text, instrument);
+    runs.checkpointed = train_once(args, corpus, strategy, strategy.text, instrument, args.report);
     runs.interrupted = runs.interrupted || runs.checkpointed->interrupted;
   };
   const bool planned_first = strategy.kind == Strategy::Kind::Budget;
@@ -633,6 +655,11 @@ int run_train(const TrainArgs& given) {
   TrainArgs args = given;
   const c10::Device device = parse_device_option(args.device);
   if (wants_distributed(args)) {
+    if (args.report) {
+      throw UsageError(
+          "--report prints what a single-process run keeps; leave out --ranks, --rank and "
+          "--world-size (or the torchrun environment), or --report");
+    }
     if (!device.is_cpu()) {
       throw UsageError("--device " + args.device +
                        ": data-parallel training (--ranks, --rank or the torchrun environment) "

@@ -94,6 +94,8 @@ class RecordingMode;
 class DispatchModeGuard;
 class BufferGuard;
 class OutsideStateWatch;
+class ReportMode;
+class RegionRecord;
 
 /// One checkpointed call. Construct it just before running the function (it stashes the RNG and
 /// autocast state and marks where the region's autograd graph begins), run the function inside a
@@ -157,6 +159,9 @@ class Region {
     std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
     std::unique_ptr<DispatchModeGuard> caching_guard_;
+    // Under a ReportScope, just inside the caching mode: it sees whether that kept each call.
+    std::unique_ptr<ReportMode> report_;
+    std::unique_ptr<DispatchModeGuard> report_guard_;
     std::unique_ptr<RecordingMode> recording_;  // innermost: it sees the calls the cache answers
     std::unique_ptr<DispatchModeGuard> recording_guard_;
     std::unique_ptr<OutsideStateWatch> outside_;  // innermost: sees every operator called
@@ -179,6 +184,7 @@ class Region {
   std::shared_ptr<CallSite> site_;
   std::unique_ptr<RegionMarker> marker_;
   std::function<RegionContext()> forward_context_;  // from `context_fn`, for the forward
+  std::unique_ptr<RegionRecord> report_;            // under a ReportScope: what the region keeps
 };
 
 }  // namespace detail
