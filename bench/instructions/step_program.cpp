@@ -75,9 +75,9 @@ Forward method_forward(const std::string& method, torch::nn::Sequential model,
 enum class Step { Plain, Penalty, GroupedPenalty };
 
 Step step_kind(std::string& method) {
-  for (const auto& [prefix, kind] : {std::pair<std::string, Step>{"penalty:", Step::Penalty},
-                                     std::pair<std::string, Step>{"grouped_penalty:",
-                                                                  Step::GroupedPenalty}}) {
+  for (const auto& [prefix, kind] :
+       {std::pair<std::string, Step>{"penalty:", Step::Penalty},
+        std::pair<std::string, Step>{"grouped_penalty:", Step::GroupedPenalty}}) {
     if (method.rfind(prefix, 0) != 0) continue;
     method = method.substr(prefix.size());
     return kind;

@@ -30,6 +30,19 @@ inline std::string operator_label(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
 
+/// Calls `fn` on each defined tensor in `value`: a tensor, or a list of tensors or of optional
+/// tensors (an operator's argument or return, as modes see it on the stack).
+template <class Fn>
+void for_each_tensor(const c10::IValue& value, Fn fn) {
+  if (value.isTensor()) {
+    if (value.toTensor().defined()) fn(value.toTensor());
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) {
+      if (element.isTensor() && element.toTensor().defined()) fn(element.toTensor());
+    }
+  }
+}
+
 class DispatchMode {
  public:
   virtual ~DispatchMode() = default;

@@ -13,18 +13,6 @@ namespace ckpt {
 namespace detail {
 namespace {
 
-// Calls `f` on every tensor in `value`: a tensor, or a list of tensors or of optional tensors.
-template <class F>
-void for_each_tensor(const c10::IValue& value, F f) {
-  if (value.isTensor()) {
-    f(value.toTensor());
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) {
-      if (element.isTensor()) f(element.toTensor());
-    }
-  }
-}
-
 // The storages of the tensors in stack[first, first + count).
 std::vector<const c10::StorageImpl*> storages(const torch::jit::Stack& stack, size_t first,
                                               size_t count) {

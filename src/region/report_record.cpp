@@ -12,18 +12,6 @@ namespace ckpt {
 namespace detail {
 namespace {
 
-// Calls `fn` on each defined tensor of `value` (a tensor or a list of tensors).
-template <class Fn>
-void for_each_tensor(const c10::IValue& value, Fn fn) {
-  if (value.isTensor()) {
-    if (value.toTensor().defined()) fn(value.toTensor());
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList().vec()) {
-      if (t.defined()) fn(t);
-    }
-  }
-}
-
 std::string nth_output(const std::string& name, size_t k, size_t count) {
   return count > 1 ? name + " output #" + std::to_string(k) : name;
 }

@@ -4,10 +4,8 @@
 
 #include <ckpt/ckpt.h>
 
+#include "support/counted_scale.h"
 #include "support/support.h"
-
-#include <torch/csrc/autograd/custom_function.h>
-#include <torch/library.h>
 
 #include <atomic>
 #include <memory>
@@ -18,43 +16,9 @@ namespace {
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
 
-// A custom operator whose CPU kernel counts its calls: y = 2x, with its own autograd formula,
-// which saves nothing (so the backward never reads y).
-std::atomic<int> doubled{0};
-
-at::Tensor counted_double_kernel(const at::Tensor& x) {
-  ++doubled;
-  return x * 2;
-}
-
-class CountedDouble : public torch::autograd::Function<CountedDouble> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("ckpt_early_stop_test::counted_double", "")
-                               .typed<at::Tensor(const at::Tensor&)>();
-    const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return op.call(x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
-                                                 torch::autograd::variable_list grads) {
-    return {grads[0] * 2};
-  }
-};
-
-at::Tensor counted_double(const at::Tensor& x) {
-  return CountedDouble::apply(x);
-}
-
-TORCH_LIBRARY(ckpt_early_stop_test, m) {
-  m.def("counted_double(Tensor x) -> Tensor");
-}
-TORCH_LIBRARY_IMPL(ckpt_early_stop_test, CPU, m) {
-  m.impl("counted_double", counted_double_kernel);
-}
-TORCH_LIBRARY_IMPL(ckpt_early_stop_test, Autograd, m) {
-  m.impl("counted_double", counted_double);
-}
+// y = 2x by an operator whose formula saves nothing, so the backward never reads y.
+using ckpt::test::counted_scale;
+using ckpt::test::scale_kernel_calls;
 
 // Linear, BatchNorm (training), then a tail the backward does not read: the doubling (its
 // formula saves nothing), a random draw, and a sum with no saved tensors.
@@ -64,7 +28,7 @@ struct Tail : torch::nn::Module {
         norm(register_module("norm", torch::nn::BatchNorm1d(5))) {}
   at::Tensor forward(const at::Tensor& x) {
     const at::Tensor y = norm(linear(x)).sin();
-    return counted_double(y) + torch::rand({5});
+    return counted_scale(y) + torch::rand({5});
   }
   torch::nn::Linear linear;
   torch::nn::BatchNorm1d norm;
@@ -79,7 +43,7 @@ struct Step {
 Step run_step(const std::shared_ptr<Tail>& model, const at::Tensor& input, bool checkpointed,
               const ckpt::CheckpointOptions& options = {}) {
   torch::manual_seed(7);
-  doubled = 0;
+  scale_kernel_calls = 0;
   Step step;
   const at::Tensor x = input.detach().requires_grad_();
   step.out = checkpointed ? ckpt::checkpoint(options, model, x) : model->forward(x);
@@ -89,7 +53,7 @@ Step run_step(const std::shared_ptr<Tail>& model, const at::Tensor& input, bool 
   step.mean = model->norm->running_mean.clone();
   step.var = model->norm->running_var.clone();
   step.grads = take_grads(*model);
-  step.kernel_calls = doubled.load();
+  step.kernel_calls = scale_kernel_calls.load();
   return step;
 }
 
@@ -168,21 +132,21 @@ TEST_F(EarlyStopTest, RandomOperatorsAlwaysRun) {
 // An output the backward reads (sin saves its input) is computed in every recompute.
 TEST(EarlyStop, AnOutputTheBackwardReadsIsRecomputed) {
   const at::Tensor input = torch::randn({3, 4});
-  auto f = [](const at::Tensor& x) { return counted_double(x.cos()).sin(); };
+  auto f = [](const at::Tensor& x) { return counted_scale(x.cos()).sin(); };
   const at::Tensor x0 = input.detach().requires_grad_();
   f(x0).sum().backward();
   for (int run = 0; run < 3; ++run) {
-    doubled = 0;
+    scale_kernel_calls = 0;
     const at::Tensor x = input.detach().requires_grad_();
     ckpt::checkpoint(f, x).sum().backward();
-    EXPECT_EQ(doubled.load(), 2);
+    EXPECT_EQ(scale_kernel_calls.load(), 2);
     EXPECT_TRUE(bit_equal(x.grad(), x0.grad()));
   }
 }
 
 // Inputs of another shape: the plan does not fit, the recompute runs those calls and learns again.
 TEST(EarlyStop, AnotherShapeRunsInFullAndLearnsAgain) {
-  auto f = [](const at::Tensor& x) { return counted_double(x.tanh()) + x; };
+  auto f = [](const at::Tensor& x) { return counted_scale(x.tanh()) + x; };
   for (int64_t rows : {3, 3, 5, 5, 3}) {
     SCOPED_TRACE(rows);
     const at::Tensor input = torch::randn({rows, 4});
@@ -203,17 +167,17 @@ TEST(EarlyStop, ARecomputeThatKeepsASkippedOutputRunsAgainInFull) {
   std::vector<at::Tensor> kept;
   int calls = 0;
   auto f = [&](const at::Tensor& x) {
-    at::Tensor y = counted_double(x.sin());
+    at::Tensor y = counted_scale(x.sin());
     if (++calls >= 3) kept.push_back(y.detach());
     return y * 3;
   };
   const at::Tensor input = torch::randn({2, 5});
   const at::Tensor expected = input.sin() * 2;
   const at::Tensor x0 = input.detach().requires_grad_();
-  (counted_double(x0.sin()) * 3).sum().backward();
+  (counted_scale(x0.sin()) * 3).sum().backward();
   for (int run = 0; run < 3; ++run) {
     SCOPED_TRACE(run);
-    doubled = 0;
+    scale_kernel_calls = 0;
     kept.clear();
     const int calls_before = calls;
     const at::Tensor x = input.detach().requires_grad_();
@@ -222,7 +186,7 @@ TEST(EarlyStop, ARecomputeThatKeepsASkippedOutputRunsAgainInFull) {
     // run 0: forward, learning recompute; run 1: forward, the plan's recompute (its stand-in is
     // kept), the full one; run 2: forward, a full recompute.
     EXPECT_EQ(calls - calls_before, run == 1 ? 3 : 2);
-    EXPECT_EQ(doubled.load(), 2);
+    EXPECT_EQ(scale_kernel_calls.load(), 2);
     if (run == 0) continue;  // nothing kept yet
     ASSERT_FALSE(kept.empty());
     EXPECT_TRUE(bit_equal(kept.back(), expected));
@@ -235,9 +199,9 @@ TEST(EarlyStop, ARecomputeThatKeepsASkippedOutputRunsAgainInFull) {
 // Nested regions and a selective policy: each region learns its own plan.
 TEST(EarlyStop, NestedAndSelectiveRegionsGiveThePlainGradients) {
   auto linear = torch::nn::Linear(4, 4);
-  auto inner = [&](const at::Tensor& x) { return counted_double(linear(x).relu()); };
+  auto inner = [&](const at::Tensor& x) { return counted_scale(linear(x).relu()); };
   auto outer = [&](const at::Tensor& x) {
-    return counted_double(ckpt::checkpoint(inner, x.sin()) + 1);
+    return counted_scale(ckpt::checkpoint(inner, x.sin()) + 1);
   };
   const at::Tensor input = torch::randn({3, 4});
   const at::Tensor x0 = input.detach().requires_grad_();

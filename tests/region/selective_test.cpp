@@ -9,6 +9,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "support/counted_scale.h"
 #include "support/support.h"
 
 #include <atomic>
@@ -25,42 +26,8 @@ namespace {
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
 
-// A custom operator whose CPU kernel counts its calls: y = 2x, with its own autograd formula.
-std::atomic<int> scale_kernel_calls{0};
-
-at::Tensor counted_scale_kernel(const at::Tensor& x) {
-  ++scale_kernel_calls;
-  return x * 2;
-}
-
-class CountedScale : public torch::autograd::Function<CountedScale> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("ckpt_test::counted_scale", "")
-                               .typed<at::Tensor(const at::Tensor&)>();
-    const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return op.call(x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
-                                                 torch::autograd::variable_list grads) {
-    return {grads[0] * 2};
-  }
-};
-
-at::Tensor counted_scale_autograd(const at::Tensor& x) {
-  return CountedScale::apply(x);
-}
-
-TORCH_LIBRARY(ckpt_test, m) {
-  m.def("counted_scale(Tensor x) -> Tensor");
-}
-TORCH_LIBRARY_IMPL(ckpt_test, CPU, m) {
-  m.impl("counted_scale", counted_scale_kernel);
-}
-TORCH_LIBRARY_IMPL(ckpt_test, Autograd, m) {
-  m.impl("counted_scale", counted_scale_autograd);
-}
+using ckpt::test::counted_scale;
+using ckpt::test::scale_kernel_calls;
 
 struct Block : torch::nn::Module {
   Block()
