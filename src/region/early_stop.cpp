@@ -7,6 +7,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 namespace ckpt {
@@ -58,6 +59,12 @@ bool skippable(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                const std::vector<const c10::StorageImpl*>& reads) {
   const c10::FunctionSchema& schema = op.schema();
   if (schema.is_mutable() || op.hasTag(at::Tag::nondeterministic_seeded)) return false;
+  // Normalizations whose schemas do not mark the running statistics they update as written
+  // (native_batch_norm in LibTorch 1.13): they count as writing, so they always run.
+  const std::string& name = op.operator_name().name;
+  if (name.find("batch_norm") != std::string::npos ||
+      name.find("instance_norm") != std::string::npos)
+    return false;
   const size_t count = schema.returns().size();
   if (count == 0) return false;
   for (const auto& result : schema.returns()) {

@@ -12,14 +12,6 @@ namespace ckpt {
 namespace detail {
 namespace {
 
-template <class Visit>
-void for_each_tensor(const c10::IValue& value, Visit visit) {
-  if (value.isTensor()) visit(value.toTensor());
-  if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList().vec()) visit(t);
-  }
-}
-
 // Normalizations that update running statistics in place, which some of their schemas do not
 // mark as written (native_batch_norm's running_mean and running_var).
 bool updates_running_statistics(const c10::OperatorHandle& op) {
