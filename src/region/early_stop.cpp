@@ -1,5 +1,7 @@
 #include "early_stop.h"
 
+#include "outside_writes.h"
+
 #include <ckpt/options.h>
 
 #include <ATen/core/enum_tag.h>
@@ -59,12 +61,7 @@ bool skippable(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                const std::vector<const c10::StorageImpl*>& reads) {
   const c10::FunctionSchema& schema = op.schema();
   if (schema.is_mutable() || op.hasTag(at::Tag::nondeterministic_seeded)) return false;
-  // Normalizations whose schemas do not mark the running statistics they update as written
-  // (native_batch_norm in LibTorch 1.13): they count as writing, so they always run.
-  const std::string& name = op.operator_name().name;
-  if (name.find("batch_norm") != std::string::npos ||
-      name.find("instance_norm") != std::string::npos)
-    return false;
+  if (updates_running_statistics(op)) return false;  // writes what its schema does not say
   const size_t count = schema.returns().size();
   if (count == 0) return false;
   for (const auto& result : schema.returns()) {
@@ -255,8 +252,9 @@ bool EarlyStopRun::finish() {
     site_.early_stop_plan = std::move(plan);
     return true;
   }
-  if (!skipping_ || (skipping_->sound() && !skipping_->stale())) return true;
+  if (!skipping_) return true;
   const bool sound = skipping_->sound();
+  if (sound && !skipping_->stale()) return true;
   if (!sound) site_.early_stop_failed.store(true);
   const std::lock_guard<std::mutex> lock(site_.early_stop_mutex);
   site_.early_stop_plan = nullptr;  // learn again from the next recompute

@@ -12,14 +12,6 @@ namespace ckpt {
 namespace detail {
 namespace {
 
-// Normalizations that update running statistics in place, which some of their schemas do not
-// mark as written (native_batch_norm's running_mean and running_var).
-bool updates_running_statistics(const c10::OperatorHandle& op) {
-  const std::string& name = op.operator_name().name;
-  return name.find("batch_norm") != std::string::npos ||
-         name.find("instance_norm") != std::string::npos;
-}
-
 // What ckpt runs itself (copies, comparisons) reaches neither the modes below (a recording or
 // replaying mode counts operators) nor autograd.
 struct ModesOff {
@@ -35,6 +27,12 @@ at::Tensor bytes_of(const c10::Storage& storage) {
 }
 
 }  // namespace
+
+bool updates_running_statistics(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  return name.find("batch_norm") != std::string::npos ||
+         name.find("instance_norm") != std::string::npos;
+}
 
 OutsideStateWatch::OutsideStateWatch(const std::vector<at::Tensor>& known,
                                      const ModuleList& modules) {

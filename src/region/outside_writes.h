@@ -65,5 +65,9 @@ class StorageSnapshot {
   std::vector<at::Tensor> aliases_, saved_;
 };
 
+/// Whether `op` is a normalization that updates running statistics in place, which some of their
+/// schemas do not mark as written (native_batch_norm's running_mean and running_var in 1.13).
+bool updates_running_statistics(const c10::OperatorHandle& op);
+
 }  // namespace detail
 }  // namespace ckpt
