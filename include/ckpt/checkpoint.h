@@ -3,6 +3,7 @@
 #include <ckpt/detail/region.h>
 #include <ckpt/detail/traversal.h>
 #include <ckpt/graph_exec_group.h>
+#include <ckpt/offload.h>
 #include <ckpt/options.h>
 
 #include <ATen/core/grad_mode.h>
@@ -121,6 +122,10 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
       Call{std::forward<F>(fn), std::tuple<std::decay_t<Args>...>(std::forward<Args>(args)...)});
   std::vector<at::Tensor> inputs;
   collect_tensors(call->args, inputs);
+  if (options.offload()) {
+    const OffloadedRegion offloaded(options, inputs);
+    return Result(apply_forward(call->fn, call->args));
+  }
 
   static CallSite site_without_modules;
   ModuleList modules = std::apply(

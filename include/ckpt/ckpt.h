@@ -8,6 +8,7 @@
 #include <ckpt/memory_label.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/modules.h>
+#include <ckpt/offload.h>
 #include <ckpt/options.h>
 #include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>

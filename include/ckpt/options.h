@@ -64,6 +64,14 @@ struct CheckpointOptions {
   /// a recompute that would use a skipped output is run again in full. Non-reentrant variant
   /// only. `set_checkpoint_early_stop` overrides it. Default: true
   TORCH_ARG(bool, early_stop) = true;
+  /// Offloading instead of checkpointing: the region runs once, and what autograd saves for its
+  /// backward goes to host memory during its forward and comes back, ahead of use, when its
+  /// backward starts, as inside a `ckpt::OffloadGuard` (see there for what moves and how). Nothing
+  /// is recomputed, so the RNG, early-stop and determinism options have no effect. Not with
+  /// `use_reentrant(true)` or a `policy` (whose `MustOffload` offloads operator by operator).
+  /// The region's tensor arguments must be on an accelerator: host data has nowhere to go, and
+  /// the region raises an error rather than copying host memory to host memory. Default: false
+  TORCH_ARG(bool, offload) = false;
 };
 
 /// Overrides the `debug` option of every region whose forward starts from now on, in the whole

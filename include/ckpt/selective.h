@@ -25,6 +25,8 @@ enum class CheckpointPolicy {
   PreferSave,       ///< keep them where they can be kept and stay unchanged, recompute otherwise
   MustRecompute,    ///< run the operator again in the recompute
   PreferRecompute,  ///< the same as MustRecompute
+  MustOffload,      ///< keep the outputs in host memory; the recompute brings them back
+  PreferOffload,    ///< offload them where they can be kept and stay unchanged, else recompute
 };
 
 /// One operator call as a policy sees it: the operator's schema and its arguments. The call
@@ -51,8 +53,13 @@ struct OpCall {
 ///
 /// What the policy sees and decides is PyTorch's semantics. Outputs of operators it saves are
 /// kept from the forward and handed back in the recompute, where autograd records the operator's
-/// node again around the kept outputs; everything else runs again. Three kinds of operators are
-/// always recomputed, and `MustSave` on them is an error naming the operator:
+/// node again around the kept outputs; everything else runs again. Outputs of operators it
+/// offloads (`MustOffload`, `PreferOffload`) are kept the same way, but in host memory: the
+/// region's forward copies them there on a side stream and lets go of the device's copy once it
+/// has landed, and its recompute brings them all back when it starts, in the order it uses them
+/// (`ckpt::OffloadGuard` describes the copies); an output already in host memory stays where it
+/// is. Three kinds of operators are always recomputed, and `MustSave` or `MustOffload` on them is
+/// an error naming the operator:
 ///   - in-place and out= operators (they write into a tensor the region owns);
 ///   - views (their outputs alias their inputs, so a kept one would alias the forward's input);
 ///   - random operators (skipping one in the recompute would shift the random stream that the
@@ -121,6 +128,20 @@ at::Tensor checkpoint_name(const at::Tensor& tensor, const std::string& name);
 ///     ckpt::save_names({"attn_out"}, /*others=*/ckpt::save_matmuls()));
 /// ```
 SelectivePolicy save_names(std::vector<std::string> names, SelectivePolicy others = {});
+
+/// Keeps the tensors named with one of `saved` on the device and those named with one of
+/// `offloaded` in host memory, and decides every other call with `others` (recomputes it when
+/// `others` is empty), as JAX's `save_and_offload_only_these_names` does. A name in both lists is
+/// an error (c10::Error).
+///
+/// Example:
+/// ```
+/// auto options = ckpt::CheckpointOptions().policy(
+///     ckpt::save_and_offload_names(/*saved=*/{"attn_out"}, /*offloaded=*/{"mlp_in"}));
+/// ```
+SelectivePolicy save_and_offload_names(std::vector<std::string> saved,
+                                       std::vector<std::string> offloaded,
+                                       SelectivePolicy others = {});
 
 /// Keeps the outputs of matrix products (mm, addmm, bmm, baddbmm, matmul, linear, as they reach
 /// the kernels), convolutions, and the scaled-dot-product-attention forwards; recomputes the rest.

@@ -6,6 +6,7 @@
 #include "buffer_guard.h"
 #include "recompute_mark.h"
 #include "rng_state.h"
+#include "saved_tensor_hooks.h"
 #include "training_modes.h"
 
 #include <c10/util/Optional.h>
@@ -40,6 +41,8 @@ class RecomputeScope {
   TrainingModeScope modes_;
   RecomputeMark mark_;
   BufferGuard buffers_;
+  // The recomputed graph is the backward's own: an OffloadGuard around the backward leaves it.
+  SavedTensorHooksScope hooks_off_{SavedHooksFactory()};
 };
 
 }  // namespace detail

@@ -254,7 +254,8 @@ Region::ForwardScope::ForwardScope(Region& region)
     : region_(region),
       context_(region.forward_context_ ? region.forward_context_() : nullptr),
       label_(region.state_->memory_label),
-      grad_mode_(!region.state_->options.use_reentrant()) {
+      grad_mode_(!region.state_->options.use_reentrant()),
+      hooks_off_(std::make_unique<SavedTensorHooksScope>(SavedHooksFactory())) {
   RegionState& state = *region.state_;
   if (state.kept) {
     // A second run must start from the same random state: without a stash, keep the graph. An
@@ -404,7 +405,10 @@ std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, Recomput
                 "CheckpointOptions().preserve_rng_state(false).");
   }
   if (state.rng.has_value()) state.rng->drop_cpu_state_if_unused();
-  if (state.kept) state.kept->seal();
+  if (state.kept) {
+    state.kept->seal();
+    state.kept->offload();
+  }
   state.outputs.reserve(outputs.size());
   for (const auto& output : outputs) state.outputs.push_back(TensorMeta::of(output));
   state.recompute = std::move(recompute);

@@ -118,7 +118,10 @@ void RegionRecord::add_kept(size_t region, const RegionState& state) {
       }
       for (size_t k = 0; k < tensors.size(); ++k) {
         kept(nth_output(operator_label(entry.op), k, tensors.size()),
-             entry.must ? "the policy saves it (MustSave)" : "the policy saves it (PreferSave)",
+             entry.offload ? (entry.must ? "the policy offloads it (MustOffload)"
+                                         : "the policy offloads it (PreferOffload)")
+             : entry.must  ? "the policy saves it (MustSave)"
+                           : "the policy saves it (PreferSave)",
              tensors[k]);
       }
     }

@@ -34,24 +34,54 @@ const char* cannot_keep(const c10::OperatorHandle& op) {
 
 enum class Keep { No, Prefer, Must };
 
-// Whether the region keeps the outputs of this call: the policy's decision, where they can be
-// kept. MustSave on outputs that cannot be kept is an error.
-Keep keeps_outputs(const SelectivePolicy& policy, const c10::OperatorHandle& op,
-                   const torch::jit::Stack& stack) {
-  const c10::FunctionSchema& schema = op.schema();
-  const size_t count = schema.arguments().size();
-  const OpCall call{schema, c10::ArrayRef<c10::IValue>(stack.data() + stack.size() - count, count)};
-  const CheckpointPolicy decision = policy(call);
-  if (decision == CheckpointPolicy::MustRecompute || decision == CheckpointPolicy::PreferRecompute)
-    return Keep::No;
+bool recomputes(CheckpointPolicy decision) {
+  return decision == CheckpointPolicy::MustRecompute ||
+         decision == CheckpointPolicy::PreferRecompute;
+}
+bool must_keep(CheckpointPolicy decision) {
+  return decision == CheckpointPolicy::MustSave || decision == CheckpointPolicy::MustOffload;
+}
+bool offloads(CheckpointPolicy decision) {
+  return decision == CheckpointPolicy::MustOffload || decision == CheckpointPolicy::PreferOffload;
+}
+const char* label(CheckpointPolicy decision) {
+  switch (decision) {
+    case CheckpointPolicy::MustSave:
+      return "MustSave";
+    case CheckpointPolicy::PreferSave:
+      return "PreferSave";
+    case CheckpointPolicy::MustRecompute:
+      return "MustRecompute";
+    case CheckpointPolicy::PreferRecompute:
+      return "PreferRecompute";
+    case CheckpointPolicy::MustOffload:
+      return "MustOffload";
+    case CheckpointPolicy::PreferOffload:
+      return "PreferOffload";
+  }
+  return "?";
+}
+
+// Whether the region keeps the outputs of this call (on the device or in host memory): the
+// policy's decision, where they can be kept. MustSave or MustOffload on outputs that cannot be
+// kept is an error.
+Keep keeps_outputs(CheckpointPolicy decision, const c10::OperatorHandle& op) {
+  if (recomputes(decision)) return Keep::No;
   const char* reason = cannot_keep(op);
-  if (reason == nullptr) return decision == CheckpointPolicy::MustSave ? Keep::Must : Keep::Prefer;
-  TORCH_CHECK(decision != CheckpointPolicy::MustSave,
-              "ckpt::checkpoint: the selective policy says MustSave for ",
-              operator_label(schema.operator_name()), ", ", reason,
-              ", so its outputs cannot be kept. Return PreferSave to recompute it, or "
-              "MustRecompute.");
+  if (reason == nullptr) return must_keep(decision) ? Keep::Must : Keep::Prefer;
+  TORCH_CHECK(!must_keep(decision), "ckpt::checkpoint: the selective policy says ", label(decision),
+              " for ", operator_label(op.operator_name()), ", ", reason,
+              ", so its outputs cannot be kept. Return ",
+              offloads(decision) ? "PreferOffload" : "PreferSave",
+              " to recompute it, or MustRecompute.");
   return Keep::No;
+}
+
+CheckpointPolicy decide(const SelectivePolicy& policy, const c10::OperatorHandle& op,
+                        const torch::jit::Stack& stack) {
+  const size_t count = op.schema().arguments().size();
+  return policy(
+      OpCall{op.schema(), c10::ArrayRef<c10::IValue>(stack.data() + stack.size() - count, count)});
 }
 
 bool unchanged(const KeptOutputs::Entry& entry) {
@@ -191,7 +221,8 @@ void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* sta
     }
     if (!kept_.entries.empty()) before_write(op, *stack, writes.storages);
   }
-  const Keep keep = keeps_outputs(policy_, op, *stack);
+  const CheckpointPolicy decision = decide(policy_, op, *stack);
+  const Keep keep = keeps_outputs(decision, op);
   run(op, stack);
   const size_t count = op.schema().returns().size();
   if (!kept_.entries.empty()) note_reads(arguments, *stack, count);
@@ -201,6 +232,7 @@ void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* sta
   KeptOutputs::Entry entry(op.operator_name());
   entry.call = call;
   entry.must = keep == Keep::Must;
+  entry.offload = offloads(decision);
   for (size_t i = stack->size() - count; i < stack->size(); ++i) {
     entry.returns.push_back(map_tensors((*stack)[i], [&](const at::Tensor& t) {
       entry.watches.push_back(watch_of(t));
@@ -280,28 +312,24 @@ void CachingMode::name(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
                 "(add the block's number, say), or checkpoint each block as a region of its own "
                 "(ckpt::Checkpointed, or checkpoint_sequential with one segment per block).");
   }
-  const size_t count = op.schema().arguments().size();
-  const CheckpointPolicy decision = policy_(OpCall{
-      op.schema(), c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - count, count)});
+  const CheckpointPolicy decision = decide(policy_, op, *stack);
   stack->pop_back();
-  // Offloading by name, once ckpt offloads, is a decision for the named tensor like these.
-  if (decision == CheckpointPolicy::MustRecompute || decision == CheckpointPolicy::PreferRecompute)
-    return;
-  const bool must = decision == CheckpointPolicy::MustSave;
-  const std::string why_not = keep_named(tensor, must);
-  if (why_not.empty() || !must) return;  // PreferSave: recomputed
+  if (recomputes(decision)) return;
+  const bool must = must_keep(decision);
+  const std::string why_not = keep_named(tensor, must, offloads(decision));
+  if (why_not.empty() || !must) return;  // PreferSave, PreferOffload: recomputed
   if (rng_ != nullptr) rng_->restore();
-  TORCH_CHECK(false,
-              "ckpt::checkpoint_name: the selective policy says MustSave for the tensor named "
-              "\"",
-              name, "\", but ", why_not,
+  TORCH_CHECK(false, "ckpt::checkpoint_name: the selective policy says ", label(decision),
+              " for the tensor named \"", name, "\", but ", why_not,
               ", so it cannot be kept. Name data an operator of the region computed, before any "
-              "in-place operation on it, or return PreferSave for it to have it recomputed.");
+              "in-place operation on it, or return ",
+              offloads(decision) ? "PreferOffload" : "PreferSave",
+              " for it to have it recomputed.");
 }
 
 // Keeps the outputs of the call that computed `tensor`'s data, in that call's place among the
 // kept entries. Returns why it cannot, or nothing.
-std::string CachingMode::keep_named(const at::Tensor& tensor, bool must) {
+std::string CachingMode::keep_named(const at::Tensor& tensor, bool must, bool offload) {
   const auto found = data_.find(storage_of(tensor));
   if (found == data_.end()) {
     return "its data was not computed inside the region (an argument, a parameter, or a tensor "
@@ -320,12 +348,14 @@ std::string CachingMode::keep_named(const at::Tensor& tensor, bool must) {
   if (place != entries.end() && place->call == call.number) {  // the policy kept it already
     place->named = true;
     place->must = place->must || must;
+    place->offload = offload;  // the name's decision
     return {};
   }
   KeptOutputs::Entry entry(call.op.operator_name());
   entry.call = call.number;
   entry.named = true;
   entry.must = must;
+  entry.offload = offload;
   for (const RememberedOutput& remembered : call.outputs) {
     const at::Tensor output = remembered.get();
     if (!output.defined()) {
@@ -427,7 +457,7 @@ void ReplayMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
     if (skip_absorbed_write(op, stack)) return;
     mark_written(written_storages(op, *stack));
   }
-  const bool policy_keeps = keeps_outputs(policy_, op, *stack) != Keep::No;
+  const bool policy_keeps = keeps_outputs(decide(policy_, op, *stack), op) != Keep::No;
   if (!policy_keeps && !named_here(call)) {
     run(op, stack);
     return;
@@ -493,6 +523,7 @@ bool ReplayMode::usable(const KeptOutputs::Entry& entry, const std::string& name
 // forward absorbed (the recompute skips them).
 void ReplayMode::hand_out(const c10::OperatorHandle& op, KeptOutputs::Entry& entry,
                           torch::jit::Stack* stack) {
+  kept_.bring_back(next_ - 1);
   torch::jit::drop(*stack, op.schema().arguments().size());
   for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, fresh_alias));
   handed_out_.push_back(next_ - 1);
@@ -548,6 +579,46 @@ void ReplayMode::check_all_used() const {
               "again, and the policy must decide the same way for them.");
 }
 
+void KeptOutputs::offload() {
+  host_copies.assign(entries.size(), {});
+  for (size_t index = 0; index < entries.size(); ++index) {
+    Entry& entry = entries[index];
+    if (!entry.offload) continue;
+    auto& copies = host_copies[index];
+    for (c10::IValue& value : entry.returns) {
+      value = map_tensors(value, [&](const at::Tensor& t) {
+        copies.emplace_back();
+        if (!t.defined() || t.device().is_cpu() || t.layout() != c10::kStrided) return t;
+        if (!offloaded) offloaded = std::make_shared<OffloadGroup>(true, /*last_first=*/false);
+        copies.back() = HostCopy{offloaded->add(t), StorageView(t)};
+        return at::Tensor();
+      });
+    }
+  }
+  if (offloaded) offloaded->finish_forward();
+}
+
+void KeptOutputs::bring_back(size_t index) {
+  if (!offloaded || host_copies[index].empty()) return;
+  Entry& entry = entries[index];
+  auto& copies = host_copies[index];
+  size_t k = 0;
+  for (c10::IValue& value : entry.returns) {
+    value = map_tensors(value, [&](const at::Tensor& t) {
+      const c10::optional<HostCopy>& copy = copies[k];
+      Watch& watch = entry.watches[k++];
+      if (!copy) return t;
+      at::Tensor back = copy->view.on(offloaded->fetch(copy->slot));
+      watch.storage = back.storage().unsafeGetStorageImpl();  // where the recompute writes
+      return back;
+    });
+  }
+  for (const auto& copy : copies) {
+    if (copy) offloaded->release(copy->slot);
+  }
+  copies.clear();  // back on the device for good: a second backward (retain_graph) uses it there
+}
+
 void KeptOutputs::seal() {
   for (Entry& entry : entries) {
     for (Watch& watch : entry.watches) {
@@ -567,6 +638,22 @@ SelectivePolicy save_names(std::vector<std::string> names, SelectivePolicy other
     }
     return others(call);
   });
+}
+
+SelectivePolicy save_and_offload_names(std::vector<std::string> saved,
+                                       std::vector<std::string> offloaded, SelectivePolicy others) {
+  std::unordered_set<std::string> to_host(offloaded.begin(), offloaded.end());
+  for (const std::string& name : saved) {
+    TORCH_CHECK(!to_host.count(name), "ckpt::save_and_offload_names: \"", name,
+                "\" is both saved and offloaded. Name it in one list.");
+  }
+  SelectivePolicy saving = save_names(std::move(saved), std::move(others));
+  return SelectivePolicy(
+      [to_host = std::move(to_host), saving = std::move(saving)](const OpCall& call) {
+        const std::string* name = call.tensor_name();
+        if (name != nullptr && to_host.count(*name)) return CheckpointPolicy::MustOffload;
+        return saving(call);
+      });
 }
 
 SelectivePolicy save_ops(std::vector<std::string> ops) {

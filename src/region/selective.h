@@ -7,6 +7,7 @@
 
 #include "autograd/dispatch_mode.h"
 #include "autograd/graph.h"
+#include "autograd/host_offload.h"
 #include "autograd/rng_state.h"
 
 #include <ckpt/selective.h>
@@ -55,6 +56,7 @@ struct KeptOutputs {
     size_t call = 0;                   // the call's number among the forward's operator calls
     bool named = false;                // kept for a name given after the call (checkpoint_name)
     bool must = false;                 // MustSave (PreferSave falls back to recomputing)
+    bool offload = false;              // MustOffload or PreferOffload: kept in host memory
     std::vector<c10::IValue> returns;  // tensors as fresh aliases, without autograd history
     std::vector<Watch> watches;        // one per tensor of `returns`, in traversal order
     // A recompute handed these outputs out and then wrote into them in place: a later recompute
@@ -65,6 +67,21 @@ struct KeptOutputs {
     bool consumed = false;
   };
   std::vector<Entry> entries;  // by `call`
+
+  /// Where an offloaded entry's tensor is: its slot in `offloaded`, and how it lies in its data.
+  /// One per tensor of `returns` (traversal order), empty for tensors that stay where they are.
+  struct HostCopy {
+    size_t slot = 0;
+    StorageView view;
+  };
+  std::vector<std::vector<c10::optional<HostCopy>>> host_copies;  // by entry, once offloaded
+  std::shared_ptr<OffloadGroup> offloaded;  // the host copies, or null when nothing is offloaded
+
+  /// (End of the forward, after seal) Moves the outputs of the entries marked `offload` that are
+  /// on an accelerator to host memory, and lets go of the device's copy.
+  void offload();
+  /// Puts the device copies of entry `index`'s offloaded outputs back into its `returns`.
+  void bring_back(size_t index);
 
   /// Takes the versions of the counters as the region's forward left them (after its absorbed
   /// writes), so that any later change is seen.
@@ -122,7 +139,7 @@ class CachingMode : public DispatchMode {
                   const torch::jit::Stack& outputs, size_t output_count);
   void release_producers(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
   void name(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-  std::string keep_named(const at::Tensor& tensor, bool must);
+  std::string keep_named(const at::Tensor& tensor, bool must, bool offload);
   struct Writes;
   void note_uses(const std::vector<const c10::StorageImpl*>& arguments,
                  const std::vector<const c10::StorageImpl*>& outputs, const Writes& writes);
@@ -171,8 +188,11 @@ class CachingMode : public DispatchMode {
 /// lets go of each kept output as it hands it out, as PyTorch's selective checkpointing does.
 class ReplayMode : public DispatchMode {
  public:
+  /// Starts bringing the offloaded outputs back to the device.
   ReplayMode(SelectivePolicy policy, KeptOutputs& kept, bool consume)
-      : policy_(std::move(policy)), kept_(kept), consume_(consume) {}
+      : policy_(std::move(policy)), kept_(kept), consume_(consume) {
+    if (kept_.offloaded) kept_.offloaded->prefetch();
+  }
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
   /// Raises an error when the recompute used fewer kept outputs than the forward kept.
   void check_all_used() const;

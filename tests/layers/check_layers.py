@@ -29,6 +29,7 @@ LAYERS = {
     "include/ckpt/selective.h": 2,
     "include/ckpt/recompute.h": 2, "include/ckpt/memory_label.h": 2, "src/region": 2,
     "include/ckpt/graph_exec_group.h": 2, "include/ckpt/report.h": 2,
+    "include/ckpt/offload.h": 2,
     "include/ckpt/sequential.h": 3, "include/ckpt/modules.h": 3,
     "include/ckpt/storage_mode.h": 3, "src/chains": 3,
     "include/ckpt/plan": 4, "src/plan": 4,

@@ -96,6 +96,7 @@ class BufferGuard;
 class OutsideStateWatch;
 class ReportMode;
 class RegionRecord;
+class SavedTensorHooksScope;
 
 /// One checkpointed call. Construct it just before running the function (it stashes the RNG and
 /// autocast state and marks where the region's autograd graph begins), run the function inside a
@@ -156,6 +157,8 @@ class Region {
     RegionContext context_;  // outermost: the user's forward context, from `context_fn`
     LabelScope label_;       // the region's memory label: "region N" under the caller's
     at::AutoGradMode grad_mode_;
+    // The region's own graph is dropped: an OffloadGuard around the region must not pack it.
+    std::unique_ptr<SavedTensorHooksScope> hooks_off_;
     std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
     std::unique_ptr<DispatchModeGuard> caching_guard_;

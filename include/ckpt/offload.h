@@ -1,0 +1,98 @@
+#pragma once
+
+/// \file
+/// Offloading activations to host memory: the C++ counterpart of Python's
+/// `torch.autograd.graph.save_on_cpu`. docs/offloading.md compares it with checkpointing.
+
+#include <ckpt/options.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+class OffloadGroup;
+class SavedTensorHooksScope;
+}  // namespace detail
+
+/// Options of `OffloadGuard`.
+struct OffloadOptions {
+  /// Host copies of CUDA data go to pinned (page-locked) memory, which the copies need to run
+  /// asynchronously. Other devices get pageable memory. Default: true
+  TORCH_ARG(bool, pin_memory) = true;
+};
+
+/// While it lives, every tensor that autograd saves for the backward on this thread goes to host
+/// memory, and comes back when the backward needs it, as Python's `save_on_cpu` does, with the
+/// copies overlapped with compute:
+///   - a saved tensor's data is copied to the host on a side stream of its device, after the work
+///     that computed it; the guard's end makes the device's current stream wait for the copies and
+///     lets go of the device's copy (what the caller still holds stays);
+///   - the backward's first use of any of them brings all of them back on the side stream, last
+///     saved first (the order a backward reads them in); each use waits for its own copy only;
+///   - data shared by several saved tensors (a view and its base; an output that two operators
+///     save) moves once;
+///   - data already in host memory, and parameters and other leaves that require grad (which
+///     stay on the device anyway), are kept as they are: a CPU-only program under the guard copies
+///     nothing.
+/// Gradients are the same bits as without the guard. The host memory a guard's data holds is
+/// freed as the backward uses it up (or with the graph). Regions checkpointed inside the guard
+/// keep their internal graphs out of it (their nodes hold their arguments on the device), and so
+/// do their recomputes. Needs LibTorch's own autograd engine, which ckpt extends for
+/// this once, at the first guard: a process that loaded torch's Python bindings raises an error.
+///
+/// Example:
+/// ```
+/// torch::Tensor loss;
+/// {
+///   ckpt::OffloadGuard offload;
+///   loss = model->forward(batch).mean();
+/// }
+/// loss.backward();
+/// ```
+class OffloadGuard {
+ public:
+  explicit OffloadGuard(const OffloadOptions& options = {});
+  ~OffloadGuard();
+  OffloadGuard(const OffloadGuard&) = delete;
+  OffloadGuard& operator=(const OffloadGuard&) = delete;
+
+  /// Bytes this guard's data holds in host memory now.
+  int64_t host_bytes() const;
+
+ private:
+  std::shared_ptr<detail::OffloadGroup> group_;
+  std::unique_ptr<detail::SavedTensorHooksScope> scope_;
+};
+
+/// Host memory held by offloaded data in this process (guards, offloaded regions and selective
+/// offloading together): now, and at most since the process started or `reset_offload_peak()`.
+struct OffloadStats {
+  int64_t host_bytes = 0;
+  int64_t peak_host_bytes = 0;
+};
+OffloadStats offload_stats();
+void reset_offload_peak();
+
+namespace detail {
+
+/// The forward of a region with `CheckpointOptions().offload(true)`: checks the options and the
+/// arguments, enters the forward context and an OffloadGuard.
+class OffloadedRegion {
+ public:
+  OffloadedRegion(const CheckpointOptions& options, const std::vector<at::Tensor>& inputs);
+  ~OffloadedRegion();
+  OffloadedRegion(const OffloadedRegion&) = delete;
+  OffloadedRegion& operator=(const OffloadedRegion&) = delete;
+
+ private:
+  RegionContext context_;
+  std::unique_ptr<OffloadGuard> guard_;
+};
+
+}  // namespace detail
+}  // namespace ckpt

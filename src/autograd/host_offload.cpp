@@ -1,0 +1,240 @@
+#include "host_offload.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <utility>
+
+namespace ckpt {
+namespace detail {
+namespace {
+
+std::atomic<int64_t> host_bytes_now{0};
+std::atomic<int64_t> host_bytes_peak{0};
+
+void count_host_bytes(int64_t delta) {
+  const int64_t now = host_bytes_now.fetch_add(delta) + delta;
+  int64_t peak = host_bytes_peak.load();
+  while (now > peak && !host_bytes_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+c10::Stream current_stream(c10::Device device) {
+  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+}
+
+// `waiter` waits for the work enqueued on `stream` so far.
+void wait_for(const c10::Stream& stream, const c10::Stream& waiter) {
+  if (stream == waiter) return;
+  c10::Event event(stream.device_type());
+  event.record(stream);
+  event.block(waiter);
+}
+
+// The storage's bytes as a 1-d byte tensor on its device.
+at::Tensor bytes_of(const c10::Storage& storage) {
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
+      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
+}
+
+}  // namespace
+
+c10::Stream offload_stream(c10::Device device) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, c10::Stream> streams;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key =
+      std::make_pair(static_cast<int>(device.type()), static_cast<int>(device.index()));
+  auto found = streams.find(key);
+  if (found == streams.end()) {
+    const c10::impl::VirtualGuardImpl impl(device.type());
+    found = streams.emplace(key, impl.getStreamFromGlobalPool(device)).first;
+  }
+  return found->second;
+}
+
+int64_t offloaded_host_bytes() {
+  return host_bytes_now.load();
+}
+int64_t offloaded_host_peak_bytes() {
+  return host_bytes_peak.load();
+}
+void reset_offloaded_host_peak() {
+  host_bytes_peak.store(host_bytes_now.load());
+}
+
+StorageView::StorageView(const at::Tensor& tensor)
+    : sizes(tensor.sizes().vec()),
+      strides(tensor.strides().vec()),
+      offset(tensor.storage_offset()),
+      dtype(tensor.dtype()) {}
+
+at::Tensor StorageView::on(const c10::Storage& storage) const {
+  return at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()))
+      .set_(storage, offset, sizes, strides);
+}
+
+OffloadGroup::~OffloadGroup() {
+  count_host_bytes(-host_bytes_);
+}
+
+size_t OffloadGroup::add(const at::Tensor& tensor) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_INTERNAL_ASSERT(!forward_done_, "ckpt: offloading after the forward's end");
+  const c10::StorageImpl* key = tensor.storage().unsafeGetStorageImpl();
+  auto found = index_.find(key);
+  if (found != index_.end()) {
+    ++slots_[found->second].users;
+    return found->second;
+  }
+  Slot slot;
+  slot.device = tensor.storage();
+  slot.where = tensor.device();
+  slot.users = 1;
+  const c10::Stream side = offload_stream(slot.where);
+  wait_for(current_stream(slot.where), side);
+  const bool pin = pin_memory_ && slot.where.is_cuda();
+  slot.host = at::empty({static_cast<int64_t>(slot.device.nbytes())},
+                        at::TensorOptions().dtype(at::kByte).pinned_memory(pin));
+  {
+    const c10::StreamGuard on_side(side);
+    slot.host.copy_(bytes_of(slot.device), /*non_blocking=*/true);
+    slot.copied.emplace(slot.where.type());
+    slot.copied->record(side);
+  }
+  host_bytes_ += slot.host.nbytes();
+  count_host_bytes(slot.host.nbytes());
+  index_.emplace(key, slots_.size());
+  slots_.push_back(std::move(slot));
+  return slots_.size() - 1;
+}
+
+void OffloadGroup::finish_forward() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (Slot& slot : slots_) {
+    if (slot.copied) slot.copied->block(current_stream(slot.where));
+    slot.device = c10::Storage();
+  }
+  index_.clear();
+  forward_done_ = true;
+}
+
+void OffloadGroup::fetch_slot(Slot& slot) {
+  const c10::Stream side = offload_stream(slot.where);
+  const c10::DeviceGuard on_device(slot.where);
+  at::Tensor target =
+      at::empty({slot.host.numel()}, at::TensorOptions().dtype(at::kByte).device(slot.where));
+  {
+    const c10::StreamGuard on_side(side);
+    target.copy_(slot.host, /*non_blocking=*/true);
+    slot.fetched_event.emplace(slot.where.type());
+    slot.fetched_event->record(side);
+  }
+  slot.fetched = target.storage();
+}
+
+void OffloadGroup::prefetch_locked() {
+  if (prefetched_) return;
+  prefetched_ = true;
+  TORCH_INTERNAL_ASSERT(forward_done_, "ckpt: offloaded data fetched before its forward ended");
+  // The side streams wait for the current streams once: the new device memory was allocated on
+  // them, and may have been in use there until now.
+  std::vector<c10::Device> waited;
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    Slot& slot = slots_[last_first_ ? slots_.size() - 1 - k : k];
+    if (slot.users == 0) continue;
+    if (std::find(waited.begin(), waited.end(), slot.where) == waited.end()) {
+      wait_for(current_stream(slot.where), offload_stream(slot.where));
+      waited.push_back(slot.where);
+    }
+    fetch_slot(slot);
+  }
+}
+
+void OffloadGroup::prefetch() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  prefetch_locked();
+}
+
+c10::Storage OffloadGroup::fetch(size_t slot_index) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  prefetch_locked();
+  Slot& slot = slots_.at(slot_index);
+  TORCH_INTERNAL_ASSERT(slot.users > 0 && slot.fetched_event, "ckpt: offloaded data used up");
+  slot.fetched_event->block(current_stream(slot.where));
+  return slot.fetched;
+}
+
+void OffloadGroup::release(size_t slot_index) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  Slot& slot = slots_.at(slot_index);
+  if (--slot.users > 0) return;
+  const int64_t bytes = slot.host.nbytes();
+  // The copies read and write on the side stream, in order: a later copy into this memory waits.
+  slot = Slot();
+  host_bytes_ -= bytes;
+  count_host_bytes(-bytes);
+}
+
+int64_t OffloadGroup::host_bytes() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return host_bytes_;
+}
+
+namespace {
+
+class OffloadHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit OffloadHooks(std::shared_ptr<OffloadGroup> group) : group_(std::move(group)) {}
+  ~OffloadHooks() override {
+    if (slot_) group_->release(*slot_);
+  }
+
+  void call_pack_hook(const at::Tensor& tensor) override {
+    counter_ = tensor.unsafeGetTensorImpl()->version_counter();
+    if (counter_.enabled()) version_ = counter_.current_version();
+    const bool offload = tensor.device().type() != c10::DeviceType::CPU && tensor.has_storage() &&
+                         tensor.layout() == c10::kStrided &&
+                         !(tensor.is_leaf() && tensor.requires_grad());
+    if (!offload) {
+      kept_ = tensor.detach();  // no reference cycle through an output's own node
+      return;
+    }
+    view_.emplace(tensor);
+    slot_ = group_->add(tensor);
+  }
+
+  at::Tensor call_unpack_hook() override {
+    TORCH_CHECK(!counter_.enabled() || counter_.current_version() == version_,
+                "one of the variables needed for gradient computation has been modified by an "
+                "inplace operation after ckpt offloaded it: it is at version ",
+                counter_.current_version(), "; expected version ", version_,
+                " instead. Don't modify a tensor in place after the forward saved it.");
+    if (!slot_) return kept_;
+    return view_->on(group_->fetch(*slot_));
+  }
+
+ private:
+  std::shared_ptr<OffloadGroup> group_;
+  c10::VariableVersion counter_{c10::VariableVersion::DISABLED};
+  uint32_t version_ = 0;
+  at::Tensor kept_;
+  c10::optional<StorageView> view_;
+  c10::optional<size_t> slot_;
+};
+
+}  // namespace
+
+std::unique_ptr<torch::autograd::SavedVariableHooks> offload_hooks(
+    std::shared_ptr<OffloadGroup> group) {
+  return std::make_unique<OffloadHooks>(std::move(group));
+}
+
+}  // namespace detail
+}  // namespace ckpt

@@ -1,0 +1,219 @@
+// Offloading to host memory (the device suite): OffloadGuard, offload(true) regions and the
+// MustOffload policy give the plain step's gradients to the bit, keep their data in host memory
+// between the forward and the backward, wait for their copies, and refuse what they can't do.
+
+#include <ckpt/ckpt.h>
+#include <ckpt/offload.h>
+
+#include "autograd/host_offload.h"
+#include "device/device_suite.h"
+#include "device/kernel_counter.h"
+
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using ckpt::test::bit_equal;
+using ckpt::test::take_grads;
+
+// Linear, GELU, Linear, dropout: what a transformer's MLP keeps, with random numbers in it.
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(int64_t width = 64)
+      : in(register_module("in", torch::nn::Linear(width, 4 * width))),
+        out(register_module("out", torch::nn::Linear(4 * width, width))),
+        dropout(register_module("dropout", torch::nn::Dropout(0.2))) {}
+  at::Tensor forward(const at::Tensor& x) { return x + dropout(out(torch::gelu(in(x)))); }
+  torch::nn::Linear in, out;
+  torch::nn::Dropout dropout;
+};
+TORCH_MODULE(Mlp);
+
+using Step = std::function<at::Tensor(const at::Tensor&)>;
+
+class OffloadTest : public ckpt::test::DeviceTest {
+ protected:
+  void SetUp() override {
+    DeviceTest::SetUp();
+    if (IsSkipped()) return;
+    torch::manual_seed(0);
+    for (int i = 0; i < 3; ++i) blocks.push_back(Mlp());
+    for (auto& block : blocks) block->to(device());
+    input = torch::randn({32, 64}, on());
+  }
+
+  // Input and parameter gradients of one step of the three blocks, each run by `run`, from the
+  // same random state.
+  std::vector<at::Tensor> gradients(const std::function<at::Tensor(Mlp&, const at::Tensor&)>& run) {
+    seed(7);
+    auto x = input.detach().requires_grad_();
+    at::Tensor h = x;
+    for (auto& block : blocks) h = run(block, h);
+    h.pow(2).sum().backward();
+    std::vector<at::Tensor> grads{x.grad()};
+    for (auto& block : blocks) {
+      for (auto& g : take_grads(*block)) grads.push_back(g);
+    }
+    return grads;
+  }
+
+  void expect_same_gradients(const std::function<at::Tensor(Mlp&, const at::Tensor&)>& run) {
+    const auto plain = gradients([](Mlp& block, const at::Tensor& h) { return block(h); });
+    const auto offloaded = gradients(run);
+    ASSERT_EQ(plain.size(), offloaded.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_TRUE(bit_equal(plain[i], offloaded[i])) << "gradient " << i;
+    }
+  }
+
+  std::vector<Mlp> blocks;
+  at::Tensor input;
+};
+
+TEST_P(OffloadTest, GuardGivesThePlainGradientsAndHoldsTheSavedDataInHostMemory) {
+  int64_t held = 0;
+  expect_same_gradients([&](Mlp& block, const at::Tensor& h) {
+    ckpt::OffloadGuard guard;
+    at::Tensor y = block(h);
+    held += guard.host_bytes();
+    return y;
+  });
+  // Each block saves its input (read by `in`), in's output (read by GELU) and GELU's output
+  // (read by `out`), the dropout mask, and no parameter: 32 x (64 + 256 + 256) floats + the mask.
+  EXPECT_GE(held, 3 * 32 * (64 + 256 + 256) * 4);
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0) << "the backward used every copy up";
+}
+
+TEST_P(OffloadTest, OffloadedRegionGivesThePlainGradients) {
+  expect_same_gradients([](Mlp& block, const at::Tensor& h) {
+    return ckpt::checkpoint(ckpt::CheckpointOptions().offload(true), block, h);
+  });
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+}
+
+TEST_P(OffloadTest, MustOffloadPolicyGivesThePlainGradientsWithoutRunningTheKernelAgain) {
+  const auto policy = ckpt::SelectivePolicy([](const ckpt::OpCall& call) {
+    return call.name() == "aten::addmm" ? ckpt::CheckpointPolicy::MustOffload
+                                        : ckpt::CheckpointPolicy::PreferRecompute;
+  });
+  const auto options = ckpt::CheckpointOptions().policy(policy);
+  expect_same_gradients(
+      [&](Mlp& block, const at::Tensor& h) { return ckpt::checkpoint(options, block, h); });
+  if (!ckpt::test::KernelCounter::available(type())) GTEST_SKIP() << "no kernel counters here";
+  ckpt::test::KernelCounter counter(type(), {"aten::addmm"});
+  auto x = input.detach().requires_grad_();
+  const auto y = ckpt::checkpoint(options, blocks[0], x);
+  const int64_t forward = counter.calls();
+  EXPECT_GT(ckpt::offload_stats().host_bytes, 0);
+  y.sum().backward();
+  EXPECT_EQ(counter.calls(), forward) << "the recompute ran an offloaded product again";
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+}
+
+TEST_P(OffloadTest, OffloadedDataLeavesTheDevice) {
+  CKPT_SKIP_IF(missing_memory_statistics());
+  ckpt::MemoryTracker tracker(device());
+  auto kept_after_forward = [&](const Step& run) {
+    const int64_t before = tracker.current_bytes();
+    const at::Tensor y = run(input.detach().requires_grad_());
+    return tracker.current_bytes() - before;
+  };
+  auto& block = blocks[0];
+  const int64_t plain = kept_after_forward([&](const at::Tensor& x) { return block(x); });
+  const int64_t offloaded = kept_after_forward([&](const at::Tensor& x) {
+    return ckpt::checkpoint(ckpt::CheckpointOptions().offload(true), block, x);
+  });
+  const int64_t output = 32 * 64 * 4;
+  EXPECT_GE(plain, 32 * (256 + 256) * 4 + output);
+  EXPECT_EQ(offloaded, output) << "the output alone stays on the device";
+}
+
+// The backward's copies back run on the side stream: held there, a use that did not wait for its
+// copy would read the device memory before the copy wrote it, and the gradients would differ.
+TEST_P(OffloadTest, BackwardWaitsForEachCopyBack) {
+  if (type() != c10::DeviceType::PrivateUse1) GTEST_SKIP() << "streams are held on emulated only";
+  auto& block = blocks[0];
+  auto step = [&](bool hold) {
+    seed(3);
+    auto x = input.detach().requires_grad_();
+    at::Tensor y;
+    {
+      ckpt::OffloadGuard guard;
+      y = block(x);
+    }
+    std::unique_ptr<ckpt::emulated_device::StreamHold> held;
+    if (hold)
+      held.reset(new ckpt::emulated_device::StreamHold(ckpt::detail::offload_stream(device())));
+    std::thread release([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      held.reset();
+    });
+    y.pow(2).sum().backward();
+    release.join();
+    std::vector<at::Tensor> grads{x.grad()};
+    for (auto& g : take_grads(*block)) grads.push_back(g);
+    return grads;
+  };
+  const auto free_running = step(false);
+  const auto held = step(true);
+  for (size_t i = 0; i < held.size(); ++i) EXPECT_TRUE(bit_equal(free_running[i], held[i])) << i;
+}
+
+TEST_P(OffloadTest, InPlaceChangeAfterTheForwardIsAnError) {
+  auto x = input.detach().requires_grad_();
+  at::Tensor h, y;
+  {
+    ckpt::OffloadGuard guard;
+    h = x * 2;
+    y = h.sin();  // saves h
+  }
+  h.detach().add_(1);
+  CKPT_EXPECT_THROWS_WITH(y.sum().backward(), "modified by an inplace operation after ckpt");
+}
+
+TEST_P(OffloadTest, CheckpointedRegionInsideAGuardKeepsItsGraphOutOfIt) {
+  expect_same_gradients([](Mlp& block, const at::Tensor& h) {
+    ckpt::OffloadGuard guard;
+    const at::Tensor y = ckpt::checkpoint(block, h);
+    EXPECT_EQ(guard.host_bytes(), 0) << "the region's node holds its argument itself";
+    return y;
+  });
+}
+
+TEST_P(OffloadTest, BadOptionsAreClearErrors) {
+  auto x = input.detach().requires_grad_();
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::checkpoint(ckpt::CheckpointOptions().offload(true).use_reentrant(true), blocks[0], x),
+      "Drop use_reentrant(true), or offload(true)");
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::checkpoint(ckpt::CheckpointOptions().offload(true).policy(ckpt::save_matmuls()),
+                       blocks[0], x),
+      "return MustOffload for them from the policy");
+  CKPT_EXPECT_THROWS_WITH(ckpt::save_and_offload_names({"a", "b"}, {"b"}),
+                          "\"b\" is both saved and offloaded");
+  const auto must_offload_view = ckpt::SelectivePolicy([](const ckpt::OpCall& call) {
+    return call.name() == "aten::view" ? ckpt::CheckpointPolicy::MustOffload
+                                       : ckpt::CheckpointPolicy::PreferRecompute;
+  });
+  CKPT_EXPECT_THROWS_WITH(ckpt::checkpoint(
+                              ckpt::CheckpointOptions().policy(must_offload_view),
+                              [](const at::Tensor& t) { return t.view({-1}) * 2; }, x),
+                          "says MustOffload for aten::view");
+}
+
+CKPT_INSTANTIATE_DEVICE_SUITE(OffloadTest);
+
+// On the host, there is nowhere to offload to.
+TEST(OffloadOnHost, RegionOnHostDataIsAnErrorAndTheGuardCopiesNothing) {
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  torch::nn::Linear linear(8, 8);
+  CKPT_EXPECT_THROWS_WITH(ckpt::checkpoint(ckpt::CheckpointOptions().offload(true), linear, x),
+                          "tensor arguments are all in host memory already");
+  ckpt::OffloadGuard guard;
+  const auto y = linear(x).tanh();
+  EXPECT_EQ(guard.host_bytes(), 0);
+}
+
+}  // namespace
