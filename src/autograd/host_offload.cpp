@@ -105,7 +105,7 @@ size_t OffloadGroup::add(const at::Tensor& tensor) {
   {
     const c10::StreamGuard on_side(side);
     slot.host.copy_(bytes_of(slot.device), /*non_blocking=*/true);
-    slot.copied.emplace(slot.where.type());
+    slot.copied = std::make_unique<c10::Event>(slot.where.type());
     slot.copied->record(side);
   }
   host_bytes_ += slot.host.nbytes();
@@ -133,7 +133,7 @@ void OffloadGroup::fetch_slot(Slot& slot) {
   {
     const c10::StreamGuard on_side(side);
     target.copy_(slot.host, /*non_blocking=*/true);
-    slot.fetched_event.emplace(slot.where.type());
+    slot.fetched_event = std::make_unique<c10::Event>(slot.where.type());
     slot.fetched_event->record(side);
   }
   slot.fetched = target.storage();

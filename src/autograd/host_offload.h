@@ -77,9 +77,9 @@ class OffloadGroup {
   struct Slot {
     c10::Storage device;  // the forward's data, until finish_forward
     at::Tensor host;      // bytes
-    c10::optional<c10::Event> copied;
+    std::unique_ptr<c10::Event> copied;
     c10::Storage fetched;  // the data back on the device
-    c10::optional<c10::Event> fetched_event;
+    std::unique_ptr<c10::Event> fetched_event;
     c10::Device where{c10::DeviceType::CPU};
     int users = 0;
   };
