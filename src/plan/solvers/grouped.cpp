@@ -134,8 +134,7 @@ std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, 
   // schedule fits on the real chain (the fastest that fits, with the largest budget that does).
   const OptimalTable table(grouped, std::max(budget_bytes, grouped.input_bytes), options);
   detail::search_asks(
-      chain, budget_bytes, options.host_budget_bytes, table.min_feasible_budget_bytes(),
-      budget_bytes,
+      chain, budget_bytes, table.min_feasible_budget_bytes(), budget_bytes,
       [&](int64_t asked) -> std::optional<Schedule> {
         const std::optional<Schedule> schedule = table.solve(asked);
         if (!schedule) return std::nullopt;

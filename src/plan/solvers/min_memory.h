@@ -78,11 +78,12 @@ int64_t table_bytes(int stages, const OptimalOptions& options, bool host_binds);
 
 /// The budgets a table is asked for need not be the real budget (its sizes are rounded or
 /// estimated): a binary search over asks in [low, high] for the largest whose answer
-/// (`answer(asked)`, a schedule of `chain`) fits `budget_bytes` and `host_budget_bytes` when
-/// simulated. The fastest fitting answer seen replaces `best` when it is faster than `best_time`.
-void search_asks(const Chain& chain, int64_t budget_bytes, int64_t host_budget_bytes, int64_t low,
-                 int64_t high, const std::function<std::optional<Schedule>(int64_t)>& answer,
-                 Schedule& best, double& best_time);
+/// (`answer(asked)`, a schedule of `chain`) fits `budget_bytes` when simulated (no host check:
+/// the tables' answers fit the host budget they were built for). The fastest fitting answer seen
+/// replaces `best` when it is faster than `best_time`.
+void search_asks(const Chain& chain, int64_t budget_bytes, int64_t low, int64_t high,
+                 const std::function<std::optional<Schedule>(int64_t)>& answer, Schedule& best,
+                 double& best_time);
 
 }  // namespace detail
 }  // namespace plan

@@ -465,8 +465,8 @@ std::optional<Schedule> solve_refined(const Chain& chain, int64_t budget_bytes,
   Schedule best = *table.solve(budget_bytes);  // fits: sizes were rounded up
   double best_time = simulate(chain, best).time;
   detail::search_asks(
-      chain, budget_bytes, options.host_budget_bytes, budget_bytes + 1, top,
-      [&](int64_t asked) { return table.solve(asked); }, best, best_time);
+      chain, budget_bytes, budget_bytes + 1, top, [&](int64_t asked) { return table.solve(asked); },
+      best, best_time);
   return best;
 }
 
@@ -566,15 +566,14 @@ Schedule solve_min_memory(const Chain& chain, const OptimalOptions& options) {
 
 namespace detail {
 
-void search_asks(const Chain& chain, int64_t budget_bytes, int64_t host_budget_bytes, int64_t low,
-                 int64_t high, const std::function<std::optional<Schedule>(int64_t)>& answer,
-                 Schedule& best, double& best_time) {
+void search_asks(const Chain& chain, int64_t budget_bytes, int64_t low, int64_t high,
+                 const std::function<std::optional<Schedule>(int64_t)>& answer, Schedule& best,
+                 double& best_time) {
   while (low <= high) {
     const int64_t asked = low + (high - low) / 2;
     std::optional<Schedule> schedule = answer(asked);
     const SimulationResult result = schedule ? simulate(chain, *schedule) : SimulationResult{};
-    if (!result.valid || result.peak_bytes > budget_bytes ||
-        result.host_peak_bytes > host_budget_bytes) {
+    if (!result.valid || result.peak_bytes > budget_bytes) {
       high = asked - 1;
       continue;
     }
