@@ -327,6 +327,31 @@ TEST(OffloadOptimalTest, SolveOptimalHonoursTheHostBudget) {
   }
 }
 
+// solve_truncated (long chains) has no host resource: where the host budget binds it offloads
+// nothing, so that its schedules always fit.
+TEST(OffloadOptimalTest, TruncatedProgramStaysWithinABindingHostBudget) {
+  std::mt19937 rng(3104);
+  int would_exceed = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    const Chain chain = test::random_offload_chain(rng, 3 + trial % 6, 1 << 20, 0);
+    OptimalOptions bounded;
+    bounded.host_budget_bytes = chain.max_host_bytes() / 2;
+    const int64_t low = min_feasible_budget_bytes(chain);
+    const int64_t high = simulate(chain, solve_no_checkpoint(chain)).peak_bytes;
+    for (int64_t budget = low; budget <= high; budget += std::max<int64_t>(1, (high - low) / 16)) {
+      const std::optional<Schedule> free = solve_truncated(chain, budget, 4);
+      if (!free || score(chain, *free).host_peak_bytes <= bounded.host_budget_bytes) continue;
+      ++would_exceed;
+      const std::optional<Schedule> schedule = solve_truncated(chain, budget, 4, bounded);
+      if (!schedule) continue;
+      const test::ReferenceScore result = score(chain, *schedule);
+      EXPECT_LE(result.peak_bytes, budget);
+      EXPECT_EQ(result.host_peak_bytes, 0);
+    }
+  }
+  EXPECT_GE(would_exceed, 10);
+}
+
 TEST(OffloadSpecTest, TooSmallAHostBudgetSaysSoWithTheSmallestThatWorks) {
   // Stage 0's grad-enabled forward needs 100 bytes of temporaries, its offload option 5: every
   // schedule that does not offload it runs that forward, above the smallest budget.
