@@ -1,5 +1,6 @@
 #include "ckpt/plan/chain.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -32,6 +33,7 @@ void check_option(const StorageOption& option, int64_t output_bytes, const std::
   check_size(option.saved_bytes, prefix + "saved_bytes");
   check_size(option.forward_tmp_bytes, prefix + "forward_tmp_bytes");
   check_size(option.backward_tmp_bytes, prefix + "backward_tmp_bytes");
+  check_size(option.offloaded_bytes, prefix + "offloaded_bytes");
   if (option.saved_bytes < output_bytes) {
     throw std::invalid_argument(
         std::string(kValidate) + prefix +
@@ -55,7 +57,8 @@ StorageOption Stage::option(int k) const {
                          saved_bytes,
                          forward_all_tmp_bytes >= 0 ? forward_all_tmp_bytes : forward_tmp_bytes,
                          backward_tmp_bytes,
-                         /*name=*/{}};
+                         /*name=*/{},
+                         /*offloaded_bytes=*/0};
   }
   return alternatives[static_cast<size_t>(k - 1)];
 }
@@ -71,11 +74,40 @@ int64_t Chain::activation_bytes(int i) const {
 
 namespace {
 
+// Seconds (the chain's unit) of copying `bytes` each way; the copies overlap the compute.
+double copy_time(int64_t bytes, double bandwidth) {
+  return bandwidth > 0 ? static_cast<double>(bytes) / bandwidth : 0.0;
+}
+
+}  // namespace
+
+double Chain::forward_all_time(const StorageOption& option) const {
+  return std::max(option.forward_time, copy_time(option.offloaded_bytes, host_bandwidth));
+}
+
+double Chain::backward_time(const StorageOption& option) const {
+  return std::max(option.backward_time, copy_time(option.offloaded_bytes, host_bandwidth));
+}
+
+int64_t Chain::max_host_bytes() const {
+  int64_t total = 0;
+  for (const Stage& stage : stages) {
+    int64_t largest = 0;
+    for (const StorageOption& option : stage.alternatives) {
+      largest = std::max(largest, option.offloaded_bytes);
+    }
+    total += largest;  // validate() bounds the sum of every size by kMaxTotalBytes
+  }
+  return total;
+}
+
+namespace {
+
 bool option_ok(const StorageOption& option, int64_t output_bytes) {
   auto time_ok = [](double value) { return std::isfinite(value) && value >= 0.0; };
   return time_ok(option.forward_time) && time_ok(option.backward_time) &&
          option.saved_bytes >= output_bytes && option.forward_tmp_bytes >= 0 &&
-         option.backward_tmp_bytes >= 0;
+         option.backward_tmp_bytes >= 0 && option.offloaded_bytes >= 0;
 }
 
 // Every byte count of the chain, summed without overflow (saturating at kMaxTotalBytes + 1), and
@@ -105,7 +137,9 @@ Totals totals(const Chain& chain) {
       totals.add_bytes(option.saved_bytes);
       totals.add_bytes(option.forward_tmp_bytes);
       totals.add_bytes(option.backward_tmp_bytes);
-      totals.time += option.forward_time + option.backward_time;
+      totals.add_bytes(option.offloaded_bytes);
+      // The times charged, copies included (see Chain::forward_all_time).
+      totals.time += chain.forward_all_time(option) + chain.backward_time(option);
     }
   }
   return totals;
@@ -159,6 +193,12 @@ void check_totals(const Chain& chain) {
                                 "the planner's limit. Give the sizes in bytes, not bits or "
                                 "elements, or plan a shorter chain.");
   }
+  if (!(std::isfinite(chain.host_bandwidth) && chain.host_bandwidth >= 0)) {
+    throw std::invalid_argument(std::string(kValidate) +
+                                "host_bandwidth must be a finite number of bytes per unit of time "
+                                ">= 0 (0: copies take no time), but got " +
+                                std::to_string(chain.host_bandwidth) + ".");
+  }
   if (!(sums.time <= Chain::kMaxTotalTime)) {
     throw std::invalid_argument(std::string(kValidate) + "the times of the chain add up to " +
                                 std::to_string(sums.time) +
@@ -170,7 +210,8 @@ void check_totals(const Chain& chain) {
 
 void Chain::validate() const {
   // Fast path without building messages (the simulator validates on every call).
-  bool ok = !stages.empty() && input_bytes >= 0;
+  bool ok =
+      !stages.empty() && input_bytes >= 0 && std::isfinite(host_bandwidth) && host_bandwidth >= 0;
   for (size_t i = 0; ok && i < stages.size(); ++i) ok = stage_ok(stages[i]);
   if (ok && totals(*this).ok()) return;
   if (stages.empty()) {
@@ -199,6 +240,7 @@ Chain scale_times(Chain chain, double factor) {
       option.backward_time *= factor;
     }
   }
+  chain.host_bandwidth /= factor;  // bytes per unit of time: the unit grows by `factor`
   return chain;
 }
 

@@ -120,7 +120,9 @@ class Machine {
       touch_peak(option.saved_bytes, option.forward_tmp_bytes);
       xbar_option_[static_cast<size_t>(i + 1)] = op.option;
       current_ += option.saved_bytes;
-      result_.time += option.forward_time;
+      host_ += option.offloaded_bytes;
+      result_.host_peak_bytes = std::max(result_.host_peak_bytes, host_);
+      result_.time += chain_.forward_all_time(option);
       return true;
     }
     touch_peak(stage.output_bytes, stage.forward_tmp_bytes);
@@ -185,7 +187,8 @@ class Machine {
     }
     const StorageOption option = stage.option(stored);
     touch_peak(x_bytes(i), option.backward_tmp_bytes);
-    result_.time += option.backward_time;
+    result_.time += chain_.backward_time(option);
+    host_ -= option.offloaded_bytes;  // the host copy lives until the backward's end
     backward_done_[static_cast<size_t>(i)] = true;
     delta_[static_cast<size_t>(i)] = true;
     current_ += x_bytes(i);
@@ -210,6 +213,7 @@ class Machine {
   std::vector<bool> backward_done_;
   bool loss_done_ = false;
   int64_t current_ = 0;
+  int64_t host_ = 0;  // bytes in host memory
   int index_ = -1;
   const Op* op_ = nullptr;
   SimulationResult result_;

@@ -147,6 +147,7 @@ std::string SolverSpec::to_string() const {
 
 namespace {
 
+// The baselines use option 0 only, which offloads nothing: the host budget never binds them.
 Plan fixed(const Chain& chain, int64_t budget_bytes, Schedule schedule, std::string solver) {
   Plan plan;
   plan.prediction = simulate(chain, schedule);
@@ -191,6 +192,28 @@ Plan solve_family(const Chain& chain, const SolverSpec& spec, int64_t budget_byt
   return fixed(chain, budget_bytes, make(spec.count), spec.to_string());
 }
 
+// Why the optimal solver found nothing: the device budget, or the host budget where the device
+// budget suffices with unlimited host memory (then with the smallest host budget that works).
+std::string infeasible_message(const Chain& chain, int64_t budget_bytes,
+                               const OptimalOptions& options) {
+  std::optional<int64_t> host;
+  if (budget_bytes >= chain.input_bytes && options.host_budget_bytes < chain.max_host_bytes()) {
+    try {
+      host = min_host_budget_bytes(chain, budget_bytes, options);
+    } catch (const std::length_error&) {
+      return "no schedule fits the budget within the host budget of " +
+             std::to_string(options.host_budget_bytes) +
+             " bytes (the smallest host budget that works is too long to compute)";
+    }
+  }
+  if (!host) return "no schedule fits the budget";
+  return "no schedule fits the budget within the host budget of " +
+         std::to_string(options.host_budget_bytes) +
+         " bytes, but one does with more host memory: the smallest host budget that works for "
+         "this budget is " +
+         std::to_string(*host) + " bytes. Raise the host budget";
+}
+
 }  // namespace
 
 Plan solve(const Chain& chain, const SolverSpec& spec, int64_t budget_bytes,
@@ -205,12 +228,13 @@ Plan solve(const Chain& chain, const SolverSpec& spec, int64_t budget_bytes,
   std::optional<Schedule> schedule;
   if (budget_bytes >= chain.input_bytes) schedule = solve_optimal(chain, budget_bytes, options);
   if (!schedule) {
-    plan.message = "no schedule fits the budget";
+    plan.message = infeasible_message(chain, budget_bytes, options);
     return plan;
   }
   plan.prediction = simulate(chain, *schedule);
   plan.schedule = std::move(schedule);
-  plan.feasible = plan.prediction.valid && plan.prediction.peak_bytes <= budget_bytes;
+  plan.feasible = plan.prediction.valid && plan.prediction.peak_bytes <= budget_bytes &&
+                  plan.prediction.host_peak_bytes <= options.host_budget_bytes;
   return plan;
 }
 

@@ -77,6 +77,7 @@ class PersistentSchedules {
 struct Scored {
   double time;
   int64_t peak_bytes;
+  int64_t host_peak_bytes;
 };
 
 // Scores every persistent schedule with the tests' own accounting (not the solver's simulate),
@@ -90,15 +91,37 @@ inline std::vector<Scored> score_persistent_schedules(const Chain& chain, bool r
     const SimulationResult simulated = simulate(chain, Schedule{ops});
     EXPECT_EQ(simulated.peak_bytes, score.peak_bytes) << to_string(Schedule{ops});
     EXPECT_EQ(simulated.time, score.time) << to_string(Schedule{ops});
-    results.push_back({score.time, score.peak_bytes});
+    EXPECT_EQ(simulated.host_peak_bytes, score.host_peak_bytes) << to_string(Schedule{ops});
+    results.push_back({score.time, score.peak_bytes, score.host_peak_bytes});
   }
   return results;
 }
 
-inline double fastest_within(const std::vector<Scored>& all, int64_t budget) {
+inline double fastest_within(const std::vector<Scored>& all, int64_t budget,
+                             int64_t host_budget = std::numeric_limits<int64_t>::max()) {
   double best = std::numeric_limits<double>::infinity();
   for (const Scored& s : all) {
-    if (s.peak_bytes <= budget) best = std::min(best, s.time);
+    if (s.peak_bytes <= budget && s.host_peak_bytes <= host_budget) best = std::min(best, s.time);
+  }
+  return best;
+}
+
+// The smallest device peak of a schedule within `host_budget`; INT64_MAX when none.
+inline int64_t smallest_peak_within(const std::vector<Scored>& all, int64_t host_budget) {
+  int64_t best = std::numeric_limits<int64_t>::max();
+  for (const Scored& s : all) {
+    if (s.host_peak_bytes <= host_budget) best = std::min(best, s.peak_bytes);
+  }
+  return best;
+}
+
+// The smallest host peak of a schedule within `budget`; -1 when none.
+inline int64_t smallest_host_peak_within(const std::vector<Scored>& all, int64_t budget) {
+  int64_t best = -1;
+  for (const Scored& s : all) {
+    if (s.peak_bytes <= budget && (best < 0 || s.host_peak_bytes < best)) {
+      best = s.host_peak_bytes;
+    }
   }
   return best;
 }

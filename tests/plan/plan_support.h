@@ -4,6 +4,7 @@
 
 #include <ckpt/plan/chain.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 
@@ -49,6 +50,33 @@ inline Chain random_chain(std::mt19937& rng, int stages, int max_bytes, int alte
     // Most stages have parameters whose gradients the backward creates.
     stage.gradient_bytes = std::uniform_int_distribution<int64_t>(0, max_bytes / 2)(rng);
     chain.stages.push_back(stage);
+  }
+  return chain;
+}
+
+/// random_chain with one offload option more per stage: it keeps only its output on the device
+/// and offloads the rest of what option 0 saves (and a little more), brings some or all of it
+/// back at the start of its backward (in backward_tmp_bytes), with forward temporaries of its own,
+/// and computes a little slower. The copies are
+/// free, or take up to about 4 or 8 units of time (comparable with the compute) at a bandwidth of
+/// a power of two, so that every time stays a sum of exact binary fractions.
+inline Chain random_offload_chain(std::mt19937& rng, int stages, int max_bytes, int alternatives) {
+  Chain chain = random_chain(rng, stages, max_bytes, alternatives);
+  std::uniform_int_distribution<int64_t> jitter(0, max_bytes / 4);
+  std::uniform_int_distribution<int> slower(0, 2);
+  const double unit = std::exp2(std::floor(std::log2(max_bytes))) / 4;
+  chain.host_bandwidth = unit * std::uniform_int_distribution<int>(0, 2)(rng);
+  for (Stage& stage : chain.stages) {
+    StorageOption offload = stage.option(0);
+    offload.offloaded_bytes = stage.saved_bytes - stage.output_bytes + jitter(rng);
+    offload.saved_bytes = stage.output_bytes;
+    // The copies may stream (fewer temporaries than option 0's) and come back in parts.
+    offload.forward_tmp_bytes = jitter(rng);
+    offload.backward_tmp_bytes +=
+        std::uniform_int_distribution<int64_t>(0, offload.offloaded_bytes)(rng);
+    offload.forward_time += slower(rng);
+    offload.name = "offloaded";
+    stage.alternatives.push_back(offload);
   }
   return chain;
 }

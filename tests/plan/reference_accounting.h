@@ -22,6 +22,7 @@ struct ReferenceScore {
   bool valid = true;
   double time = 0.0;
   int64_t peak_bytes = 0;
+  int64_t host_peak_bytes = 0;  // the offloaded x̄ in host memory ("host3")
 };
 
 class ReferenceAccounting {
@@ -75,6 +76,18 @@ class ReferenceAccounting {
     score_.peak_bytes = std::max(score_.peak_bytes, held() + extra);
     score_.time += time;
   }
+  // An offload option's Fall and B take their compute time or the copy of its offloaded bytes,
+  // whichever is longer (the copies overlap the compute); copies are free at bandwidth 0.
+  double with_copy(double compute, const StorageOption& option) const {
+    if (chain_.host_bandwidth == 0) return compute;
+    return std::max(compute, static_cast<double>(option.offloaded_bytes) / chain_.host_bandwidth);
+  }
+  void hold_on_host(const std::string& name, int64_t bytes) {
+    host_[name] = bytes;
+    int64_t total = 0;
+    for (const auto& buffer : host_) total += buffer.second;
+    score_.host_peak_bytes = std::max(score_.host_peak_bytes, total);
+  }
   void require(bool condition) { score_.valid = score_.valid && condition; }
 
   void apply(const Op& op) {
@@ -97,7 +110,8 @@ class ReferenceAccounting {
     if (op.kind == OpKind::Backward) {
       require(backwarded_.count(i) == 0 && has(d(i + 1)) && has(xbar(i + 1)) &&
               option_of_[i + 1] == op.option && available(i));
-      charge(size_of_x(i) + option.backward_tmp_bytes, option.backward_time);
+      charge(size_of_x(i) + option.backward_tmp_bytes, with_copy(option.backward_time, option));
+      host_.erase(xbar(i + 1));
       live_[d(i)] = size_of_x(i);
       live_.erase(d(i + 1));
       live_.erase(xbar(i + 1));
@@ -108,8 +122,9 @@ class ReferenceAccounting {
     }
     require(backwarded_.count(i) == 0 && available(i) && !available(i + 1));
     if (op.kind == OpKind::ForwardAll) {
-      charge(option.saved_bytes + option.forward_tmp_bytes, option.forward_time);
+      charge(option.saved_bytes + option.forward_tmp_bytes, with_copy(option.forward_time, option));
       live_[xbar(i + 1)] = option.saved_bytes;
+      hold_on_host(xbar(i + 1), option.offloaded_bytes);
       option_of_[i + 1] = op.option;
       return;
     }
@@ -122,6 +137,7 @@ class ReferenceAccounting {
 
   const Chain& chain_;
   std::map<std::string, int64_t> live_;  // every buffer in memory, by name
+  std::map<std::string, int64_t> host_;  // every buffer in host memory, by name
   std::set<int> kept_;                   // standalone inputs kept as checkpoints
   std::map<int, int> option_of_;         // the storage option of each x̄
   std::set<int> backwarded_;

@@ -15,11 +15,13 @@ namespace plan {
 /// A stage always has option 0, made of its own fields. `Stage::alternatives` adds options
 /// 1, 2, ... (Rockmate style: e.g. "keep everything" vs "keep only the matmul outputs").
 struct StorageOption {
-  /// Time of the grad-enabled forward of the stage in this mode.
+  /// Time of the grad-enabled forward of the stage in this mode (its compute only, for an
+  /// offload option: Chain::forward_all_time adds the copies).
   double forward_time = 0.0;
-  /// Time of the backward of the stage after a forward in this mode.
+  /// Time of the backward of the stage after a forward in this mode (compute only, as above).
   double backward_time = 0.0;
-  /// Bytes kept for the backward after the forward (|x̄_{i+1}|, the stage's output included).
+  /// Bytes kept on the device for the backward after the forward (|x̄_{i+1}|, the stage's output
+  /// included).
   int64_t saved_bytes = 0;
   /// Transient bytes above the saved ones during the forward.
   int64_t forward_tmp_bytes = 0;
@@ -30,6 +32,10 @@ struct StorageOption {
   /// "selective" (a region under a selective policy: keeps its output and what the policy saves,
   /// recomputes the rest). The solvers and the simulator ignore it.
   std::string name;
+  /// Bytes this option keeps in host memory for the backward (docs/memory-model.md,
+  /// "Offloading"): copied out during the forward, back at the start of the backward (which
+  /// counts them in backward_tmp_bytes). > 0 makes it an offload option. Default: 0
+  int64_t offloaded_bytes = 0;
 };
 
 /// Measured costs of stage i, which maps x_i to x_{i+1}. The field names are the JSON ones of
@@ -81,11 +87,23 @@ struct Chain {
   int64_t input_bytes = 0;
   /// The stages, in execution order.
   std::vector<Stage> stages;
+  /// Bytes copied between host and device per unit of the chain's time (the unit of
+  /// forward_time; the profiler's is seconds). 0: copies take no time. Default: 0
+  double host_bandwidth = 0.0;
 
   /// Number of stages L (the loss is not a stage here).
   int size() const { return static_cast<int>(stages.size()); }
   /// |x_i| for i in [0, L]: input_bytes for i = 0, stages[i-1].output_bytes otherwise.
   int64_t activation_bytes(int i) const;
+  /// The time of Fall with `option`: max(forward_time, offloaded_bytes / host_bandwidth), since
+  /// the copies run on a side stream beside the compute (0 copy time when host_bandwidth is 0).
+  /// The simulator and every solver charge this.
+  double forward_all_time(const StorageOption& option) const;
+  /// The time of B with `option`: max(backward_time, offloaded_bytes / host_bandwidth).
+  double backward_time(const StorageOption& option) const;
+  /// The sum over stages of each stage's largest offloaded_bytes: no persistent schedule holds
+  /// more host memory at once, so a host budget of at least this cannot bind.
+  int64_t max_host_bytes() const;
   /// Limits of validate(): the sum of every size in the chain and the sum of every time. They
   /// keep the planner's arithmetic exact: sums of sizes alive together never overflow int64 and
   /// a schedule's time is never infinite.
@@ -94,12 +112,14 @@ struct Chain {
 
   /// Throws std::invalid_argument (message prefixed "ckpt::plan::Chain::validate") when the
   /// chain is empty, a time is negative or not finite, a size is negative, a saved_bytes is
-  /// smaller than the stage's output_bytes, or the totals exceed kMaxTotalBytes or kMaxTotalTime.
+  /// smaller than the stage's output_bytes, host_bandwidth is negative or not finite, or the
+  /// totals (offloaded_bytes included) exceed kMaxTotalBytes or kMaxTotalTime.
   void validate() const;
 };
 
 /// `chain` with every time (forward, grad-enabled forward, backward, of every option) multiplied
-/// by `factor` (> 0). Plans do not change: a schedule's time scales by the same factor.
+/// by `factor` (> 0) and host_bandwidth divided by it. Plans do not change: a schedule's time
+/// scales by the same factor.
 Chain scale_times(Chain chain, double factor);
 
 /// A chain of `stages` identical stages (all times and sizes equal, no temporaries); x_0 has

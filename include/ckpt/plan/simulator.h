@@ -27,6 +27,9 @@ struct SimulationResult {
   int64_t peak_bytes = 0;
   /// Index of the first op that reaches `peak_bytes`, or -1 if the peak is x_0 alone.
   int peak_op_index = -1;
+  /// Peak bytes in host memory: each forward_all of an offload option adds its offloaded_bytes
+  /// (counted at that op), its backward releases them at its end. 0 without offloading.
+  int64_t host_peak_bytes = 0;
   /// Number of forward ops (forward_none, forward_input, forward_all).
   int forward_count = 0;
   /// Bytes held after the last op (x_0, δ_0 and the stages' gradient_bytes for a complete

@@ -5,6 +5,7 @@
 // Every returned schedule is valid for `simulate` (docs/memory-model.md).
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -93,15 +94,28 @@ struct OptimalOptions {
   /// on long chains near their smallest budget while its sparse pairs are at most 4 times this
   /// (about 5900 stages). Default: 10000000
   int64_t max_truncated_pairs = 10000000;
+  /// Host memory for offloaded activations (StorageOption::offloaded_bytes): no returned
+  /// schedule's simulated host_peak_bytes exceeds it. Default: unlimited
+  int64_t host_budget_bytes = std::numeric_limits<int64_t>::max();
+  /// Where the host budget can bind (below Chain::max_host_bytes()) the budgeted table adds a
+  /// host axis of host_slots + 1 levels of host_budget_bytes / host_slots bytes, offloaded sizes
+  /// rounded up (docs/memory-model.md, "Offloading"). Default: 16
+  int host_slots = 16;
 };
 
 /// The bytes of the tables the optimal solver allocates for a chain of `stages` stages with
 /// `options` (at most; the sparse programs' entries depend a little on the sizes): the budgeted
-/// table, (n+1)(n+2)/2 * (slots+1) doubles for n = stages, or n = options.groups past
-/// options.max_exact_stages; the min-max program's entries, 48 bytes each ((L+1)(L+2)/2 of them
-/// when dense, about 2.9 L^1.5 when sparse); and past max_exact_stages, where solve_optimal
-/// refines with it, the truncated program's, 176 bytes each. Saturates at INT64_MAX.
+/// table, (n+1)(n+2)/2 * (slots+1) doubles for n = stages, times host_slots + 1 when
+/// options.host_budget_bytes is not unlimited, or n = options.groups past
+/// options.max_exact_stages (groups never offload); the min-max program's entries, 48 bytes each
+/// ((L+1)(L+2)/2 of them when dense, about 2.9 L^1.5 when sparse); and past max_exact_stages, where
+/// solve_optimal refines with it, the truncated program's, 176 bytes each. Saturates at INT64_MAX.
 int64_t optimal_table_bytes(int stages, const OptimalOptions& options = {});
+
+/// optimal_table_bytes for `chain`: the budgeted table has host_slots + 1 host levels only where
+/// options.host_budget_bytes can bind (below chain.max_host_bytes()); the overload without a chain
+/// counts them for any host budget but the unlimited one. Throws as Chain::validate does.
+int64_t optimal_table_bytes(const Chain& chain, const OptimalOptions& options = {});
 
 /// rotor's dynamic program (docs/memory-model.md, "The optimal solver"), built once for a
 /// chain and a maximum budget; it then answers any budget up to that maximum without
@@ -142,26 +156,31 @@ class OptimalTable {
 
  private:
   int64_t to_slots(int64_t bytes) const;
+  int64_t to_host_slots(int64_t bytes) const;
   int64_t available_slots(int64_t budget_bytes) const;
-  const double* row(int i, int l) const;
-  double* row(int i, int l);
+  size_t row_index(int i, int l, int64_t h) const;
+  const double* row(int i, int l, int64_t h) const;
+  double* row(int i, int l, int64_t h);
   void build();
-  // The two cases of the recursion for the entry (i, l); `first` holds each shorter entry's
-  // first finite slot.
+  // The two cases of the recursion for the entry (i, l) (at host level h for case (a)); `first`
+  // holds each shorter row's first finite slot.
   void add_forward_all(int i, int l, const std::vector<int64_t>& first);
-  void add_checkpoints(int i, int l, const std::vector<int64_t>& first);
-  detail::Choice best_choice(int i, int l, int64_t m) const;
+  void add_checkpoints(int i, int l, int64_t h, const std::vector<int64_t>& first);
+  detail::Choice best_choice(int i, int l, int64_t m, int64_t h) const;
   void check_budget(const char* function, int64_t budget_bytes) const;
 
   Chain chain_;
   OptimalOptions options_;
+  // Host levels of the table: options.host_slots + 1 where the host budget can bind, else 1.
+  int64_t host_levels_ = 1;
   int64_t max_budget_bytes_ = 0;
   int64_t min_feasible_budget_bytes_ = 0;
   Schedule min_memory_schedule_;
   double min_memory_time_ = 0.0;
   // The chain's sizes in slots.
   std::shared_ptr<const detail::Costs> units_;
-  // Opt[i][l][m] for 0 <= i <= l <= L and m in [0, slots], rows of slots+1 contiguous values.
+  // Opt[i][l][h][m] for 0 <= i <= l <= L, host level h and m in [0, slots], rows of slots+1
+  // contiguous values.
   std::vector<double> table_;
 };
 
@@ -222,8 +241,11 @@ std::optional<Schedule> solve_truncated(const Chain& chain, int64_t budget_bytes
 std::optional<Schedule> solve_grouped(const Chain& chain, int64_t budget_bytes, int groups,
                                       const OptimalOptions& options = {});
 
-/// The smallest budget for which a persistent schedule exists: exact in bytes while the min-max
-/// program is dense (options.max_min_memory_pairs, up to 1000 stages by default); past that the
+/// The smallest budget for which a persistent schedule exists within options.host_budget_bytes
+/// of host memory: exact in bytes while the min-max program is dense (options.max_min_memory_pairs,
+/// up to 1000 stages by default) and, where the host budget binds, while the Pareto program of
+/// docs/memory-model.md, "Offloading" takes at most options.max_exact_work steps (past that, the
+/// smallest without offloading, an upper bound); past that the
 /// sparse program's, a schedule's exact peak, never below the exact minimum nor above storing
 /// everything (docs/memory-model.md, "Long chains"). Only `forward_all_only_before_backward`,
 /// `max_min_memory_pairs` and `max_table_bytes` matter here; std::length_error before allocating
@@ -233,6 +255,14 @@ int64_t min_feasible_budget_bytes(const Chain& chain, const OptimalOptions& opti
 /// A persistent schedule whose simulated peak is `min_feasible_budget_bytes(chain, options)`
 /// (the fastest among the memory-minimal choices at each step of the min-max program).
 Schedule solve_min_memory(const Chain& chain, const OptimalOptions& options = {});
+
+/// The smallest host budget (options.host_budget_bytes) with which a persistent schedule fits
+/// `budget_bytes` of device memory: exact (the Pareto program of docs/memory-model.md,
+/// "Offloading", on the chain with every time 0); 0 when no offloading is needed. std::nullopt
+/// when no schedule fits the device budget even with unlimited host memory. Throws
+/// std::length_error when the program passes options.max_exact_work steps.
+std::optional<int64_t> min_host_budget_bytes(const Chain& chain, int64_t budget_bytes,
+                                             const OptimalOptions& options = {});
 
 }  // namespace plan
 }  // namespace ckpt

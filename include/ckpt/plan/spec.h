@@ -83,13 +83,16 @@ struct Plan {
   SimulationResult prediction;
   /// The solver as run: "uniform:4" for "uniform", which picks the best K.
   std::string solver;
-  /// Why it is infeasible; empty otherwise.
+  /// Why it is infeasible; empty otherwise. Where the budget fits a schedule with unlimited host
+  /// memory but not within options.host_budget_bytes, it says so and gives the smallest host
+  /// budget that works for this budget (min_host_budget_bytes).
   std::string message;
 };
 
-/// Runs `spec` on `chain` under `budget_bytes`. A family without a count gives its fastest member
-/// that fits, or the one with the smallest peak when none does. Throws std::invalid_argument for a
-/// count above the number of stages.
+/// Runs `spec` on `chain` under `budget_bytes` (and options.host_budget_bytes, which only the
+/// optimal solver's offload options can use: the others keep everything on the device). A family
+/// without a count gives its fastest member that fits, or the one with the smallest peak when none
+/// does. Throws std::invalid_argument for a count above the number of stages.
 Plan solve(const Chain& chain, const SolverSpec& spec, int64_t budget_bytes,
            const OptimalOptions& options = {});
 

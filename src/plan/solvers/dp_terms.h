@@ -17,7 +17,8 @@ namespace ckpt {
 namespace plan {
 namespace detail {
 
-// Sizes and times of a chain in some memory unit (bytes, or slots of the table).
+// Sizes and times of a chain in some memory unit (bytes, or slots of the table), and the host
+// memory of each option in its own unit (bytes, or the table's host slots).
 struct Costs {
   int length = 0;
   std::vector<int64_t> x;  // |x_i|, i in [0, L+1], x[L+1] = 0
@@ -26,7 +27,8 @@ struct Costs {
   std::vector<int64_t> gradients;
   std::vector<int64_t> tmp;  // no-grad forward temporaries of stage i
   std::vector<double> time;  // no-grad forward time of stage i
-  std::vector<std::vector<int64_t>> saved, forward_tmp, backward_tmp;
+  std::vector<std::vector<int64_t>> saved, forward_tmp, backward_tmp, host;
+  // The times charged (Chain::forward_all_time, Chain::backward_time).
   std::vector<std::vector<double>> forward_time, backward_time;
 
   int options(int i) const { return static_cast<int>(saved[static_cast<size_t>(i)].size()); }
@@ -34,6 +36,9 @@ struct Costs {
   int64_t gradients_from(int i) const { return gradients[static_cast<size_t>(i)]; }
   int64_t saved_at(int i, int k) const {
     return saved[static_cast<size_t>(i)][static_cast<size_t>(k)];
+  }
+  int64_t host_at(int i, int k) const {
+    return host[static_cast<size_t>(i)][static_cast<size_t>(k)];
   }
   // Time of Fall_i^k then B_i^k.
   double forward_backward_time(int i, int k) const {
@@ -53,8 +58,9 @@ struct Costs {
   }
 };
 
-template <class Convert>
-Costs make_costs(const Chain& chain, Convert convert) {
+// `convert` turns device bytes into the unit, `convert_host` host bytes.
+template <class Convert, class ConvertHost>
+Costs make_costs(const Chain& chain, Convert convert, ConvertHost convert_host) {
   Costs costs;
   costs.length = chain.size();
   const auto length = static_cast<size_t>(costs.length);
@@ -73,6 +79,7 @@ Costs make_costs(const Chain& chain, Convert convert) {
   costs.saved.resize(length);
   costs.forward_tmp.resize(length);
   costs.backward_tmp.resize(length);
+  costs.host.resize(length);
   costs.forward_time.resize(length);
   costs.backward_time.resize(length);
   for (size_t i = 0; i < length; ++i) {
@@ -84,12 +91,23 @@ Costs make_costs(const Chain& chain, Convert convert) {
       costs.saved[i].push_back(convert(option.saved_bytes));
       costs.forward_tmp[i].push_back(convert(option.forward_tmp_bytes));
       costs.backward_tmp[i].push_back(convert(option.backward_tmp_bytes));
-      costs.forward_time[i].push_back(option.forward_time);
-      costs.backward_time[i].push_back(option.backward_time);
+      costs.host[i].push_back(convert_host(option.offloaded_bytes));
+      costs.forward_time[i].push_back(chain.forward_all_time(option));
+      costs.backward_time[i].push_back(chain.backward_time(option));
     }
   }
   return costs;
 }
+
+// Costs in bytes, host included.
+inline Costs byte_costs(const Chain& chain) {
+  const auto same = [](int64_t bytes) { return bytes; };
+  return make_costs(chain, same, same);
+}
+
+// A host allowance no chain's host bytes reach (Chain::kMaxTotalBytes bounds their sum): what the
+// programs without a host resource pass as the host available, so that every option fits.
+constexpr int64_t kUnlimitedHost = std::numeric_limits<int64_t>::max() / 2;
 
 // Case (b), Fall_i kept while i+1..l are reversed, is always allowed unless `restricted`
 // (OptimalOptions::forward_all_only_before_backward): then only for the stage's own reverse step
@@ -138,13 +156,14 @@ struct Choice {
   int j = 0;
 };
 
-// The choice of entry (i, l) at memory m: its cases evaluated in the order and with the
-// arithmetic the solvers build their entries with, so the first minimum is the entry's value.
-// `value(i, l, m)` reads an entry of shorter interval; `splits(j)` says whether case (a) may
-// checkpoint x_j in this entry (see intervals.h).
+// The choice of entry (i, l) at memory m and host memory h: its cases evaluated in the order and
+// with the arithmetic the solvers build their entries with, so the first minimum is the entry's
+// value. `value(i, l, m, h)` reads an entry of shorter interval; `splits(j)` says whether case (a)
+// may checkpoint x_j in this entry (see intervals.h). An option whose host memory exceeds h is
+// not a choice; Fall_i's host memory is held while i+1..l run.
 template <class Value, class Splits>
-Choice best_choice(const Costs& c, bool restricted, int i, int l, int64_t m, const Value& value,
-                   const Splits& splits) {
+Choice best_choice(const Costs& c, bool restricted, int i, int l, int64_t m, int64_t h,
+                   const Value& value, const Splits& splits) {
   Choice best;
   double best_time = std::numeric_limits<double>::infinity();
   if (i == c.length) {
@@ -153,9 +172,10 @@ Choice best_choice(const Costs& c, bool restricted, int i, int l, int64_t m, con
   }
   if (forward_all_allowed(restricted, c.length, i, l)) {
     for (int k = 0; k < c.options(i); ++k) {
-      if (m < c.forward_all_need(i, l, k)) continue;
+      if (m < c.forward_all_need(i, l, k) || c.host_at(i, k) > h) continue;
       const double cost = c.forward_backward_time(i, k);
-      const double time = l > i ? cost + value(i + 1, l, m - c.saved_at(i, k)) : cost;
+      const double time =
+          l > i ? cost + value(i + 1, l, m - c.saved_at(i, k), h - c.host_at(i, k)) : cost;
       if (time < best_time) {
         best_time = time;
         best = Choice{Step::ForwardAll, k, 0};
@@ -167,7 +187,7 @@ Choice best_choice(const Costs& c, bool restricted, int i, int l, int64_t m, con
   for (int j = i + 1; j <= l; ++j) {
     prefix += c.time[static_cast<size_t>(j - 1)];
     if (m < forward_input_need(c, i, j, l, forward) || !splits(j)) continue;
-    const double time = (prefix + value(j, l, m - c.x_at(j))) + value(i, j - 1, m);
+    const double time = (prefix + value(j, l, m - c.x_at(j), h)) + value(i, j - 1, m, h);
     if (time < best_time) {
       best_time = time;
       best = Choice{Step::ForwardInput, 0, j};
@@ -176,25 +196,29 @@ Choice best_choice(const Costs& c, bool restricted, int i, int l, int64_t m, con
   return best;
 }
 
-// Appends the ops of entry (i, l) at memory m: `choose(i, l, m)` gives each entry's Choice, and
-// sub-problems get m less what the choice keeps (in `c`'s unit).
+// Appends the ops of entry (i, l) at memory m and host memory h: `choose(i, l, m, h)` gives each
+// entry's Choice, and sub-problems get m and h less what the choice keeps (in `c`'s units).
 template <class Choose>
-void emit_ops(const Costs& c, int i, int l, int64_t m, const Choose& choose, std::vector<Op>& ops) {
-  const Choice choice = choose(i, l, m);
+void emit_ops(const Costs& c, int i, int l, int64_t m, int64_t h, const Choose& choose,
+              std::vector<Op>& ops) {
+  const Choice choice = choose(i, l, m, h);
   switch (choice.step) {
     case Step::Loss:
       ops.push_back({OpKind::Loss, c.length, 0});
       return;
     case Step::ForwardAll:
       ops.push_back({OpKind::ForwardAll, i, choice.option});
-      if (l > i) emit_ops(c, i + 1, l, m - c.saved_at(i, choice.option), choose, ops);
+      if (l > i) {
+        emit_ops(c, i + 1, l, m - c.saved_at(i, choice.option), h - c.host_at(i, choice.option),
+                 choose, ops);
+      }
       ops.push_back({OpKind::Backward, i, choice.option});
       return;
     case Step::ForwardInput:
       ops.push_back({OpKind::ForwardInput, i, 0});
       for (int k = i + 1; k < choice.j; ++k) ops.push_back({OpKind::ForwardNone, k, 0});
-      emit_ops(c, choice.j, l, m - c.x_at(choice.j), choose, ops);
-      emit_ops(c, i, choice.j - 1, m, choose, ops);
+      emit_ops(c, choice.j, l, m - c.x_at(choice.j), h, choose, ops);
+      emit_ops(c, i, choice.j - 1, m, h, choose, ops);
       return;
     case Step::Infeasible:
       break;

@@ -13,6 +13,7 @@
 #include "dp_terms.h"
 #include "intervals.h"
 #include "min_memory.h"
+#include "pareto.h"
 
 namespace ckpt {
 namespace plan {
@@ -32,10 +33,13 @@ struct Breakpoint {
 
 class ExactProgram {
  public:
-  ExactProgram(const Chain& chain, int64_t memory, bool restricted, int64_t max_work,
+  // `host`: the host memory every option may use, detail::kUnlimitedHost, or 0 for none (the
+  // program has no host resource: pareto.h's has).
+  ExactProgram(const Chain& chain, int64_t memory, int64_t host, bool restricted, int64_t max_work,
                detail::Intervals intervals, size_t max_steps = std::numeric_limits<size_t>::max())
-      : c_(detail::make_costs(chain, [](int64_t bytes) { return bytes; })),
+      : c_(detail::byte_costs(chain)),
         memory_(memory),
+        host_(host),
         restricted_(restricted),
         max_work_(max_work),
         max_steps_(max_steps),
@@ -58,8 +62,8 @@ class ExactProgram {
   Schedule schedule() const {
     Schedule schedule;
     detail::emit_ops(
-        c_, 0, c_.length, memory_, [this](int i, int l, int64_t m) { return choose(i, l, m); },
-        schedule.ops);
+        c_, 0, c_.length, memory_, host_,
+        [this](int i, int l, int64_t m, int64_t h) { return choose(i, l, m, h); }, schedule.ops);
     return schedule;
   }
 
@@ -90,7 +94,9 @@ class ExactProgram {
       if (c_.x_at(i) <= memory_) envelope_.push_back({c_.x_at(i), 0.0});
     } else {
       if (detail::forward_all_allowed(restricted_, c_.length, i, l)) {
-        for (int k = 0; k < c_.options(i); ++k) add_forward_all(i, l, k);
+        for (int k = 0; k < c_.options(i); ++k) {
+          if (c_.host_at(i, k) <= host_) add_forward_all(i, l, k);
+        }
       }
       for (int j = intervals_.next_split(i, l, i + 1); j <= l;
            j = intervals_.next_split(i, l, j + 1)) {
@@ -186,14 +192,16 @@ class ExactProgram {
     envelope_.swap(merged_);
   }
 
-  Choice choose(int i, int l, int64_t m) const {
+  Choice choose(int i, int l, int64_t m, int64_t h) const {
     return detail::best_choice(
-        c_, restricted_, i, l, m, [this](int a, int b, int64_t at) { return value(a, b, at); },
+        c_, restricted_, i, l, m, h,
+        [this](int a, int b, int64_t at, int64_t) { return value(a, b, at); },
         [&](int j) { return intervals_.splits_at(i, l, j); });
   }
 
   Costs c_;
   int64_t memory_;
+  int64_t host_;
   bool restricted_;
   int64_t max_work_;
   size_t max_steps_;
@@ -209,9 +217,30 @@ class ExactProgram {
 
 }  // namespace
 
+namespace {
+
+// solve_exact where the host budget can bind: the Pareto program over (device, host).
+ExactSolution solve_pareto(const Chain& chain, int64_t memory, int64_t max_work,
+                           const OptimalOptions& options) {
+  ExactSolution solution;
+  const detail::ParetoProgram program(chain, memory, options.host_budget_bytes,
+                                      options.forward_all_only_before_backward, max_work);
+  solution.work = program.work();
+  if (!program.completed()) {
+    solution.status = ExactSolution::Status::OverWorkLimit;
+  } else if (program.value(0, chain.size(), memory, options.host_budget_bytes) < kInfinity) {
+    solution.status = ExactSolution::Status::Solved;
+    solution.schedule = program.schedule(memory, options.host_budget_bytes);
+  }
+  return solution;
+}
+
+}  // namespace
+
 ExactSolution solve_exact(const Chain& chain, int64_t budget_bytes, int64_t max_work,
                           const OptimalOptions& options) {
   chain.validate();
+  detail::check_host_budget("ckpt::plan::solve_exact", options);
   ExactSolution solution;
   const int64_t memory = budget_bytes - chain.input_bytes;
   if (memory < 0) return solution;
@@ -221,7 +250,9 @@ ExactSolution solve_exact(const Chain& chain, int64_t budget_bytes, int64_t max_
     solution.status = ExactSolution::Status::OverWorkLimit;
     return solution;
   }
-  const ExactProgram program(chain, memory, options.forward_all_only_before_backward, max_work,
+  if (detail::host_binds(chain, options)) return solve_pareto(chain, memory, max_work, options);
+  const ExactProgram program(chain, memory, detail::kUnlimitedHost,
+                             options.forward_all_only_before_backward, max_work,
                              detail::Intervals::dense(chain.size()));
   solution.work = program.work();
   if (!program.completed()) {
@@ -236,6 +267,7 @@ ExactSolution solve_exact(const Chain& chain, int64_t budget_bytes, int64_t max_
 std::optional<Schedule> solve_truncated(const Chain& chain, int64_t budget_bytes, int steps,
                                         const OptimalOptions& options) {
   chain.validate();
+  detail::check_host_budget("ckpt::plan::solve_truncated", options);
   if (steps < 1) {
     throw std::invalid_argument("ckpt::plan::solve_truncated: steps must be at least 1, but got " +
                                 std::to_string(steps) + ".");
@@ -246,7 +278,9 @@ std::optional<Schedule> solve_truncated(const Chain& chain, int64_t budget_bytes
   detail::check_table_size("ckpt::plan::solve_truncated", chain.size(), 0, options, limits);
   std::vector<int64_t> x(static_cast<size_t>(chain.size()) + 2, 0);
   for (int i = 0; i <= chain.size(); ++i) x[static_cast<size_t>(i)] = chain.activation_bytes(i);
-  const ExactProgram program(chain, memory, options.forward_all_only_before_backward,
+  // No host resource here: where the host budget can bind, no option offloads.
+  const int64_t host = detail::host_binds(chain, options) ? 0 : detail::kUnlimitedHost;
+  const ExactProgram program(chain, memory, host, options.forward_all_only_before_backward,
                              std::numeric_limits<int64_t>::max(), detail::intervals_for(x, limits),
                              static_cast<size_t>(steps));
   if (!program.feasible()) return std::nullopt;

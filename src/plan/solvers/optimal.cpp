@@ -23,7 +23,6 @@ namespace {
 using detail::Choice;
 using detail::Costs;
 using detail::forward_all_allowed;
-using detail::make_costs;
 using detail::Step;
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
@@ -35,10 +34,16 @@ __extension__ typedef __int128 Int128;
 // Bytes per entry of the min-max program: a MinMemory and its cost by start.
 constexpr double kMinMemoryEntryBytes = 48;
 
-// The budgeted table: (n+1)(n+2)/2 rows of slots + 1 doubles.
-double slot_table_bytes(int stages, int slots) {
+// The budgeted table: (n+1)(n+2)/2 rows of slots + 1 doubles per host level.
+double slot_table_bytes(int stages, int slots, int host_levels = 1) {
   const double n = static_cast<double>(stages) + 1;
-  return n * (n + 1) / 2 * (slots + 1.0) * sizeof(double);
+  return n * (n + 1) / 2 * (slots + 1.0) * sizeof(double) * host_levels;
+}
+
+// The host levels of the budgeted table: host_slots + 1 where the host budget can bind, else 1
+// (`binds` unknown without a chain: any host budget below unlimited may).
+int host_levels(bool binds, const OptimalOptions& options) {
+  return binds ? options.host_slots + 1 : 1;
 }
 
 // The most stages whose tables (`bytes(stages)`, growing with them) fit the limit, below `stages`.
@@ -79,15 +84,15 @@ double program_bytes(int stages, const ProgramLimits& limits) {
 }
 
 void check_table_size(const char* function, int stages, int slots, const OptimalOptions& options,
-                      const ProgramLimits& limits) {
+                      const ProgramLimits& limits, int levels) {
   const auto limit = static_cast<double>(options.max_table_bytes);
   const auto bytes = [&](int n) {
-    return program_bytes(n, limits) + (slots > 0 ? slot_table_bytes(n, slots) : 0.0);
+    return program_bytes(n, limits) + (slots > 0 ? slot_table_bytes(n, slots, levels) : 0.0);
   };
   if (bytes(stages) <= limit) return;
   std::string advice;
   const double room = limit - program_bytes(stages, limits);
-  const double per_slot = slot_table_bytes(stages, 1) - slot_table_bytes(stages, 0);
+  const double per_slot = slot_table_bytes(stages, 1, levels) - slot_table_bytes(stages, 0, levels);
   if (slots > 0 && room >= 2 * per_slot) {
     advice = "Use at most " + std::to_string(static_cast<int64_t>(room / per_slot) - 1) + " slots";
   } else {
@@ -121,8 +126,11 @@ static_assert(sizeof(MinMemory) + 16 == kMinMemoryEntryBytes, "the estimate coun
 
 class MinMemorySolver {
  public:
-  MinMemorySolver(const Chain& chain, bool restricted, const detail::ProgramLimits& limits)
-      : c_(make_costs(chain, [](int64_t bytes) { return bytes; })),
+  // `host`: the host memory every option may use, detail::kUnlimitedHost, or 0 for none.
+  MinMemorySolver(const Chain& chain, bool restricted, const detail::ProgramLimits& limits,
+                  int64_t host)
+      : c_(detail::byte_costs(chain)),
+        host_(host),
         restricted_(restricted),
         intervals_(detail::intervals_for(c_.x, limits)),
         table_(intervals_.entries()),
@@ -142,8 +150,8 @@ class MinMemorySolver {
   Schedule schedule() const {
     Schedule schedule;
     detail::emit_ops(
-        c_, 0, c_.length, 0,
-        [this](int i, int l, int64_t /*m*/) {
+        c_, 0, c_.length, 0, host_,
+        [this](int i, int l, int64_t /*m*/, int64_t /*h*/) {
           const MinMemory& entry = at(i, l);
           return Choice{entry.step, entry.option, entry.j};
         },
@@ -167,6 +175,7 @@ class MinMemorySolver {
       const auto si = static_cast<size_t>(i);
       if (forward_all_allowed(restricted_, length, i, l)) {
         for (int k = 0; k < static_cast<int>(c_.saved[si].size()); ++k) {
+          if (c_.host_at(i, k) > host_) continue;
           const auto sk = static_cast<size_t>(k);
           MinMemory candidate{c_.forward_all_need(i, l, k),
                               c_.forward_time[si][sk] + c_.backward_time[si][sk], Step::ForwardAll,
@@ -202,6 +211,7 @@ class MinMemorySolver {
   };
 
   Costs c_;
+  int64_t host_;
   bool restricted_;
   detail::Intervals intervals_;
   std::vector<MinMemory> table_;
@@ -230,27 +240,18 @@ OptimalTable::OptimalTable(const Chain& chain, int64_t max_budget_bytes,
         std::to_string(max_budget_bytes_) +
         ". The input is held for the whole step; pass a budget in bytes that includes it.");
   }
+  detail::check_host_budget("ckpt::plan::OptimalTable", options_);
+  host_levels_ = host_levels(detail::host_binds(chain_, options_), options_);
   detail::check_table_size("ckpt::plan::OptimalTable", chain_.size(), options_.slots, options_,
-                           detail::min_memory_limits(options_));
-  const MinMemorySolver min_memory(chain_, options_.forward_all_only_before_backward,
-                                   detail::min_memory_limits(options_));
-  min_feasible_budget_bytes_ = min_memory.memory();
-  min_memory_schedule_ = min_memory.schedule();
-  min_memory_time_ = 0.0;
-  {
-    // Same summation order as the simulator.
-    for (const Op& op : min_memory_schedule_.ops) {
-      const Stage* stage =
-          op.stage < chain_.size() ? &chain_.stages[static_cast<size_t>(op.stage)] : nullptr;
-      if (op.kind == OpKind::ForwardAll) min_memory_time_ += stage->option(op.option).forward_time;
-      if (op.kind == OpKind::ForwardNone || op.kind == OpKind::ForwardInput) {
-        min_memory_time_ += stage->forward_time;
-      }
-      if (op.kind == OpKind::Backward) min_memory_time_ += stage->option(op.option).backward_time;
-    }
-  }
-  units_ = std::make_shared<const Costs>(
-      make_costs(chain_, [this](int64_t bytes) { return to_slots(bytes); }));
+                           detail::min_memory_limits(options_), host_levels_);
+  detail::MinMemoryPlan smallest =
+      detail::min_memory_plan("ckpt::plan::OptimalTable", chain_, options_);
+  min_feasible_budget_bytes_ = smallest.memory;
+  min_memory_schedule_ = std::move(smallest.schedule);
+  min_memory_time_ = simulate(chain_, min_memory_schedule_).time;
+  units_ = std::make_shared<const Costs>(detail::make_costs(
+      chain_, [this](int64_t bytes) { return to_slots(bytes); },
+      [this](int64_t bytes) { return to_host_slots(bytes); }));
   build();
 }
 
@@ -259,6 +260,15 @@ int64_t OptimalTable::to_slots(int64_t bytes) const {
   const Int128 scaled = static_cast<Int128>(bytes) * options_.slots;
   const Int128 result = (scaled + max_budget_bytes_ - 1) / max_budget_bytes_;
   return static_cast<int64_t>(std::min<Int128>(result, std::numeric_limits<int64_t>::max() / 4));
+}
+
+int64_t OptimalTable::to_host_slots(int64_t bytes) const {
+  if (host_levels_ == 1) return 0;  // the host budget cannot bind: no host axis
+  const int64_t budget = options_.host_budget_bytes;
+  if (bytes > budget) return options_.host_slots + 1;  // never fits
+  // ceil(bytes * host_slots / budget): sizes rounded up, so a schedule within host_slots fits.
+  const Int128 scaled = static_cast<Int128>(bytes) * options_.host_slots;
+  return bytes == 0 ? 0 : static_cast<int64_t>((scaled + budget - 1) / budget);
 }
 
 int64_t OptimalTable::available_slots(int64_t budget_bytes) const {
@@ -279,21 +289,26 @@ size_t triangle_index(int length, int i, int l) {
 
 }  // namespace
 
-const double* OptimalTable::row(int i, int l) const {
-  const size_t index = triangle_index(chain_.size(), i, l);
-  return table_.data() + index * static_cast<size_t>(options_.slots + 1);
+size_t OptimalTable::row_index(int i, int l, int64_t h) const {
+  return triangle_index(chain_.size(), i, l) * static_cast<size_t>(host_levels_) +
+         static_cast<size_t>(h);
 }
 
-double* OptimalTable::row(int i, int l) {
-  return const_cast<double*>(static_cast<const OptimalTable*>(this)->row(i, l));
+const double* OptimalTable::row(int i, int l, int64_t h) const {
+  return table_.data() + row_index(i, l, h) * static_cast<size_t>(options_.slots + 1);
+}
+
+double* OptimalTable::row(int i, int l, int64_t h) {
+  return const_cast<double*>(static_cast<const OptimalTable*>(this)->row(i, l, h));
 }
 
 void OptimalTable::build() {
   const int length = chain_.size();
   const int64_t slots = options_.slots;
-  const auto rows = static_cast<size_t>(length + 1) * static_cast<size_t>(length + 2) / 2;
+  const auto rows = static_cast<size_t>(length + 1) * static_cast<size_t>(length + 2) / 2 *
+                    static_cast<size_t>(host_levels_);
   table_.assign(rows * static_cast<size_t>(slots + 1), kInfinity);
-  // first[triangle_index(i, l)] = the smallest m with a finite entry (slots + 1 if none): every
+  // first[row_index(i, l, h)] = the smallest m with a finite entry (slots + 1 if none): every
   // candidate that reads a row below its first entry is infinite, so those m are skipped.
   std::vector<int64_t> first(rows, slots + 1);
 
@@ -302,70 +317,78 @@ void OptimalTable::build() {
   for (int d = 0; d <= length; ++d) {
     for (int i = 0; i + d <= length; ++i) {
       const int l = i + d;
-      double* out = row(i, l);
       if (i == length) {  // the loss: holds δ_L while x_L is held outside
         const int64_t x = units_->x_at(length);
-        for (int64_t m = x; m <= slots; ++m) out[m] = 0.0;
-        first[triangle_index(length, i, l)] = std::min<int64_t>(x, slots + 1);
+        for (int64_t h = 0; h < host_levels_; ++h) {
+          for (int64_t m = x; m <= slots; ++m) row(i, l, h)[m] = 0.0;
+          first[row_index(i, l, h)] = std::min<int64_t>(x, slots + 1);
+        }
         continue;
       }
       if (forward_all_allowed(options_.forward_all_only_before_backward, length, i, l)) {
         add_forward_all(i, l, first);
       }
-      add_checkpoints(i, l, first);
-      int64_t first_finite = 0;
-      while (first_finite <= slots && !(out[first_finite] < kInfinity)) ++first_finite;
-      first[triangle_index(length, i, l)] = first_finite;
+      for (int64_t h = 0; h < host_levels_; ++h) {
+        add_checkpoints(i, l, h, first);
+        const double* out = row(i, l, h);
+        int64_t first_finite = 0;
+        while (first_finite <= slots && !(out[first_finite] < kInfinity)) ++first_finite;
+        first[row_index(i, l, h)] = first_finite;
+      }
     }
   }
 }
 
-// Case (b): stage i runs forward_all with option k, then Opt(i + 1, l) with its saved bytes held.
+// Case (b): stage i runs forward_all with option k, then Opt(i + 1, l) with its saved bytes (and
+// its host slots) held.
 void OptimalTable::add_forward_all(int i, int l, const std::vector<int64_t>& first) {
   const Costs& c = *units_;
   const int64_t slots = options_.slots;
-  double* __restrict out = row(i, l);
   for (int k = 0; k < c.options(i); ++k) {
     const double cost = c.forward_backward_time(i, k);
     const int64_t need = c.forward_all_need(i, l, k);
-    if (l == i) {
-      for (int64_t m = need; m <= slots; ++m) out[m] = std::min(out[m], cost);
-      continue;
+    const int64_t host = c.host_at(i, k);
+    for (int64_t h = host; h < host_levels_; ++h) {
+      double* __restrict out = row(i, l, h);
+      if (l == i) {
+        for (int64_t m = need; m <= slots; ++m) out[m] = std::min(out[m], cost);
+        continue;
+      }
+      const int64_t saved = c.saved_at(i, k);
+      const double* __restrict sub = row(i + 1, l, h - host);
+      const int64_t start = std::max(need, first[row_index(i + 1, l, h - host)] + saved);
+      for (int64_t m = start; m <= slots; ++m) out[m] = std::min(out[m], cost + sub[m - saved]);
     }
-    const int64_t saved = c.saved_at(i, k);
-    const double* __restrict sub = row(i + 1, l);
-    const int64_t start = std::max(need, first[triangle_index(chain_.size(), i + 1, l)] + saved);
-    for (int64_t m = start; m <= slots; ++m) out[m] = std::min(out[m], cost + sub[m - saved]);
   }
 }
 
 // Case (a): forwards without storing from i to a checkpoint j, Opt(j, l) with x_j held, then
-// Opt(i, j - 1), for every j in (i, l].
-void OptimalTable::add_checkpoints(int i, int l, const std::vector<int64_t>& first) {
+// Opt(i, j - 1), for every j in (i, l], both within the same host slots h.
+void OptimalTable::add_checkpoints(int i, int l, int64_t h, const std::vector<int64_t>& first) {
   const Costs& c = *units_;
-  const int length = chain_.size();
   const int64_t slots = options_.slots;
-  double* __restrict out = row(i, l);
+  double* __restrict out = row(i, l, h);
   double prefix = 0.0;
   int64_t forward = detail::first_forward(c, i);
   for (int j = i + 1; j <= l; ++j) {
     prefix += c.time[static_cast<size_t>(j - 1)];
     const int64_t need = detail::forward_input_need(c, i, j, l, forward);
     const int64_t shift = c.x_at(j);
-    const double* __restrict right = row(j, l);
-    const double* __restrict left = row(i, j - 1);
-    const int64_t start = std::max({need, first[triangle_index(length, j, l)] + shift,
-                                    first[triangle_index(length, i, j - 1)]});
+    const double* __restrict right = row(j, l, h);
+    const double* __restrict left = row(i, j - 1, h);
+    const int64_t start =
+        std::max({need, first[row_index(j, l, h)] + shift, first[row_index(i, j - 1, h)]});
     for (int64_t m = start; m <= slots; ++m) {
       out[m] = std::min(out[m], (prefix + right[m - shift]) + left[m]);
     }
   }
 }
 
-detail::Choice OptimalTable::best_choice(int i, int l, int64_t m) const {
+detail::Choice OptimalTable::best_choice(int i, int l, int64_t m, int64_t h) const {
   return detail::best_choice(
-      *units_, options_.forward_all_only_before_backward, i, l, m,
-      [this](int a, int b, int64_t at) { return row(a, b)[at]; }, [](int) { return true; });
+      *units_, options_.forward_all_only_before_backward, i, l, m, h,
+      [this](int a, int b, int64_t at, int64_t host) { return row(a, b, host)[at]; },
+      [](int) { return true; });
 }
 
 void OptimalTable::check_budget(const char* function, int64_t budget_bytes) const {
@@ -387,7 +410,7 @@ void OptimalTable::check_budget(const char* function, int64_t budget_bytes) cons
 double OptimalTable::time(int64_t budget_bytes) const {
   check_budget("ckpt::plan::OptimalTable::time", budget_bytes);
   const int64_t m = available_slots(budget_bytes) - units_->x_at(0);
-  double best = m >= 0 ? row(0, chain_.size())[m] : kInfinity;
+  double best = m >= 0 ? row(0, chain_.size(), host_levels_ - 1)[m] : kInfinity;
   if (budget_bytes >= min_feasible_budget_bytes_) best = std::min(best, min_memory_time_);
   return best;
 }
@@ -395,7 +418,8 @@ double OptimalTable::time(int64_t budget_bytes) const {
 std::optional<Schedule> OptimalTable::solve(int64_t budget_bytes) const {
   check_budget("ckpt::plan::OptimalTable::solve", budget_bytes);
   const int64_t m = available_slots(budget_bytes) - units_->x_at(0);
-  const double table_time = m >= 0 ? row(0, chain_.size())[m] : kInfinity;
+  const int64_t h = host_levels_ - 1;  // the whole host budget
+  const double table_time = m >= 0 ? row(0, chain_.size(), h)[m] : kInfinity;
   if (budget_bytes >= min_feasible_budget_bytes_ && !(table_time <= min_memory_time_)) {
     return min_memory_schedule_;
   }
@@ -403,8 +427,9 @@ std::optional<Schedule> OptimalTable::solve(int64_t budget_bytes) const {
   Schedule schedule;
   schedule.ops.reserve(static_cast<size_t>(4 * chain_.size() + 1));
   detail::emit_ops(
-      *units_, 0, chain_.size(), m,
-      [this](int i, int l, int64_t at) { return best_choice(i, l, at); }, schedule.ops);
+      *units_, 0, chain_.size(), m, h,
+      [this](int i, int l, int64_t at, int64_t host) { return best_choice(i, l, at, host); },
+      schedule.ops);
   return schedule;
 }
 
@@ -415,9 +440,9 @@ namespace {
 std::optional<Schedule> store_everything_if_fastest(const Chain& chain, int64_t budget_bytes) {
   for (const Stage& stage : chain.stages) {
     const StorageOption own = stage.option(0);
-    const double plain = own.forward_time + own.backward_time;
+    const double plain = chain.forward_all_time(own) + chain.backward_time(own);
     for (const StorageOption& option : stage.alternatives) {
-      if (option.forward_time + option.backward_time < plain) return std::nullopt;
+      if (chain.forward_all_time(option) + chain.backward_time(option) < plain) return std::nullopt;
     }
   }
   Schedule all = solve_no_checkpoint(chain);
@@ -483,6 +508,7 @@ std::optional<Schedule> solve_long(const Chain& chain, int64_t budget_bytes,
 std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
                                       const OptimalOptions& options) {
   chain.validate();
+  detail::check_host_budget("ckpt::plan::solve_optimal", options);
   if (budget_bytes < chain.input_bytes || budget_bytes < 1) {
     throw std::invalid_argument(
         "ckpt::plan::solve_optimal: budget_bytes must be at least the chain's input_bytes (" +
@@ -505,15 +531,30 @@ std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
 }
 
 int64_t optimal_table_bytes(int stages, const OptimalOptions& options) {
+  return detail::table_bytes(stages, options,
+                             options.host_budget_bytes < std::numeric_limits<int64_t>::max());
+}
+
+int64_t optimal_table_bytes(const Chain& chain, const OptimalOptions& options) {
+  chain.validate();
+  return detail::table_bytes(chain.size(), options, detail::host_binds(chain, options));
+}
+
+namespace detail {
+
+int64_t table_bytes(int stages, const OptimalOptions& options, bool host_binds) {
   const bool long_chain = stages > options.max_exact_stages;
   const bool refined = long_chain && refines_long_chain(stages, options);
   const double bytes =
       detail::program_bytes(stages, detail::min_memory_limits(options)) +
       (refined ? detail::program_bytes(stages, detail::truncated_limits(options, kLongChainSteps))
                : 0.0) +
-      slot_table_bytes(long_chain ? options.groups : stages, options.slots);
+      slot_table_bytes(long_chain ? options.groups : stages, options.slots,
+                       host_levels(host_binds && !long_chain, options));
   return bytes < 9.2e18 ? static_cast<int64_t>(bytes) : std::numeric_limits<int64_t>::max();
 }
+
+}  // namespace detail
 
 int64_t min_feasible_budget_bytes(const Chain& chain, const OptimalOptions& options) {
   return detail::min_memory_plan("ckpt::plan::min_feasible_budget_bytes", chain, options).memory;
@@ -547,9 +588,17 @@ void search_asks(const Chain& chain, int64_t budget_bytes, int64_t low, int64_t 
 MinMemoryPlan min_memory_plan(const char* function, const Chain& chain,
                               const OptimalOptions& options) {
   chain.validate();
+  check_host_budget(function, options);
   check_table_size(function, chain.size(), 0, options, min_memory_limits(options));
+  const bool binds = host_binds(chain, options);
+  if (binds) {
+    if (std::optional<MinMemoryPlan> exact = min_memory_within_host(chain, options)) {
+      return std::move(*exact);
+    }
+  }
+  // Where the host budget binds and the Pareto program is too long, no option offloads.
   const MinMemorySolver solver(chain, options.forward_all_only_before_backward,
-                               min_memory_limits(options));
+                               min_memory_limits(options), binds ? 0 : kUnlimitedHost);
   return {solver.memory(), solver.schedule()};
 }
 
