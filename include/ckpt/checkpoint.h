@@ -123,8 +123,12 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
   std::vector<at::Tensor> inputs;
   collect_tensors(call->args, inputs);
   if (options.offload()) {
-    const OffloadedRegion offloaded(options, inputs);
-    return Result(apply_forward(call->fn, call->args));
+    OffloadedRegion offloaded(options, inputs);
+    Result result = apply_forward(call->fn, call->args);
+    std::vector<at::Tensor> outputs;
+    collect_tensors(result, outputs);
+    offloaded.finish(outputs);
+    return result;
   }
 
   static CallSite site_without_modules;

@@ -7,6 +7,7 @@
 #include <ckpt/options.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/arg.h>
 
 #include <cstdint>
@@ -78,10 +79,17 @@ struct OffloadStats {
 OffloadStats offload_stats();
 void reset_offload_peak();
 
+/// Bytes per second that offloading's copies move between `device` and host memory: the median
+/// of `repeats` round trips of `bytes` bytes (to the host and back, on the side stream offloading
+/// uses, into the memory it would use), counting both directions. What the profiler gives the
+/// planner as `plan::Chain::host_bandwidth`. `device` must be an accelerator.
+double measure_host_bandwidth(c10::Device device, int64_t bytes, int repeats = 3);
+
 namespace detail {
 
 /// The forward of a region with `CheckpointOptions().offload(true)`: checks the options and the
-/// arguments, enters the forward context and an OffloadGuard.
+/// arguments, enters the forward context and offloads what autograd saves, as an OffloadGuard
+/// does, until `finish`.
 class OffloadedRegion {
  public:
   OffloadedRegion(const CheckpointOptions& options, const std::vector<at::Tensor>& inputs);
@@ -89,9 +97,16 @@ class OffloadedRegion {
   OffloadedRegion(const OffloadedRegion&) = delete;
   OffloadedRegion& operator=(const OffloadedRegion&) = delete;
 
+  /// The function returned `outputs`. They and the arguments stay on the device (for what comes
+  /// next, and with whoever passed them), so what the backward needs of them is used where it is,
+  /// not moved.
+  void finish(const std::vector<at::Tensor>& outputs);
+
  private:
+  std::vector<at::Tensor> inputs_;
   RegionContext context_;
-  std::unique_ptr<OffloadGuard> guard_;
+  std::shared_ptr<OffloadGroup> group_;
+  std::unique_ptr<SavedTensorHooksScope> scope_;
 };
 
 }  // namespace detail

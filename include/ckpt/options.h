@@ -67,7 +67,9 @@ struct CheckpointOptions {
   /// Offloading instead of checkpointing: the region runs once, and what autograd saves for its
   /// backward goes to host memory during its forward and comes back, ahead of use, when its
   /// backward starts, as inside a `ckpt::OffloadGuard` (see there for what moves and how). Nothing
-  /// is recomputed, so the RNG, early-stop and determinism options have no effect. Not with
+  /// is recomputed, so the RNG, early-stop and determinism options have no effect. Its arguments
+  /// and results stay on the device (whoever passed them holds them, and what comes next reads
+  /// them): what moves is what it computes inside. Not with
   /// `use_reentrant(true)` or a `policy` (whose `MustOffload` offloads operator by operator).
   /// The region's tensor arguments must be on an accelerator: host data has nowhere to go, and
   /// the region raises an error rather than copying host memory to host memory. Default: false

@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -87,6 +88,9 @@ struct PlannedSequentialOptions {
   /// A profile from elsewhere must name its options after these. Default:
   /// `StorageModes::standard()`
   TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
+  /// Host memory the "offloaded" storage mode may hold at once, in bytes: the solver keeps the
+  /// plan's host peak within it (docs/memory-model.md, "Offloading"). Default: unlimited
+  TORCH_ARG(int64_t, host_budget_bytes) = std::numeric_limits<int64_t>::max();
   /// The policy of the "selective" storage mode: a stage the schedule runs that way is a
   /// checkpointed region under this policy. An empty policy turns the mode off. A profiler you
   /// supply must measure with the same one. Default: `save_matmuls()`

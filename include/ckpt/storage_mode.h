@@ -54,8 +54,10 @@ class StorageModes {
   /// No mode: stages keep everything, or what the schedule keeps of the chain's activations.
   StorageModes() = default;
   /// ckpt's modes: "checkpointed" (a checkpointed region: keeps the stage's output, recomputes
-  /// the rest in its backward) and "selective" (a region under the selective policy: keeps the
-  /// output and what the policy saves, recomputes the rest).
+  /// the rest in its backward), "selective" (a region under the selective policy: keeps the
+  /// output and what the policy saves, recomputes the rest) and "offloaded" (an offloaded region,
+  /// `CheckpointOptions().offload(true)`: keeps the output, and what the backward needs in host
+  /// memory; offered by the profiler on accelerators only).
   static StorageModes standard();
 
   /// Adds `mode` at the end. An empty name, a name with characters other than letters, digits

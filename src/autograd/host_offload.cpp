@@ -115,10 +115,22 @@ size_t OffloadGroup::add(const at::Tensor& tensor) {
   return slots_.size() - 1;
 }
 
-void OffloadGroup::finish_forward() {
+void OffloadGroup::finish_forward(const std::vector<at::Tensor>& resident) {
   const std::lock_guard<std::mutex> lock(mutex_);
+  for (const at::Tensor& tensor : resident) {
+    if (!tensor.defined() || !tensor.has_storage()) continue;
+    const auto found = index_.find(tensor.storage().unsafeGetStorageImpl());
+    if (found == index_.end()) continue;
+    Slot& slot = slots_[found->second];
+    slot.resident = true;
+    slot.copied->synchronize();  // the copy writes into the host memory that goes now
+    host_bytes_ -= slot.host.nbytes();
+    count_host_bytes(-slot.host.nbytes());
+    slot.host = at::Tensor();
+  }
   for (Slot& slot : slots_) {
-    if (slot.copied) slot.copied->block(current_stream(slot.where));
+    if (slot.resident) continue;
+    slot.copied->block(current_stream(slot.where));
     slot.device = c10::Storage();
   }
   index_.clear();
@@ -148,7 +160,7 @@ void OffloadGroup::prefetch_locked() {
   std::vector<c10::Device> waited;
   for (size_t k = 0; k < slots_.size(); ++k) {
     Slot& slot = slots_[last_first_ ? slots_.size() - 1 - k : k];
-    if (slot.users == 0) continue;
+    if (slot.users == 0 || slot.resident) continue;
     if (std::find(waited.begin(), waited.end(), slot.where) == waited.end()) {
       wait_for(current_stream(slot.where), offload_stream(slot.where));
       waited.push_back(slot.where);
@@ -166,6 +178,7 @@ c10::Storage OffloadGroup::fetch(size_t slot_index) {
   const std::lock_guard<std::mutex> lock(mutex_);
   prefetch_locked();
   Slot& slot = slots_.at(slot_index);
+  if (slot.resident) return slot.device;
   TORCH_INTERNAL_ASSERT(slot.users > 0 && slot.fetched_event, "ckpt: offloaded data used up");
   slot.fetched_event->block(current_stream(slot.where));
   return slot.fetched;
@@ -175,7 +188,7 @@ void OffloadGroup::release(size_t slot_index) {
   const std::lock_guard<std::mutex> lock(mutex_);
   Slot& slot = slots_.at(slot_index);
   if (--slot.users > 0) return;
-  const int64_t bytes = slot.host.nbytes();
+  const int64_t bytes = slot.host.defined() ? slot.host.nbytes() : 0;
   // The copies read and write on the side stream, in order: a later copy into this memory waits.
   slot = Slot();
   host_bytes_ -= bytes;
@@ -189,6 +202,13 @@ int64_t OffloadGroup::host_bytes() const {
 
 namespace {
 
+// A leaf that requires grad (a parameter), or a view of one (Linear saves its weight
+// transposed): it stays on the device anyway.
+bool of_parameter(const at::Tensor& tensor) {
+  const at::Tensor base = tensor.is_view() ? at::Tensor(tensor._base()) : tensor;
+  return base.is_leaf() && base.requires_grad();
+}
+
 class OffloadHooks final : public torch::autograd::SavedVariableHooks {
  public:
   explicit OffloadHooks(std::shared_ptr<OffloadGroup> group) : group_(std::move(group)) {}
@@ -200,8 +220,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
     counter_ = tensor.unsafeGetTensorImpl()->version_counter();
     if (counter_.enabled()) version_ = counter_.current_version();
     const bool offload = tensor.device().type() != c10::DeviceType::CPU && tensor.has_storage() &&
-                         tensor.layout() == c10::kStrided &&
-                         !(tensor.is_leaf() && tensor.requires_grad());
+                         tensor.layout() == c10::kStrided && !of_parameter(tensor);
     if (!offload) {
       kept_ = tensor.detach();  // no reference cycle through an output's own node
       return;

@@ -61,8 +61,10 @@ class OffloadGroup {
   /// group already; one more user of it either way. Returns its slot.
   size_t add(const at::Tensor& tensor);
   /// The end of the forward: the current streams wait for the copies to the host, and the group
-  /// lets go of the device data (what else holds it keeps it).
-  void finish_forward();
+  /// lets go of the device data (what else holds it keeps it). The data of `resident` tensors
+  /// (the scope's results, which stay on the device for what comes next) is used where it is:
+  /// its host copy goes.
+  void finish_forward(const std::vector<at::Tensor>& resident = {});
   /// Starts bringing every slot back to its device (once; later calls do nothing).
   void prefetch();
   /// The data of `slot` on the device, once its copy back has landed for the current stream.
@@ -82,6 +84,7 @@ class OffloadGroup {
     std::unique_ptr<c10::Event> fetched_event;
     c10::Device where{c10::DeviceType::CPU};
     int users = 0;
+    bool resident = false;  // `device` stays: nothing to bring back
   };
   void prefetch_locked();
   void fetch_slot(Slot& slot);

@@ -22,6 +22,12 @@ StorageModes StorageModes::standard() {
                if (!settings.selective_policy) return std::nullopt;
                return CheckpointOptions().policy(settings.selective_policy);
              }});
+  modes.add({"offloaded",
+             "keeps what its backward needs in host memory, brought back when the backward "
+             "starts; recomputes nothing (accelerators only)",
+             [](const StorageSettings&) -> std::optional<CheckpointOptions> {
+               return CheckpointOptions().offload(true);
+             }});
   return modes;
 }
 

@@ -206,6 +206,7 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
       stages, profile, options.storage_modes(), StorageSettings{options.selective_policy()}));
   plan::OptimalOptions optimal;
   optimal.slots = options.slots();
+  optimal.host_budget_bytes = options.host_budget_bytes();
   // The plain chain always fits in its own measured peak, even where the model's minimum is
   // above it.
   const int64_t minimum =

@@ -1,4 +1,5 @@
 #include <ckpt/memory_tracker.h>
+#include <ckpt/offload.h>
 #include <ckpt/profiler.h>
 
 #include "autograd/buffer_guard.h"
@@ -115,14 +116,16 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
                                          MemoryTracker& tracker) {
   const c10::Device device = x.device();
   std::vector<double> forward_times, backward_times;
-  int64_t saved = 0, forward_tmp = 0, backward_tmp = 0;
+  int64_t saved = 0, forward_tmp = 0, backward_tmp = 0, offloaded = 0;
   for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
+    const int64_t host_before = offload_stats().host_bytes;
     compat::synchronize(device);
     auto start = Clock::now();
     detail::StageGraph graph(forward, x, input_grad);
     const double forward_time = seconds_since(start, device);
+    offloaded = std::max(offloaded, offload_stats().host_bytes - host_before);
     saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
     forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
 
@@ -143,12 +146,14 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
       backward_times.push_back(backward_time);
     }
   }
-  return plan::StorageOption{median(forward_times),
-                             median(backward_times),
-                             saved,
-                             std::max<int64_t>(forward_tmp, 0),
-                             std::max<int64_t>(backward_tmp, 0),
-                             /*name=*/{}};
+  plan::StorageOption option;
+  option.forward_time = median(forward_times);
+  option.backward_time = median(backward_times);
+  option.saved_bytes = saved;
+  option.forward_tmp_bytes = std::max<int64_t>(forward_tmp, 0);
+  option.backward_tmp_bytes = std::max<int64_t>(backward_tmp, 0);
+  option.offloaded_bytes = offloaded;
+  return option;
 }
 
 struct NoGradForward {
@@ -263,13 +268,14 @@ void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   const StorageSettings settings{options.selective_policy()};
   for (const StorageMode& mode : options.storage_modes().all()) {
     const std::optional<CheckpointOptions> region = mode.region(settings);
-    if (!region) continue;
+    if (!region || (region->offload() && x.device().is_cpu())) continue;  // no host to go to
     plan::StorageOption option =
         measure_full_storage(stage, stage_forward(stage, region), x, input_grad, options, tracker);
     option.name = mode.name;
     bool useful = option.saved_bytes < full_saved;
     for (const auto& offered : measured.alternatives) {
-      useful = useful && option.saved_bytes != offered.saved_bytes;
+      useful = useful && (option.saved_bytes != offered.saved_bytes ||
+                          option.offloaded_bytes != offered.offloaded_bytes);
     }
     if (useful) measured.alternatives.push_back(std::move(option));
   }
@@ -294,8 +300,26 @@ at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   measured.backward_tmp_bytes = full.backward_tmp_bytes;
   for (auto& option : measured.alternatives) {
     option.saved_bytes = std::max(option.saved_bytes, measured.output_bytes);
+    if (option.offloaded_bytes > 0) {
+      // The planner adds the copies (docs/memory-model.md, "Offloading"): the option's times are
+      // its compute, the plain stage's.
+      option.forward_time = full.forward_time;
+      option.backward_time = full.backward_time;
+    }
   }
   return std::move(no_grad.output);
+}
+
+// The bandwidth of offloading's copies, measured on the largest data a stage offloads (at least
+// 1 MiB, at most 256 MiB); 0 where no stage offloads.
+double host_bandwidth_of(const plan::Chain& chain, c10::Device device) {
+  int64_t largest = 0;
+  for (const plan::Stage& stage : chain.stages) {
+    for (const plan::StorageOption& option : stage.alternatives)
+      largest = std::max(largest, option.offloaded_bytes);
+  }
+  if (largest == 0) return 0.0;
+  return measure_host_bandwidth(device, std::clamp<int64_t>(largest, 1 << 20, 256 << 20));
 }
 
 // profile_chain, and with calibrate_to_step the peak of its plain steps in `plain_peak`.
@@ -323,11 +347,14 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
     if (options.count_parameter_gradients()) measured.gradient_bytes = gradient_bytes[i];
     chain.stages.push_back(measured);
   }
-  if (!options.calibrate_to_step()) return chain;
   x = at::Tensor();  // the last stage's output would sit beside the plain step
-  int64_t peak = 0;
-  chain = calibrated_to_step(std::move(chain), stages, sample_input, options, tracker, peak);
-  if (plain_peak != nullptr) *plain_peak = peak;
+  if (options.calibrate_to_step()) {
+    int64_t peak = 0;
+    chain = calibrated_to_step(std::move(chain), stages, sample_input, options, tracker, peak);
+    if (plain_peak != nullptr) *plain_peak = peak;
+  }
+  // In seconds, as the calibrated times are: the copies are measured as they run.
+  chain.host_bandwidth = host_bandwidth_of(chain, sample_input.device());
   return chain;
 }
 

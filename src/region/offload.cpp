@@ -6,7 +6,15 @@
 #include "autograd/host_offload.h"
 #include "autograd/saved_tensor_hooks.h"
 
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
 
 #include <utility>
 
@@ -35,6 +43,38 @@ void reset_offload_peak() {
   detail::reset_offloaded_host_peak();
 }
 
+double measure_host_bandwidth(c10::Device device, int64_t bytes, int repeats) {
+  TORCH_CHECK(!device.is_cpu(), "ckpt::measure_host_bandwidth: ", device,
+              " is the host; give an accelerator.");
+  TORCH_CHECK(bytes > 0 && repeats > 0,
+              "ckpt::measure_host_bandwidth: bytes and repeats must be positive, but got ", bytes,
+              " and ", repeats, ".");
+  const c10::DeviceGuard device_guard(device);
+  const c10::Stream side = detail::offload_stream(device);
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  const auto bytes_on = [&](c10::Device where, bool pin) {
+    return at::empty({bytes},
+                     at::TensorOptions().dtype(at::kByte).device(where).pinned_memory(pin));
+  };
+  at::Tensor on_device = bytes_on(device, false).fill_(1);
+  at::Tensor on_host = bytes_on(c10::Device(c10::DeviceType::CPU), device.is_cuda());
+  std::vector<double> rates;
+  for (int r = 0; r < repeats; ++r) {
+    impl.synchronizeStream(impl.getStream(device));
+    const auto start = std::chrono::steady_clock::now();
+    {
+      const c10::StreamGuard on_side(side);
+      on_host.copy_(on_device, /*non_blocking=*/true);
+      on_device.copy_(on_host, /*non_blocking=*/true);
+    }
+    impl.synchronizeStream(side);
+    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+    rates.push_back(2.0 * static_cast<double>(bytes) / std::max(seconds.count(), 1e-9));
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
 namespace detail {
 
 OffloadedRegion::OffloadedRegion(const CheckpointOptions& options,
@@ -60,10 +100,22 @@ OffloadedRegion::OffloadedRegion(const CheckpointOptions& options,
     RegionContexts contexts = options.context_fn()();
     if (contexts.forward) context_ = contexts.forward();
   }
-  guard_ = std::make_unique<OffloadGuard>();
+  inputs_ = inputs;
+  group_ = std::make_shared<OffloadGroup>(/*pin_memory=*/true);
+  scope_ = std::make_unique<SavedTensorHooksScope>(
+      [group = group_] { return offload_hooks(group); });
 }
 
-OffloadedRegion::~OffloadedRegion() = default;
+void OffloadedRegion::finish(const std::vector<at::Tensor>& outputs) {
+  scope_.reset();
+  std::vector<at::Tensor> resident = std::move(inputs_);
+  resident.insert(resident.end(), outputs.begin(), outputs.end());
+  group_->finish_forward(resident);
+}
+
+OffloadedRegion::~OffloadedRegion() {
+  if (scope_) finish({});  // the function threw
+}
 
 }  // namespace detail
 }  // namespace ckpt

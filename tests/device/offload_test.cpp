@@ -4,6 +4,7 @@
 
 #include <ckpt/ckpt.h>
 #include <ckpt/offload.h>
+#include <ckpt/planned_sequential.h>
 
 #include "autograd/host_offload.h"
 #include "device/device_suite.h"
@@ -30,6 +31,16 @@ struct MlpImpl : torch::nn::Module {
   torch::nn::Dropout dropout;
 };
 TORCH_MODULE(Mlp);
+
+// A stage whose inside is larger than its input and output: what offloading moves.
+struct WideningImpl : torch::nn::Module {
+  WideningImpl()
+      : in(register_module("in", torch::nn::Linear(128, 512))),
+        out(register_module("out", torch::nn::Linear(512, 128))) {}
+  at::Tensor forward(const at::Tensor& x) { return out(torch::gelu(in(x))); }
+  torch::nn::Linear in, out;
+};
+TORCH_MODULE(Widening);
 
 using Step = std::function<at::Tensor(const at::Tensor&)>;
 
@@ -201,6 +212,83 @@ TEST_P(OffloadTest, BadOptionsAreClearErrors) {
                               ckpt::CheckpointOptions().policy(must_offload_view),
                               [](const at::Tensor& t) { return t.view({-1}) * 2; }, x),
                           "says MustOffload for aten::view");
+}
+
+// A planned chain that may keep, recompute or offload each stage, with a host budget that holds
+// only some stages' offloaded data: the plan mixes offloading with recomputing, its measured
+// device peak is the prediction within 2% and within the budget, host memory stays within its
+// budget, and the gradients are the plain chain's.
+TEST_P(OffloadTest, PlannedChainMixesOffloadingWithRecomputingAtThePredictedPeak) {
+  CKPT_SKIP_IF(missing_memory_statistics());
+  torch::nn::Sequential chain;
+  for (int i = 0; i < 8; ++i) {
+    chain->push_back(Widening());
+  }
+  chain->to(device());
+  for (auto& p : chain->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  const auto x = torch::randn({64, 128}, on()).requires_grad_();
+  const int64_t stage_offload = 2 * 64 * 512 * 4;  // GELU's input and output
+  const auto options = ckpt::PlannedSequentialOptions()
+                           .count_parameter_gradients(false)
+                           .storage_modes(ckpt::StorageModes::standard().remove("selective"))
+                           .host_budget_bytes(3 * stage_offload);
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::parse("50%"), options);
+  planned->plan(x);
+  int offloaded = 0, recomputed = 0;
+  for (const auto& op : planned->schedule().ops) {
+    if (op.kind == ckpt::plan::OpKind::ForwardNone || op.kind == ckpt::plan::OpKind::ForwardInput)
+      ++recomputed;
+    if (op.kind == ckpt::plan::OpKind::ForwardAll && op.option > 0 &&
+        planned->profile().stages[op.stage].option(op.option).offloaded_bytes > 0)
+      ++offloaded;
+  }
+  EXPECT_GT(offloaded, 0) << ckpt::plan::to_string(planned->schedule());
+  if (getenv("DEBUG_PLAN")) {
+    std::cerr << ckpt::plan::to_string(planned->schedule()) << "\n";
+    for (auto& st : planned->profile().stages) {
+      std::cerr << "out " << st.output_bytes << " saved " << st.saved_bytes << " ftmp "
+                << st.forward_tmp_bytes << " fatmp " << st.forward_all_tmp_bytes << " btmp "
+                << st.backward_tmp_bytes << " |";
+      for (auto& o : st.alternatives)
+        std::cerr << " " << o.name << " saved " << o.saved_bytes << " ftmp " << o.forward_tmp_bytes
+                  << " btmp " << o.backward_tmp_bytes << " off " << o.offloaded_bytes;
+      std::cerr << "\n";
+    }
+  }
+  EXPECT_GT(recomputed, 0) << ckpt::plan::to_string(planned->schedule());
+  EXPECT_LE(planned->prediction().host_peak_bytes, 3 * stage_offload);
+
+  const auto plain_grads = [&] {
+    x.mutable_grad().reset();
+    (chain->forward(x) * 2).sum().backward();
+    std::vector<at::Tensor> grads{x.grad()};
+    for (auto& p : chain->parameters()) grads.push_back(p.grad().clone());
+    return grads;
+  };
+  for (auto& p : chain->parameters()) p.mutable_grad().zero_();
+  const auto plain = plain_grads();
+  for (auto& p : chain->parameters()) p.mutable_grad().zero_();
+  x.mutable_grad().reset();
+  ckpt::MemoryTracker tracker(device());
+  const int64_t scalar_bytes = [&] {
+    const int64_t before = tracker.current_bytes();
+    const auto scalar = torch::zeros({}, on());
+    return tracker.current_bytes() - before;
+  }();
+  tracker.reset_peak();
+  ckpt::reset_offload_peak();
+  const int64_t before = tracker.current_bytes() - x.nbytes();  // x_0 counts in the model
+  (planned(x) * 2).sum().backward();
+  const int64_t measured = tracker.peak_bytes() - before - 2 * scalar_bytes;
+  const int64_t predicted = planned->prediction().peak_bytes;
+  EXPECT_LE(measured, planned->budget_bytes());
+  EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(predicted), 0.02 * predicted)
+      << "measured " << measured << " predicted " << predicted;
+  EXPECT_LE(ckpt::offload_stats().peak_host_bytes, 3 * stage_offload);
+  std::vector<at::Tensor> grads{x.grad()};
+  for (auto& p : chain->parameters()) grads.push_back(p.grad());
+  ASSERT_EQ(grads.size(), plain.size());
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(bit_equal(grads[i], plain[i])) << i;
 }
 
 CKPT_INSTANTIATE_DEVICE_SUITE(OffloadTest);
