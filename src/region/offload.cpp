@@ -102,8 +102,8 @@ OffloadedRegion::OffloadedRegion(const CheckpointOptions& options,
   }
   inputs_ = inputs;
   group_ = std::make_shared<OffloadGroup>(/*pin_memory=*/true);
-  scope_ = std::make_unique<SavedTensorHooksScope>(
-      [group = group_] { return offload_hooks(group); });
+  scope_ =
+      std::make_unique<SavedTensorHooksScope>([group = group_] { return offload_hooks(group); });
 }
 
 void OffloadedRegion::finish(const std::vector<at::Tensor>& outputs) {
