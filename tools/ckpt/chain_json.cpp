@@ -55,8 +55,9 @@ class Reader {
     return *it;
   }
 
+  // A time, or a number >= 0 of its kind (host_bandwidth).
   double time(const json& object, const std::string& key, const std::string& path) const {
-    const std::string field = path + "." + key;
+    const std::string field = path.empty() ? key : path + "." + key;
     const json& value = require(object, key, field);
     if (!value.is_number()) fail(field, "must be a number, but got " + describe(value));
     const double result = value.get<double>();
@@ -203,6 +204,7 @@ plan::StorageOption read_alternative(const Reader& reader, const json& option,
   storage.saved_bytes = reader.bytes(option, "saved_bytes", path, false);
   storage.forward_tmp_bytes = reader.bytes(option, "forward_tmp_bytes", path, true);
   storage.backward_tmp_bytes = reader.bytes(option, "backward_tmp_bytes", path, true);
+  storage.offloaded_bytes = reader.bytes(option, "offloaded_bytes", path, true);
   const auto name = option.find("name");
   if (name != option.end()) {
     if (!name->is_string()) reader.fail(path + ".name", "must be a string");
@@ -259,6 +261,9 @@ plan::Chain chain_from_json(const json& document, const std::string& source) {
   }
   plan::Chain chain;
   chain.input_bytes = reader.bytes(document, "input_bytes", "", /*optional=*/false);
+  if (document.contains("host_bandwidth")) {
+    chain.host_bandwidth = reader.time(document, "host_bandwidth", "");
+  }
   const json& stages = reader.require(document, "stages", "stages");
   if (!stages.is_array()) reader.fail("stages", "must be an array of stage objects");
   if (stages.empty()) reader.fail("stages", "must hold at least one stage");
@@ -340,13 +345,16 @@ json chain_to_json(const plan::Chain& chain) {
                         {"forward_tmp_bytes", option.forward_tmp_bytes},
                         {"backward_tmp_bytes", option.backward_tmp_bytes}};
         if (!option.name.empty()) written["name"] = option.name;
+        if (option.offloaded_bytes > 0) written["offloaded_bytes"] = option.offloaded_bytes;
         alternatives.push_back(written);
       }
       object["alternatives"] = alternatives;
     }
     stages.push_back(object);
   }
-  return {{"input_bytes", chain.input_bytes}, {"stages", stages}};
+  json document = {{"input_bytes", chain.input_bytes}, {"stages", stages}};
+  if (chain.host_bandwidth > 0) document["host_bandwidth"] = chain.host_bandwidth;
+  return document;
 }
 
 json schedule_to_json(const plan::Schedule& schedule) {
@@ -355,6 +363,19 @@ json schedule_to_json(const plan::Schedule& schedule) {
     json object = {{"op", plan::to_string(op.kind)}, {"stage", op.stage}};
     if (op.option != 0) object["option"] = op.option;
     ops.push_back(object);
+  }
+  return ops;
+}
+
+json schedule_to_json(const plan::Schedule& schedule, const plan::Chain& chain) {
+  json ops = schedule_to_json(schedule);
+  for (size_t k = 0; k < schedule.ops.size(); ++k) {
+    const plan::Op& op = schedule.ops[k];
+    if (op.option == 0) continue;
+    const plan::StorageOption option =
+        chain.stages[static_cast<size_t>(op.stage)].option(op.option);
+    if (!option.name.empty()) ops[k]["name"] = option.name;
+    if (option.offloaded_bytes > 0) ops[k]["offloaded_bytes"] = option.offloaded_bytes;
   }
   return ops;
 }

@@ -27,11 +27,16 @@ plan::Chain chain_from_text(const std::string& text, const std::string& source);
 /// file.
 plan::Chain load_chain_file(const std::string& path);
 
-/// The chain in the same format (alternatives written only when present).
+/// The chain in the same format (alternatives written only when present, offloaded_bytes and
+/// host_bandwidth only when not 0).
 nlohmann::json chain_to_json(const plan::Chain& chain);
 
 /// `[{"op": "forward_all", "stage": 0}, ...]`, with `"option"` on ops whose option is not 0.
 nlohmann::json schedule_to_json(const plan::Schedule& schedule);
+
+/// The same, with the option's `"name"` (where it has one) and `"offloaded_bytes"` (where it
+/// offloads) on ops whose option is not 0; `schedule` must be a schedule of `chain`.
+nlohmann::json schedule_to_json(const plan::Schedule& schedule, const plan::Chain& chain);
 
 }  // namespace cli
 }  // namespace ckpt

@@ -18,11 +18,12 @@ namespace cli {
 using nlohmann::json;
 
 plan::Plan solve_with(const plan::Chain& chain, int64_t budget_bytes, const std::string& solver,
-                      int slots) {
+                      int slots, int64_t host_budget_bytes) {
   if (slots < 1)
     throw UsageError("--slots must be a positive integer, but got " + std::to_string(slots));
   plan::OptimalOptions options;
   options.slots = slots;
+  options.host_budget_bytes = host_budget_bytes;
   try {
     return plan::solve(chain, plan::SolverSpec::parse(solver), budget_bytes, options);
   } catch (const std::invalid_argument& error) {
@@ -52,6 +53,11 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& args) {
   command->add_option("--slots", args.slots, "Memory slots of the optimal solver")
       ->type_name("N")
       ->capture_default_str();
+  command
+      ->add_option("--host-budget", args.host_budget,
+                   "Host memory for offloaded activations: bytes as for --budget, or 0 "
+                   "(default: unlimited)")
+      ->type_name("BYTES");
   command->add_flag("--json", args.json, "Print one JSON object instead of text");
   return command;
 }
@@ -66,6 +72,16 @@ int64_t parse_budget(const std::string& text, int64_t no_checkpoint_peak_bytes,
   }
 }
 
+int64_t parse_host_budget(const std::string& text) {
+  if (text.empty()) return std::numeric_limits<int64_t>::max();
+  if (text == "0") return 0;
+  try {
+    return plan::parse_bytes(text, "the host budget");
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(std::string("--host-budget: ") + error.what() + " (or 0 for none)");
+  }
+}
+
 namespace {
 
 // What `ckpt plan` found, for its two writers.
@@ -74,6 +90,7 @@ struct PlanReport {
   plan::SimulationResult baseline;  // storing everything
   int64_t min_budget = 0;
   int64_t budget_bytes = 0;
+  int64_t host_budget_bytes = std::numeric_limits<int64_t>::max();
   plan::Plan outcome;
   std::string message;  // why it is infeasible, with the smallest feasible budget
 };
@@ -96,11 +113,16 @@ int64_t largest_fitting(int64_t high, const Fits& fits) {
 // Refuses up front what the optimal solver would refuse after reading the chain, with advice that
 // works: fewer --slots where the slot table is what is too large, fewer stages where the
 // programs on every stage are (their size does not depend on the slots).
-void check_table_limit(const PlanArgs& args, const plan::Chain& chain) {
+void check_table_limit(const PlanArgs& args, const plan::Chain& chain, int64_t host_budget_bytes) {
   plan::OptimalOptions options;
   options.slots = args.slots;
-  const int64_t table_bytes = plan::optimal_table_bytes(chain.size(), options);
+  options.host_budget_bytes = host_budget_bytes;
+  const int64_t table_bytes = plan::optimal_table_bytes(chain, options);
   if (args.solver != "optimal" || table_bytes <= options.max_table_bytes) return;
+  // The advice varies the stages: count the host axis only where this chain has one.
+  if (host_budget_bytes >= chain.max_host_bytes()) {
+    options.host_budget_bytes = std::numeric_limits<int64_t>::max();
+  }
   const auto fits = [&](int stages, int slots) {
     plan::OptimalOptions tried = options;
     tried.slots = slots;
@@ -132,8 +154,14 @@ void write_json(const PlanReport& r, std::ostream& out) {
   result["stages"] = r.chain.size();
   result["predicted_time"] = has_schedule ? json(prediction.time) : json(nullptr);
   result["predicted_peak_bytes"] = has_schedule ? json(prediction.peak_bytes) : json(nullptr);
+  result["predicted_host_peak_bytes"] =
+      has_schedule ? json(prediction.host_peak_bytes) : json(nullptr);
+  result["host_budget_bytes"] = r.host_budget_bytes == std::numeric_limits<int64_t>::max()
+                                    ? json(nullptr)
+                                    : json(r.host_budget_bytes);
   result["forward_count"] = has_schedule ? json(prediction.forward_count) : json(nullptr);
-  result["schedule"] = has_schedule ? schedule_to_json(*r.outcome.schedule) : json::array();
+  result["schedule"] =
+      has_schedule ? schedule_to_json(*r.outcome.schedule, r.chain) : json::array();
   result["schedule_text"] = has_schedule ? plan::to_string(*r.outcome.schedule) : "";
   result["min_feasible_budget_bytes"] = r.min_budget;
   result["no_checkpoint_time"] = r.baseline.time;
@@ -175,9 +203,14 @@ void write_text(const PlanReport& r, const PlanArgs& args, std::ostream& out) {
         << percent_of(static_cast<double>(prediction.peak_bytes),
                       static_cast<double>(r.baseline.peak_bytes), "%.1f%%")
         << ")\n";
+    if (r.chain.max_host_bytes() > 0) {
+      out << "host peak:  " << format_bytes(prediction.host_peak_bytes) << " ("
+          << prediction.host_peak_bytes << " bytes of offloaded activations in host memory)\n";
+    }
   }
   out << "min budget: " << format_bytes(r.min_budget) << " (" << r.min_budget
-      << " bytes, the smallest budget any persistent schedule fits)\n";
+      << " bytes, the smallest budget any persistent schedule fits"
+      << (args.host_budget.empty() ? "" : " within the host budget") << ")\n";
   if (!r.outcome.feasible) out << "note:       infeasible: " << r.message << "\n";
 }
 
@@ -188,16 +221,21 @@ int run_plan(const PlanArgs& args, std::ostream& out) {
     throw UsageError("--slots must be a positive integer, but got " + std::to_string(args.slots));
   }
   PlanReport report;
+  report.host_budget_bytes = parse_host_budget(args.host_budget);
   report.chain = load_chain_file(args.chain_path);
-  check_table_limit(args, report.chain);
+  check_table_limit(args, report.chain, report.host_budget_bytes);
   report.baseline = plan::simulate(report.chain, plan::solve_no_checkpoint(report.chain));
-  report.min_budget = plan::min_feasible_budget_bytes(report.chain);
+  plan::OptimalOptions host;
+  host.host_budget_bytes = report.host_budget_bytes;
+  report.min_budget = plan::min_feasible_budget_bytes(report.chain, host);
   report.budget_bytes = parse_budget(args.budget, report.baseline.peak_bytes, report.min_budget);
-  report.outcome = solve_with(report.chain, report.budget_bytes, args.solver, args.slots);
+  report.outcome = solve_with(report.chain, report.budget_bytes, args.solver, args.slots,
+                              report.host_budget_bytes);
   report.message = report.outcome.message;
   if (!report.outcome.feasible) {
-    report.message += "; the smallest feasible budget for this chain is " +
-                      std::to_string(report.min_budget) + " bytes (" +
+    report.message += "; the smallest feasible budget for this chain" +
+                      std::string(args.host_budget.empty() ? "" : " within the host budget") +
+                      " is " + std::to_string(report.min_budget) + " bytes (" +
                       format_bytes(report.min_budget) + ")";
   }
   if (args.json) {

@@ -102,7 +102,8 @@ struct Chain {
   /// The time of B with `option`: max(backward_time, offloaded_bytes / host_bandwidth).
   double backward_time(const StorageOption& option) const;
   /// The sum over stages of each stage's largest offloaded_bytes: no persistent schedule holds
-  /// more host memory at once, so a host budget of at least this cannot bind.
+  /// more host memory at once, so a host budget of at least this cannot bind. For a valid chain
+  /// (validate() bounds the sum).
   int64_t max_host_bytes() const;
   /// Limits of validate(): the sum of every size in the chain and the sum of every time. They
   /// keep the planner's arithmetic exact: sums of sizes alive together never overflow int64 and

@@ -8,6 +8,7 @@
 #include "ckpt/plan/schedule.h"
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "dp_terms.h"
@@ -24,7 +25,8 @@ struct ParetoPoint {
 };
 
 /// The program on the dense entries, for device allowances up to `memory` (the budget less x_0)
-/// and host allowances up to `host`. It stops once it has generated more than `max_work` points.
+/// and host allowances up to `host`. It stops once its points, 16 steps of `max_work` each (the
+/// time of 16 steps of solve_exact's one-resource program), pass `max_work`.
 class ParetoProgram {
  public:
   ParetoProgram(const Chain& chain, int64_t memory, int64_t host, bool restricted,
@@ -57,6 +59,7 @@ class ParetoProgram {
   std::vector<double> prefix_;                   // fill_forward_input_prefixes
   std::vector<int64_t> forward_;
   std::vector<ParetoPoint> candidates_;  // scratch of build()
+  std::map<int64_t, double> staircase_;  // scratch of keep_pareto()
 };
 
 }  // namespace detail
