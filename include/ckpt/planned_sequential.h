@@ -48,11 +48,19 @@ using Budget = plan::Budget;
 class InfeasibleBudget : public c10::Error {
  public:
   InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasible_bytes);
-  /// The smallest budget, in bytes, that a schedule of the chain fits in.
+  /// The budget fits with more host memory for offloading: `smallest_host_budget_bytes` of it.
+  InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasible_bytes, int64_t host_budget_bytes,
+                   int64_t smallest_host_budget_bytes);
+  /// The smallest budget, in bytes, that a schedule of the chain fits in (with the host budget
+  /// given).
   int64_t smallest_feasible_bytes() const { return smallest_feasible_bytes_; }
+  /// The smallest host budget with which the budget fits, or -1 where more host memory would not
+  /// help.
+  int64_t smallest_host_budget_bytes() const { return smallest_host_budget_bytes_; }
 
  private:
   int64_t smallest_feasible_bytes_;
+  int64_t smallest_host_budget_bytes_ = -1;
 };
 
 /// What `PlannedSequential` does with an input its plan may not hold: larger than the sample it

@@ -15,7 +15,9 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <unordered_set>
 
 namespace ckpt {
@@ -110,6 +112,42 @@ InfeasibleBudget::InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasib
                           " bytes. Raise the budget, ask for it with Budget::minimum() (\"min\"), "
                           "or set PlannedSequentialOptions().fall_back_to_minimum(true).")),
       smallest_feasible_bytes_(smallest_feasible_bytes) {}
+
+InfeasibleBudget::InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasible_bytes,
+                                   int64_t host_budget_bytes, int64_t smallest_host_budget_bytes)
+    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                 c10::str("ckpt::PlannedSequential: no schedule fits in a budget of ", budget_bytes,
+                          " bytes with a host budget of ", host_budget_bytes,
+                          " bytes for offloading; the smallest host budget that works at this "
+                          "budget is ",
+                          smallest_host_budget_bytes,
+                          " bytes, and the smallest budget at this host budget is ",
+                          smallest_feasible_bytes,
+                          " bytes. Raise the host budget "
+                          "(PlannedSequentialOptions().host_budget_bytes) or the budget.")),
+      smallest_feasible_bytes_(smallest_feasible_bytes),
+      smallest_host_budget_bytes_(smallest_host_budget_bytes) {}
+
+namespace {
+
+// The infeasible-budget error for `budget_bytes`, naming the host budget that would make it fit
+// where only the host budget is short.
+InfeasibleBudget infeasible(const plan::Chain& profile, const plan::OptimalOptions& optimal,
+                            int64_t budget_bytes, int64_t minimum) {
+  if (optimal.host_budget_bytes < profile.max_host_bytes()) {
+    std::optional<int64_t> host;
+    try {
+      host = plan::min_host_budget_bytes(profile, budget_bytes, optimal);
+    } catch (const std::length_error&) {  // too long a chain to answer exactly: say less
+    }
+    if (host && *host > optimal.host_budget_bytes) {
+      return InfeasibleBudget(budget_bytes, minimum, optimal.host_budget_bytes, *host);
+    }
+  }
+  return InfeasibleBudget(budget_bytes, minimum);
+}
+
+}  // namespace
 
 PlannedSequentialImpl::PlannedSequentialImpl(const torch::nn::Sequential& chain, Budget budget,
                                              PlannedSequentialOptions options)
@@ -215,7 +253,7 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
   const plan::SolverSpec solver = parse_solver(options.solver());
   const bool optimal_solver = solver.name == "optimal";
   if (optimal_solver && budget_bytes < minimum) {
-    if (!options.fall_back_to_minimum()) throw InfeasibleBudget(budget_bytes, minimum);
+    if (!options.fall_back_to_minimum()) throw infeasible(profile, optimal, budget_bytes, minimum);
     TORCH_WARN("ckpt::PlannedSequential: no schedule fits in a budget of ", budget_bytes,
                " bytes; planning for the smallest feasible budget, ", minimum, " bytes.");
     budget_bytes = minimum;

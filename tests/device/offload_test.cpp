@@ -286,6 +286,48 @@ TEST_P(OffloadTest, PlannedChainMixesOffloadingWithRecomputingAtThePredictedPeak
 
 CKPT_INSTANTIATE_DEVICE_SUITE(OffloadTest);
 
+// A budget that fits only with more host memory than the host budget: the infeasible-budget
+// error says how much (a profile where offloading lowers the smallest budget: its backward
+// brings back less than it offloaded).
+TEST(OffloadPlan, HostBudgetTooSmallNamesTheHostBudgetThatWorks) {
+  ckpt::plan::Chain profile;
+  profile.input_bytes = 100;
+  for (int i = 0; i < 4; ++i) {
+    ckpt::plan::Stage stage;
+    stage.forward_time = stage.backward_time = 1.0;
+    stage.output_bytes = 100;
+    stage.saved_bytes = 1000;
+    ckpt::plan::StorageOption offloaded;
+    offloaded.name = "offloaded";
+    offloaded.forward_time = offloaded.backward_time = 1.0;
+    offloaded.saved_bytes = 100;
+    offloaded.offloaded_bytes = 900;
+    offloaded.backward_tmp_bytes = 400;
+    stage.alternatives.push_back(offloaded);
+    profile.stages.push_back(stage);
+  }
+  ckpt::plan::OptimalOptions unlimited;
+  const int64_t budget = ckpt::plan::min_feasible_budget_bytes(profile, unlimited);
+  torch::nn::Sequential chain;
+  for (int i = 0; i < 4; ++i) chain->push_back(torch::nn::Linear(4, 4));
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::bytes(budget),
+                                  ckpt::PlannedSequentialOptions().host_budget_bytes(0));
+  try {
+    planned->plan(profile);
+    FAIL() << "planned without the host memory it needs";
+  } catch (const ckpt::InfeasibleBudget& error) {
+    EXPECT_EQ(error.smallest_host_budget_bytes(), 900);
+    EXPECT_GT(error.smallest_feasible_bytes(), budget);
+    EXPECT_NE(std::string(error.what()).find("the smallest host budget that works"),
+              std::string::npos)
+        << error.what();
+  }
+  ckpt::PlannedSequential enough(chain, ckpt::Budget::bytes(budget),
+                                 ckpt::PlannedSequentialOptions().host_budget_bytes(900));
+  enough->plan(profile);
+  EXPECT_LE(enough->prediction().host_peak_bytes, 900);
+}
+
 // On the host, there is nowhere to offload to.
 TEST(OffloadOnHost, RegionOnHostDataIsAnErrorAndTheGuardCopiesNothing) {
   auto x = torch::randn({4, 8}, torch::requires_grad());
