@@ -54,7 +54,7 @@ if grep -q '\[  SKIPPED \]' "$out/distributed-tests.txt" ||
 fi
 
 echo "=== ckpt train --device cuda: the checkpointed runs' losses against the plain run's"
-for strategy in sequential:4 selective budget:35%; do
+for strategy in sequential:4 selective offload budget:35%; do
   json="$out/train-cuda-${strategy%%:*}.json"
   ./build-gpu/tools/ckpt/ckpt train --device cuda --steps 20 --strategy "$strategy" \
     --json "$json" 2>>"$out/train-cuda-progress.txt" | tee -a "$out/train-cuda.txt"
