@@ -27,11 +27,13 @@ int64_t parse_segments(const std::string& text, const std::string& name) {
 
 Strategy parse_segmented(const std::string& text, const std::string& name, const std::string& value,
                          int64_t stage_count, const std::string& stage_count_note) {
-  if (value.empty() && name != "selective") {
+  const bool per_stage_default = name == "selective" || name == "offload";
+  if (value.empty() && !per_stage_default) {
     throw std::invalid_argument("--strategy " + name + ":K needs a number of segments K, e.g. " +
                                 name + ":4");
   }
-  // selective alone: every stage is its own region, as selective recompute runs per layer.
+  // selective and offload alone: every stage is its own region, as selective recompute runs per
+  // layer and offload_wrapper wraps each block.
   const int64_t segments = value.empty() ? stage_count : parse_segments(value, name);
   if (segments > stage_count) {
     throw std::invalid_argument(
@@ -39,6 +41,7 @@ Strategy parse_segmented(const std::string& text, const std::string& name, const
         std::to_string(stage_count) + stage_count_note + "), but got " + value);
   }
   Strategy strategy = name == "selective" ? Strategy::selective(segments)
+                      : name == "offload" ? Strategy::offload(segments)
                                           : Strategy::sequential(segments, name != "sequential");
   strategy.text = text;
   return strategy;
@@ -61,23 +64,30 @@ Strategy parse_budget(const std::string& text, const std::string& value) {
   return strategy;
 }
 
+// A Sequential, Selective or Offload strategy of `segments` segments, spelled "name:segments".
+Strategy segmented(Strategy::Kind kind, int64_t segments, const std::string& name) {
+  Strategy strategy;
+  strategy.kind = kind;
+  strategy.segments = segments;
+  strategy.text = name + ":" + std::to_string(segments);
+  return strategy;
+}
+
 }  // namespace
 
 Strategy Strategy::sequential(int64_t segments, bool reentrant) {
-  Strategy strategy;
-  strategy.kind = Kind::Sequential;
-  strategy.segments = segments;
+  Strategy strategy =
+      segmented(Kind::Sequential, segments, reentrant ? "sequential_reentrant" : "sequential");
   strategy.reentrant = reentrant;
-  strategy.text = (reentrant ? "sequential_reentrant:" : "sequential:") + std::to_string(segments);
   return strategy;
 }
 
 Strategy Strategy::selective(int64_t segments) {
-  Strategy strategy;
-  strategy.kind = Kind::Selective;
-  strategy.segments = segments;
-  strategy.text = "selective:" + std::to_string(segments);
-  return strategy;
+  return segmented(Kind::Selective, segments, "selective");
+}
+
+Strategy Strategy::offload(int64_t segments) {
+  return segmented(Kind::Offload, segments, "offload");
 }
 
 Strategy parse_strategy(const std::string& text, int64_t stage_count,
@@ -86,14 +96,16 @@ Strategy parse_strategy(const std::string& text, int64_t stage_count,
   const std::string name = text.substr(0, colon);
   const std::string value = colon == std::string::npos ? "" : text.substr(colon + 1);
   if (name == "none" && colon == std::string::npos) return Strategy{};
-  if (name == "sequential" || name == "sequential_reentrant" || name == "selective") {
+  if (name == "sequential" || name == "sequential_reentrant" || name == "selective" ||
+      name == "offload") {
     return parse_segmented(text, name, value, stage_count, stage_count_note);
   }
   if (name == "budget") return parse_budget(text, value);
   throw std::invalid_argument(
       "unknown strategy '" + text +
       "'; use none, sequential:K (K segments), selective or selective:K (K segments that keep "
-      "matrix products) or budget:B (B bytes such as 64MiB, or a percentage of the "
+      "matrix products), offload or offload:K (K segments whose activations go to host memory) "
+      "or budget:B (B bytes such as 64MiB, or a percentage of the "
       "no-checkpoint peak such as 40%)");
 }
 
@@ -119,6 +131,7 @@ CheckpointOptions checkpoint_options(const Strategy& strategy) {
   CheckpointOptions options;
   options.use_reentrant(strategy.reentrant);
   if (strategy.kind == Strategy::Kind::Selective) options.policy(save_matmuls());
+  if (strategy.kind == Strategy::Kind::Offload) options.offload(true);
   return options;
 }
 
@@ -128,6 +141,7 @@ Forward chain_forward(const Strategy& strategy, torch::nn::Sequential chain) {
       return [chain](const at::Tensor& x) mutable { return chain->forward(x); };
     case Strategy::Kind::Sequential:
     case Strategy::Kind::Selective:
+    case Strategy::Kind::Offload:
       return [chain, segments = strategy.segments,
               options = checkpoint_options(strategy)](const at::Tensor& x) {
         return checkpoint_sequential(chain, segments, x, options);

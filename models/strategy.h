@@ -25,9 +25,12 @@ struct Strategy {
     Sequential,  ///< checkpoint_sequential: "sequential:K", "sequential_reentrant:K"
     Selective,   ///< checkpoint_sequential under save_matmuls(): "selective", "selective:K"
     Budget,      ///< PlannedSequential under a budget: "budget:64MiB", "budget:40%", "budget:min"
+    /// checkpoint_sequential's segments as offloaded regions (CheckpointOptions().offload(true)):
+    /// "offload", "offload:K". Needs the chain on an accelerator.
+    Offload,
   };
   Kind kind = Kind::None;
-  int64_t segments = 0;    ///< Sequential and Selective: checkpoint_sequential's segments
+  int64_t segments = 0;    ///< Sequential, Selective and Offload: checkpoint_sequential's segments
   bool reentrant = false;  ///< Sequential: the reentrant variant
   plan::Budget budget = plan::Budget::minimum();  ///< Budget: the planner's budget
   /// Budget: the storage modes the planner may give a stage (`--storage-modes`).
@@ -36,11 +39,13 @@ struct Strategy {
 
   static Strategy sequential(int64_t segments, bool reentrant = false);
   static Strategy selective(int64_t segments);
+  static Strategy offload(int64_t segments);
 };
 
 /// Parses a strategy for a chain of `stage_count` stages: none | sequential:K |
-/// sequential_reentrant:K | selective | selective:K | budget:B. `selective` alone makes every
-/// stage its own region. Throws std::invalid_argument, with a message that starts with the
+/// sequential_reentrant:K | selective | selective:K | offload | offload:K | budget:B. `selective`
+/// and `offload` alone make every stage its own region. Throws std::invalid_argument, with a
+/// message that starts with the
 /// `--strategy` option, when `text` is none of these or K is not in [1, stage_count];
 /// `stage_count_note` follows the count in that message (" = layers + 2").
 Strategy parse_strategy(const std::string& text, int64_t stage_count,
@@ -55,14 +60,14 @@ StorageModes parse_storage_modes(const std::string& list);
 /// keeps.
 std::string storage_modes_help();
 
-/// The options the regions of a Sequential or Selective strategy run under.
+/// The options the regions of a Sequential, Selective or Offload strategy run under.
 CheckpointOptions checkpoint_options(const Strategy& strategy);
 
 using Forward = std::function<at::Tensor(const at::Tensor&)>;
 
-/// The forward pass of `chain` under a strategy that needs no plan (None, Sequential, Selective),
-/// sharing the chain. A Budget strategy runs `PlannedSequential(chain, strategy.budget)`, which
-/// the caller plans and owns: throws std::invalid_argument for it.
+/// The forward pass of `chain` under a strategy that needs no plan (None, Sequential, Selective,
+/// Offload), sharing the chain. A Budget strategy runs `PlannedSequential(chain, strategy.budget)`,
+/// which the caller plans and owns: throws std::invalid_argument for it.
 Forward chain_forward(const Strategy& strategy, torch::nn::Sequential chain);
 
 }  // namespace models

@@ -175,6 +175,7 @@ std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig&
   cmd << "'" << python << "' '" << script << "' --config '" << to_json(config) << "' --segments ";
   for (size_t i = 0; i < segments.size(); ++i) cmd << (i ? "," : "") << segments[i];
   cmd << " --steps " << steps << " --warmup " << warmup << " --threads " << options.threads;
+  if (!torch::Device(options.device).is_cpu()) cmd << " --device '" << options.device << "'";
   std::string output;
   const int status = run_command(cmd.str(), output);
   std::vector<BenchRow> rows;
@@ -200,11 +201,13 @@ std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig&
     row.method = s == 0                   ? "python_none"
                  : variant == "reentrant" ? "python_sequential_reentrant"
                  : variant == "selective" ? "python_selective"
+                 : variant == "offload"   ? "python_offload"
                                           : "python_sequential";
     row.setting = s == 0 ? "-" : "segments=" + std::to_string(s);
     row.segments = s;
     row.rss_peak_bytes = r["rss_peak_bytes"].get<int64_t>();
-    row.peak_bytes = row.rss_peak_bytes;
+    // On CUDA the device's peak (torch.cuda.max_memory_allocated), and no RSS; else the RSS peak.
+    row.peak_bytes = r.value("peak_bytes", row.rss_peak_bytes);
     row.step_ms = r["step_ms"].get<double>();
     row.step_iqr_ms = r["iqr_ms"].get<double>();
     row.forward_count = r["forward_count"].get<int>();
@@ -225,10 +228,11 @@ Method* add_method(Methods& methods, BenchRow row, Forward forward) {
   return methods.back().get();
 }
 
-// The plain model, then checkpoint_sequential at each segment count in both variants, and with
-// `every_count` the non-reentrant one at every other count from 2 to L (for the curve).
+// The plain model, then checkpoint_sequential at each segment count in both variants, selective,
+// and with `offload` (an accelerator's chain) as offloaded regions; with `every_count` the
+// non-reentrant variant at every other count from 2 to L (for the curve).
 Methods sequential_methods(const std::string& name, torch::nn::Sequential model,
-                           const std::vector<int>& segments, bool every_count) {
+                           const std::vector<int>& segments, bool offload, bool every_count) {
   const int n = static_cast<int>(model->size());
   Methods methods;
   const auto row = [&](const std::string& method, int s) {
@@ -248,6 +252,10 @@ Methods sequential_methods(const std::string& name, torch::nn::Sequential model,
                models::chain_forward(models::Strategy::sequential(s, /*reentrant=*/true), model));
     add_method(methods, row("ckpt_selective", s),
                models::chain_forward(models::Strategy::selective(s), model));
+    if (!offload) continue;
+    BenchRow offloaded = row("ckpt_offload", s);
+    offloaded.forward_count = n;  // each stage runs once; its saved tensors move instead
+    add_method(methods, offloaded, models::chain_forward(models::Strategy::offload(s), model));
   }
   for (int s = 2; every_count && s <= n; ++s) {
     if (std::find(segments.begin(), segments.end(), s) != segments.end()) continue;
@@ -407,6 +415,12 @@ void time_methods(const std::string& name, Workbench& bench, Methods& methods, i
   }
 }
 
+// Whether the row's peak_bytes is the allocator's: every C++ row, and Python's on CUDA (where it
+// measures torch.cuda.max_memory_allocated and no RSS). Python's on the CPU is its RSS peak.
+bool device_peak(const BenchRow& row) {
+  return row.method.rfind("python", 0) != 0 || row.rss_peak_bytes < 0;
+}
+
 // Ratios against the same language's no-checkpoint row (the first C++ row is "none").
 void add_ratios(std::vector<BenchRow>& rows) {
   const BenchRow* cpp_none = &rows.front();
@@ -425,7 +439,7 @@ void add_ratios(std::vector<BenchRow>& rows) {
     const BenchRow* base = py ? py_none : cpp_none;
     if (base == nullptr || row.step_ms <= 0) continue;
     row.overhead = row.step_ms / base->step_ms;
-    if (!py && row.peak_bytes >= 0 && base->peak_bytes > 0) {
+    if (device_peak(row) && row.peak_bytes >= 0 && base->peak_bytes > 0) {
       row.memory_ratio =
           static_cast<double>(row.peak_bytes) / static_cast<double>(base->peak_bytes);
     }
@@ -450,7 +464,9 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
 
   Workbench bench(config, torch::Device(options.device));
   const auto segments = segment_counts(static_cast<int>(bench.model->size()));
-  Methods methods = sequential_methods(name, bench.model, segments, options.every_segment_count);
+  const torch::Device device(options.device);
+  Methods methods = sequential_methods(name, bench.model, segments, !device.is_cpu(),
+                                       options.every_segment_count);
   const std::optional<plan::Chain> profile =
       options.planned ? std::optional(profile_for_planner(options, name, bench)) : std::nullopt;
   // Memory phase: every method's warm-up and measured step, with small allocations returned to
@@ -465,8 +481,8 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
 
   std::vector<BenchRow> rows;
   for (auto& m : methods) rows.push_back(m->row);
-  if (options.python && torch::Device(options.device).is_cpu()) {
-    std::cerr << "ckpt bench: " << name << ": running torch.utils.checkpoint\n";
+  if (options.python && (device.is_cpu() || device.is_cuda())) {
+    std::cerr << "ckpt bench: " << name << ": running torch.utils.checkpoint on " << device << "\n";
     for (auto& row : run_python(options, config, segments, steps, warmup)) rows.push_back(row);
   }
   add_ratios(rows);
@@ -482,7 +498,7 @@ const BenchRow* find(const std::vector<BenchRow>& rows, const std::string& model
 }
 
 // The Python row that runs what a C++ method runs: ckpt_sequential[_reentrant] ->
-// python_sequential[_reentrant].
+// python_sequential[_reentrant], ckpt_offload -> python_offload (save_on_cpu).
 std::string python_twin(const std::string& cpp_method) {
   return "python" + cpp_method.substr(std::string("ckpt").size());
 }
@@ -549,7 +565,8 @@ std::string prediction_error(const BenchRow& row) {
 std::string python_ratio(const BenchRow& row, const std::vector<BenchRow>& rows) {
   const BenchRow* twin = nullptr;
   if (row.method == "none") twin = find(rows, row.model, "python_none", 0);
-  if (row.method.rfind("ckpt_sequential", 0) == 0 || row.method == "ckpt_selective") {
+  if (row.method.rfind("ckpt_sequential", 0) == 0 || row.method == "ckpt_selective" ||
+      row.method == "ckpt_offload") {
     twin = find(rows, row.model, python_twin(row.method), row.segments);
   }
   if (!twin || twin->step_ms <= 0 || row.step_ms <= 0) return "—";
@@ -557,7 +574,7 @@ std::string python_ratio(const BenchRow& row, const std::vector<BenchRow>& rows)
 }
 
 std::string markdown_row(const BenchRow& row, const std::vector<BenchRow>& rows) {
-  const bool py = row.method.rfind("python", 0) == 0;
+  const bool rss_only = !device_peak(row);
   const bool timed = row.step_ms > 0;
   std::string note = row.note;
   if (row.solver_ms >= 0)
@@ -565,8 +582,9 @@ std::string markdown_row(const BenchRow& row, const std::vector<BenchRow>& rows)
   std::ostringstream md;
   md << "| " << row.method << " | " << row.setting << " | "
      << (row.forward_count > 0 ? std::to_string(row.forward_count) : "—") << " | "
-     << (py ? "—" : mib(row.peak_bytes)) << " | " << (py ? "—" : percent(row.memory_ratio)) << " | "
-     << mib(row.rss_peak_bytes) << " | " << percent(row.rss_memory_ratio) << " | "
+     << (rss_only ? "—" : mib(row.peak_bytes)) << " | "
+     << (rss_only ? "—" : percent(row.memory_ratio)) << " | " << mib(row.rss_peak_bytes) << " | "
+     << percent(row.rss_memory_ratio) << " | "
      << (row.predicted_peak_bytes >= 0 ? mib(row.predicted_peak_bytes) : "—") << " | "
      << prediction_error(row) << " | " << (timed ? fixed(row.step_ms, 2) : "—") << " | "
      << (timed ? fixed(row.step_iqr_ms, 2) : "—") << " | "

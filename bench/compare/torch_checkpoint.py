@@ -11,7 +11,15 @@ one memory step per method (RSS high-water mark: VmHWM - VmRSS before, after wri
 would set), then timed steps interleaved across methods with a large mmap threshold (no mmap and
 page faults per tensor), exactly like the C++ harness. Prints one JSON object on stdout.
 
+With --device cuda[:N] the chain runs on that GPU: each memory step's peak is
+torch.cuda.max_memory_allocated after reset_peak_memory_stats, less what was allocated before the
+step (as the C++ harness reads the caching allocator's statistics), RSS is not measured, every
+timed step ends with torch.cuda.synchronize(), and the rows add offloading: the same segments as
+checkpoint_sequential's, each run under torch.autograd.graph.save_on_cpu(pin_memory=True) (what
+offload_wrapper does around a module), the last segment plain as in checkpoint_sequential.
+
 Usage: torch_checkpoint.py --config JSON --segments 2,4,8 [--steps 15] [--warmup 3] [--threads 1]
+                           [--device cpu|cuda[:N]]
 """
 
 import argparse
@@ -195,13 +203,17 @@ def main():
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
     config = json.loads(args.config)
-    model = build_model(config)
+    model = build_model(config)  # built on the CPU, with the C++ side's seeds, then moved
     model.train()
-    x = make_input(config).requires_grad_(True)
+    model.to(device)
+    x = make_input(config).to(device).requires_grad_(True)
     x.grad = torch.zeros_like(x)
     params = list(model.parameters())
     for p in params:
@@ -217,6 +229,8 @@ def main():
             return model(x)
         if variant == "selective":
             return selective_sequential(segments)
+        if variant == "offload":
+            return offloaded_sequential(segments)
         if not has_use_reentrant:
             return tuc.checkpoint_sequential(model, segments, x)
         return tuc.checkpoint_sequential(model, segments, x, use_reentrant=variant == "reentrant")
@@ -238,18 +252,46 @@ def main():
                                    tuc.create_selective_checkpoint_contexts, save_matmuls))
         return run_stages(size * (segments - 1), n)(h)
 
+    # checkpoint_sequential's segments, each under save_on_cpu as offload_wrapper runs a module;
+    # the last one plain (its saved tensors are the backward's first reads).
+    def offloaded_sequential(segments):
+        size = n // segments
+        h = x
+        for first in range(0, size * (segments - 1), size):
+            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                h = run_stages(first, first + size)(h)
+        return run_stages(size * (segments - 1), n)(h)
+
     def step(setting):
         for p in params:
             p.grad.zero_()
         x.grad.zero_()
         loss = forward(setting).square().mean()  # the output is not held through backward
         loss.backward()
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    # One memory step: the device's peak on CUDA, else the RSS high-water mark.
+    def measure(setting):
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            step(setting)
+            return {"peak_bytes": torch.cuda.max_memory_allocated(device) - before,
+                    "rss_peak_bytes": -1}
+        rss_ok = reset_hwm()
+        before = status_kib("VmRSS")
+        step(setting)
+        return {"rss_peak_bytes": (status_kib("VmHWM") - before) * 1024 if rss_ok else -1}
 
     has_use_reentrant = "use_reentrant" in inspect.signature(tuc.checkpoint_sequential).parameters
     segment_counts = [int(s) for s in args.segments.split(",") if s]
     variants = ["reentrant", "non_reentrant"] if has_use_reentrant else ["reentrant"]
     if hasattr(tuc, "create_selective_checkpoint_contexts"):
         variants.append("selective")
+    if cuda:
+        variants.append("offload")
     settings = [(0, "reentrant")] + [(s, v) for v in variants for s in segment_counts]
     results = {}
     # Memory phase: allocations of 64 KiB or more are mmapped and returned when freed, so RSS
@@ -258,13 +300,9 @@ def main():
     for s in settings:
         for _ in range(args.warmup):
             step(s)
-        rss_ok = reset_hwm()
-        before = status_kib("VmRSS")
-        step(s)
-        peak = (status_kib("VmHWM") - before) * 1024 if rss_ok else -1
         size = n // s[0] if s[0] else 0
-        results[s] = {"rss_peak_bytes": peak, "times": [],
-                      "forward_count": n + (size * (s[0] - 1) if s[0] else 0)}
+        recomputed = size * (s[0] - 1) if s[0] and s[1] != "offload" else 0
+        results[s] = dict(measure(s), times=[], forward_count=n + recomputed)
 
     # Timing phase: the heap keeps freed memory, as in the C++ harness; one untimed round first.
     set_mmap_threshold(32 << 20, 64 << 20)
@@ -281,10 +319,13 @@ def main():
     for s in settings:
         times = sorted(results[s]["times"])
         q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
-        rows.append({"segments": s[0], "reentrant": s[1] == "reentrant", "variant": s[1],
-                     "step_ms": statistics.median(times), "iqr_ms": q[2] - q[0],
-                     "rss_peak_bytes": results[s]["rss_peak_bytes"],
-                     "forward_count": results[s]["forward_count"]})
+        row = {"segments": s[0], "reentrant": s[1] == "reentrant", "variant": s[1],
+               "step_ms": statistics.median(times), "iqr_ms": q[2] - q[0],
+               "rss_peak_bytes": results[s]["rss_peak_bytes"],
+               "forward_count": results[s]["forward_count"]}
+        if cuda:
+            row["peak_bytes"] = results[s]["peak_bytes"]
+        rows.append(row)
     json.dump({"torch_version": torch.__version__, "threads": torch.get_num_threads(),
                "stages": n, "rows": rows}, sys.stdout)
     sys.stdout.write("\n")

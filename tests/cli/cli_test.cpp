@@ -322,6 +322,14 @@ TEST(Cli, TrainRefusesTheReentrantVariant) {
                  "--strategy sequential_reentrant:2: the reentrant variant would leave");
 }
 
+// Offloaded regions refuse host data (nothing to offload to): one line before any run.
+TEST(Cli, TrainRefusesOffloadingOnTheCpu) {
+  expect_refused(kTiny + "--strategy offload", 2,
+                 "--strategy offload: offloading moves activations from an accelerator to host "
+                 "memory, and --device cpu has none; use --device emulated or --device cuda");
+  expect_refused(kTiny + "--strategy offload:2 --device cpu", 2, "--strategy offload:2: ");
+}
+
 TEST(Cli, TrainRejectsUnknownStrategy) {
   const Result result = run(kTiny + "--strategy magic");
   EXPECT_EQ(result.code, 2);
@@ -707,6 +715,16 @@ TEST(Cli, TrainOnTheEmulatedDeviceHasThePlainRunsLosses) {
   EXPECT_EQ(sequential["config"]["device"], "emulated:1");
   expect_same_losses_and_less_memory(train_on_device("selective", "emulated:0"));
   expect_same_losses_and_less_memory(train_on_device("budget:min", "emulated"));
+}
+
+// Every stage but the last an offloaded region, and two segments: the saved activations go to
+// host memory and come back, with the plain run's loss bits.
+TEST(Cli, TrainOffloadedOnTheEmulatedDeviceHasThePlainRunsLosses) {
+  if (!CKPT_EMULATED_DEVICE_HOOKS) GTEST_SKIP() << "the emulated device needs LibTorch 2.9+";
+  const json per_stage = train_on_device("offload", "emulated");
+  expect_same_losses_and_less_memory(per_stage);
+  EXPECT_EQ(per_stage["strategy"], "offload");
+  expect_same_losses_and_less_memory(train_on_device("offload:2", "emulated:1"));
 }
 
 // The instrumented step samples the device's memory; the chain is profiled on the device.

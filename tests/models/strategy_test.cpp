@@ -38,6 +38,13 @@ TEST(Strategy, EverySpellingParses) {
   EXPECT_TRUE(reentrant.reentrant);
   EXPECT_EQ(parse_strategy("selective", 4).segments, 4);  // every stage its own region
   EXPECT_EQ(parse_strategy("selective:2", 4).kind, Strategy::Kind::Selective);
+  const Strategy offload = parse_strategy("offload", 4);
+  EXPECT_EQ(offload.kind, Strategy::Kind::Offload);
+  EXPECT_EQ(offload.segments, 4);  // every stage its own region
+  EXPECT_EQ(offload.text, "offload");
+  EXPECT_EQ(parse_strategy("offload:2", 4).segments, 2);
+  EXPECT_TRUE(ckpt::models::checkpoint_options(offload).offload());
+  EXPECT_FALSE(ckpt::models::checkpoint_options(sequential).offload());
   const Strategy budget = parse_strategy("budget:40%", 4);
   EXPECT_EQ(budget.kind, Strategy::Kind::Budget);
   EXPECT_TRUE(budget.budget.is_fraction());
@@ -51,6 +58,9 @@ TEST(Strategy, BadSpellingsSayWhatIsWrong) {
   expect_refused("selective:5",
                  "--strategy selective:5: K must be between 1 and the number of "
                  "stages (4), but got 5");
+  expect_refused("offload:5",
+                 "--strategy offload:5: K must be between 1 and the number of stages (4)");
+  expect_refused("offload:x", "--strategy offload:K: K must be a positive integer");
   expect_refused("budget:", "--strategy budget:B needs a budget");
   expect_refused("budget:150%", "(0, 100]");
   expect_refused("none:2", "unknown strategy 'none:2'");
@@ -82,6 +92,24 @@ TEST(Strategy, ForwardsRunTheChainUnderTheirVariant) {
   }
   EXPECT_THROW(ckpt::models::chain_forward(parse_strategy("budget:min", 4), chain),
                std::invalid_argument);
+}
+
+// Offloaded segments on host tensors: the region's error (nothing to offload to), not a copy.
+// tests/cli runs them on the emulated device.
+TEST(Strategy, OffloadOnTheHostIsRefused) {
+  torch::nn::Sequential chain(torch::nn::Linear(8, 8), torch::nn::Tanh());
+  const auto forward = ckpt::models::chain_forward(parse_strategy("offload", 2), chain);
+  EXPECT_THROW(
+      {
+        try {
+          forward(torch::randn({4, 8}));
+        } catch (const c10::Error& error) {
+          EXPECT_NE(std::string(error.what()).find("all in host memory already"), std::string::npos)
+              << error.what();
+          throw;
+        }
+      },
+      c10::Error);
 }
 
 }  // namespace

@@ -105,6 +105,12 @@ Strategy parse_strategy(const TrainArgs& args) {
                      ": the reentrant variant would leave the first segment's parameters without "
                      "gradients (its input, token ids, needs none); use sequential:K");
   }
+  // An offloaded region refuses host data: say so before any run, naming the devices that work.
+  if (strategy.kind == Strategy::Kind::Offload && c10::Device(args.device).is_cpu()) {
+    throw UsageError("--strategy " + strategy.text +
+                     ": offloading moves activations from an accelerator to host memory, and "
+                     "--device cpu has none; use --device emulated or --device cuda");
+  }
   return strategy;
 }
 
@@ -475,8 +481,9 @@ void add_shape_options(CLI::App* command, TrainArgs& args) {
 void add_run_options(CLI::App* command, TrainArgs& args) {
   command
       ->add_option("--strategy", args.strategy,
-                   "none | sequential:K | selective[:K] (keeps matrix products) | budget:BYTES | "
-                   "budget:PCT% (through the planner)")
+                   "none | sequential:K | selective[:K] (keeps matrix products) | offload[:K] "
+                   "(host memory; --device emulated or cuda) | budget:BYTES | budget:PCT% "
+                   "(through the planner)")
       ->type_name("NAME")
       ->capture_default_str();
   command->add_option("--storage-modes", args.storage_modes, models::storage_modes_help())
