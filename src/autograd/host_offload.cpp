@@ -123,7 +123,8 @@ void OffloadGroup::finish_forward(const std::vector<at::Tensor>& resident) {
     if (found == index_.end()) continue;
     Slot& slot = slots_[found->second];
     slot.resident = true;
-    slot.copied->synchronize();  // the copy writes into the host memory that goes now
+    // The copy writes into the host memory that goes now.
+    c10::impl::VirtualGuardImpl(slot.where.type()).synchronizeStream(offload_stream(slot.where));
     host_bytes_ -= slot.host.nbytes();
     count_host_bytes(-slot.host.nbytes());
     slot.host = at::Tensor();

@@ -15,10 +15,13 @@ std::optional<ckpt::CheckpointOptions> plain_region(const ckpt::StorageSettings&
   return ckpt::CheckpointOptions();
 }
 
-TEST(StorageModes, StandardHasCheckpointedThenSelective) {
+TEST(StorageModes, StandardHasCheckpointedSelectiveAndOffloaded) {
   const auto modes = ckpt::StorageModes::standard();
-  ASSERT_EQ(modes.all().size(), 2u);
-  EXPECT_EQ(modes.names(), "checkpointed, selective");
+  ASSERT_EQ(modes.all().size(), 3u);
+  EXPECT_EQ(modes.names(), "checkpointed, selective, offloaded");
+  const auto offloaded = modes.at("offloaded", "test").region(ckpt::StorageSettings{});
+  ASSERT_TRUE(offloaded.has_value());
+  EXPECT_TRUE(offloaded->offload());
   ckpt::StorageSettings settings;
   EXPECT_TRUE(modes.at("checkpointed", "test").region(settings).has_value());
   // The selective mode is off without a policy, and on with one.
@@ -37,13 +40,13 @@ TEST(StorageModes, AddRefusesBadEntries) {
   CKPT_EXPECT_THROWS_WITH(modes.add({"two words", "", plain_region}), "letters, digits and '_'");
   CKPT_EXPECT_THROWS_WITH(modes.add({"", "", plain_region}), "letters, digits and '_'");
   CKPT_EXPECT_THROWS_WITH(modes.add({"no_region", "", {}}), "mode 'no_region' has no `region`");
-  EXPECT_EQ(modes.names(), "checkpointed, selective");  // nothing added by the failures
-  modes.add({"offload_like", "a new entry", plain_region});
-  EXPECT_EQ(modes.names(), "checkpointed, selective, offload_like");
+  EXPECT_EQ(modes.names(), "checkpointed, selective, offloaded");  // nothing added by failures
+  modes.add({"compressed", "a new entry", plain_region});
+  EXPECT_EQ(modes.names(), "checkpointed, selective, offloaded, compressed");
 }
 
 TEST(StorageModes, RemoveAndLookUp) {
-  auto modes = ckpt::StorageModes::standard().remove("selective");
+  auto modes = ckpt::StorageModes::standard().remove("selective").remove("offloaded");
   EXPECT_EQ(modes.names(), "checkpointed");
   EXPECT_EQ(modes.find("selective"), nullptr);
   CKPT_EXPECT_THROWS_WITH(modes.remove("selective"),
@@ -67,7 +70,7 @@ TEST(StorageModes, SelectTakesNamesInTheirOrder) {
   } catch (const std::invalid_argument& error) {
     EXPECT_STREQ(error.what(),
                  "unknown storage mode 'offload' in 'checkpointed,offload'; the modes are: "
-                 "checkpointed, selective (or none)");
+                 "checkpointed, selective, offloaded (or none)");
   }
 }
 
