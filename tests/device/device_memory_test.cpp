@@ -81,29 +81,13 @@ TEST_P(DeviceMemoryTest, PlannedSequentialPeakFollowsThePredictionAtThreeBudgets
   const int64_t smallest = probe->budget_bytes();
   const int64_t plain = probe->no_checkpoint_peak_bytes();
   ASSERT_LT(smallest, plain);
-  ckpt::MemoryTracker tracker(device());
-  const int64_t scalar_bytes = [&] {
-    const int64_t before = tracker.current_bytes();
-    const auto scalar = torch::zeros({}, on());
-    return tracker.current_bytes() - before;
-  }();
   for (const double fraction : {0.0, 0.4, 0.8}) {
     SCOPED_TRACE(fraction);
     const auto budget = smallest + static_cast<int64_t>(fraction * (plain - smallest));
     ckpt::PlannedSequential planned(chain, ckpt::Budget::bytes(budget), options);
     planned->plan(x);
     x.mutable_grad().reset();
-    tracker.reset_peak();
-    const int64_t before = tracker.current_bytes() - x.nbytes();  // x_0 counts in the model
-    {
-      const auto loss = (planned(x) * target).sum();
-      loss.backward();
-    }
-    const int64_t measured = tracker.peak_bytes() - before - 2 * scalar_bytes;
-    const int64_t predicted = planned->prediction().peak_bytes;
-    EXPECT_LE(measured, planned->budget_bytes());
-    EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(predicted), 0.02 * predicted)
-        << "measured " << measured << " predicted " << predicted;
+    ckpt::test::expect_step_peak_as_predicted(planned, x, target);
   }
 }
 

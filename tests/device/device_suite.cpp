@@ -1,5 +1,7 @@
 #include "device_suite.h"
 
+#include <ckpt/memory_tracker.h>
+
 #include <ATen/autocast_mode.h>
 
 #include <mutex>
@@ -85,6 +87,27 @@ AutocastOn::~AutocastOn() {
 
 std::string DeviceName::operator()(const ::testing::TestParamInfo<c10::DeviceType>& info) const {
   return info.param == c10::DeviceType::CUDA ? "CUDA" : "Emulated";
+}
+
+void expect_step_peak_as_predicted(PlannedSequential& planned, const at::Tensor& x,
+                                   const at::Tensor& target) {
+  MemoryTracker tracker(x.device());
+  const int64_t scalar_bytes = [&] {
+    const int64_t before = tracker.current_bytes();
+    const auto scalar = torch::zeros({}, torch::TensorOptions().device(x.device()));
+    return tracker.current_bytes() - before;
+  }();
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes() - x.nbytes();
+  {
+    const auto loss = (planned(x) * target).sum();
+    loss.backward();
+  }
+  const int64_t measured = tracker.peak_bytes() - before - 2 * scalar_bytes;
+  const int64_t predicted = planned->prediction().peak_bytes;
+  EXPECT_LE(measured, planned->budget_bytes());
+  EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(predicted), 0.02 * predicted)
+      << "measured " << measured << " predicted " << predicted;
 }
 
 }  // namespace test

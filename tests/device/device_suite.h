@@ -6,6 +6,7 @@
 // what the test needs.
 
 #include <ckpt/emulated_device.h>
+#include <ckpt/planned_sequential.h>
 
 #include "compat/torch_compat.h"
 #include "support/support.h"
@@ -55,6 +56,14 @@ class AutocastOn {
   c10::DeviceType type_;
   bool previous_;
 };
+
+/// Runs one training step of `planned` on `x`, whose loss is `(planned(x) * target).sum()` (it
+/// keeps nothing of the chain's output and materialises its gradient, as the planner's model
+/// has it), and expects the step's measured device peak within 2% of the plan's prediction and
+/// within its budget. The peak is above what lived before the step, with x_0 counted (as in the
+/// model) and the loss's two scalars (the caller's) not.
+void expect_step_peak_as_predicted(PlannedSequential& planned, const at::Tensor& x,
+                                   const at::Tensor& target);
 
 /// "Emulated" or "CUDA": the instance's name.
 struct DeviceName {

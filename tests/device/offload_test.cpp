@@ -259,24 +259,8 @@ TEST_P(OffloadTest, PlannedChainMixesOffloadingWithRecomputingAtThePredictedPeak
   const auto plain = plain_grads();
   for (auto& p : chain->parameters()) p.mutable_grad().zero_();
   x.mutable_grad().reset();
-  ckpt::MemoryTracker tracker(device());
-  const int64_t scalar_bytes = [&] {
-    const int64_t before = tracker.current_bytes();
-    const auto scalar = torch::zeros({}, on());
-    return tracker.current_bytes() - before;
-  }();
-  tracker.reset_peak();
   ckpt::reset_offload_peak();
-  const int64_t before = tracker.current_bytes() - x.nbytes();  // x_0 counts in the model
-  {
-    const auto loss = (planned(x) * target).sum();
-    loss.backward();
-  }
-  const int64_t measured = tracker.peak_bytes() - before - 2 * scalar_bytes;
-  const int64_t predicted = planned->prediction().peak_bytes;
-  EXPECT_LE(measured, planned->budget_bytes());
-  EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(predicted), 0.02 * predicted)
-      << "measured " << measured << " predicted " << predicted;
+  ckpt::test::expect_step_peak_as_predicted(planned, x, target);
   EXPECT_LE(ckpt::offload_stats().peak_host_bytes, 3 * stage_offload);
   std::vector<at::Tensor> grads{x.grad()};
   for (auto& p : chain->parameters()) grads.push_back(p.grad());
