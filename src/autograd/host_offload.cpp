@@ -122,6 +122,7 @@ void OffloadGroup::finish_forward(const std::vector<at::Tensor>& resident) {
     const auto found = index_.find(tensor.storage().unsafeGetStorageImpl());
     if (found == index_.end()) continue;
     Slot& slot = slots_[found->second];
+    if (slot.users == 0) continue;  // dropped below
     slot.resident = true;
     // The copy writes into the host memory that goes now.
     c10::impl::VirtualGuardImpl(slot.where.type()).synchronizeStream(offload_stream(slot.where));
@@ -133,9 +134,18 @@ void OffloadGroup::finish_forward(const std::vector<at::Tensor>& resident) {
     if (slot.resident) continue;
     slot.copied->block(current_stream(slot.where));
     slot.device = c10::Storage();
+    if (slot.users == 0) drop_locked(slot);  // saved, then let go of, inside the forward
   }
   index_.clear();
   forward_done_ = true;
+}
+
+void OffloadGroup::drop_locked(Slot& slot) {
+  const int64_t bytes = slot.host.defined() ? slot.host.nbytes() : 0;
+  // The copies read and write on the side stream, in order: a later copy into this memory waits.
+  slot = Slot();
+  host_bytes_ -= bytes;
+  count_host_bytes(-bytes);
 }
 
 void OffloadGroup::fetch_slot(Slot& slot) {
@@ -188,12 +198,10 @@ c10::Storage OffloadGroup::fetch(size_t slot_index) {
 void OffloadGroup::release(size_t slot_index) {
   const std::lock_guard<std::mutex> lock(mutex_);
   Slot& slot = slots_.at(slot_index);
-  if (--slot.users > 0) return;
-  const int64_t bytes = slot.host.defined() ? slot.host.nbytes() : 0;
-  // The copies read and write on the side stream, in order: a later copy into this memory waits.
-  slot = Slot();
-  host_bytes_ -= bytes;
-  count_host_bytes(-bytes);
+  // During the forward the slot stays: its copy is in flight, and the forward may save the same
+  // data again (the slot holds it, so no other data takes its address). finish_forward drops it.
+  if (--slot.users > 0 || !forward_done_) return;
+  drop_locked(slot);
 }
 
 int64_t OffloadGroup::host_bytes() const {

@@ -88,6 +88,7 @@ class OffloadGroup {
   };
   void prefetch_locked();
   void fetch_slot(Slot& slot);
+  void drop_locked(Slot& slot);  // frees the slot's copies
 
   const bool pin_memory_;
   const bool last_first_;

@@ -172,6 +172,22 @@ TEST_P(OffloadTest, BackwardWaitsForEachCopyBack) {
   for (size_t i = 0; i < held.size(); ++i) EXPECT_TRUE(bit_equal(free_running[i], held[i])) << i;
 }
 
+// Autograd lets go of what a node saved when the node goes: inside the scope, that may happen
+// before the scope's end, and the same data may be saved again after.
+TEST_P(OffloadTest, DataSavedThenLetGoOfInsideTheScope) {
+  auto x = input.detach().requires_grad_();
+  at::Tensor y, h;
+  {
+    ckpt::OffloadGuard guard;
+    h = x * 2;
+    { const auto dropped = h.cos() + (x * 3).sin(); }  // saves h and x * 3, then lets them go
+    y = h.sin();                                       // saves h again
+  }
+  y.sum().backward();
+  EXPECT_TRUE(bit_equal(x.grad(), 2 * (x * 2).cos()));
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+}
+
 TEST_P(OffloadTest, InPlaceChangeAfterTheForwardIsAnError) {
   auto x = input.detach().requires_grad_();
   at::Tensor h, y;
