@@ -254,8 +254,10 @@ Region::ForwardScope::ForwardScope(Region& region)
     : region_(region),
       context_(region.forward_context_ ? region.forward_context_() : nullptr),
       label_(region.state_->memory_label),
-      grad_mode_(!region.state_->options.use_reentrant()),
-      hooks_off_(std::make_unique<SavedTensorHooksScope>(SavedHooksFactory())) {
+      grad_mode_(!region.state_->options.use_reentrant()) {
+  if (saved_tensor_hooks_active()) {  // nothing to turn off otherwise: no allocation per region
+    hooks_off_ = std::make_unique<SavedTensorHooksScope>(SavedHooksFactory());
+  }
   RegionState& state = *region.state_;
   if (state.kept) {
     // A second run must start from the same random state: without a stash, keep the graph. An

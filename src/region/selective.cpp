@@ -523,7 +523,7 @@ bool ReplayMode::usable(const KeptOutputs::Entry& entry, const std::string& name
 // forward absorbed (the recompute skips them).
 void ReplayMode::hand_out(const c10::OperatorHandle& op, KeptOutputs::Entry& entry,
                           torch::jit::Stack* stack) {
-  kept_.bring_back(next_ - 1);
+  kept_.bring_back(entry);
   torch::jit::drop(*stack, op.schema().arguments().size());
   for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, fresh_alias));
   handed_out_.push_back(next_ - 1);
@@ -580,17 +580,15 @@ void ReplayMode::check_all_used() const {
 }
 
 void KeptOutputs::offload() {
-  host_copies.assign(entries.size(), {});
-  for (size_t index = 0; index < entries.size(); ++index) {
-    Entry& entry = entries[index];
+  for (Entry& entry : entries) {
     if (!entry.offload) continue;
-    auto& copies = host_copies[index];
+    size_t k = 0;
     for (c10::IValue& value : entry.returns) {
       value = map_tensors(value, [&](const at::Tensor& t) {
-        copies.emplace_back();
+        Watch& watch = entry.watches[k++];
         if (!t.defined() || t.device().is_cpu() || t.layout() != c10::kStrided) return t;
         if (!offloaded) offloaded = std::make_shared<OffloadGroup>(true, /*last_first=*/false);
-        copies.back() = HostCopy{offloaded->add(t), StorageView(t)};
+        watch.host_copy = HostCopy{offloaded->add(t), StorageView(t)};
         return at::Tensor();
       });
     }
@@ -598,25 +596,21 @@ void KeptOutputs::offload() {
   if (offloaded) offloaded->finish_forward();
 }
 
-void KeptOutputs::bring_back(size_t index) {
-  if (!offloaded || host_copies[index].empty()) return;
-  Entry& entry = entries[index];
-  auto& copies = host_copies[index];
+void KeptOutputs::bring_back(Entry& entry) {
+  if (!offloaded) return;
   size_t k = 0;
   for (c10::IValue& value : entry.returns) {
     value = map_tensors(value, [&](const at::Tensor& t) {
-      const c10::optional<HostCopy>& copy = copies[k];
       Watch& watch = entry.watches[k++];
-      if (!copy) return t;
-      at::Tensor back = copy->view.on(offloaded->fetch(copy->slot));
+      if (!watch.host_copy) return t;
+      at::Tensor back = watch.host_copy->view.on(offloaded->fetch(watch.host_copy->slot));
+      // Back on the device for good: a second backward (retain_graph) uses it there.
+      offloaded->release(watch.host_copy->slot);
+      watch.host_copy.reset();
       watch.storage = back.storage().unsafeGetStorageImpl();  // where the recompute writes
       return back;
     });
   }
-  for (const auto& copy : copies) {
-    if (copy) offloaded->release(copy->slot);
-  }
-  copies.clear();  // back on the device for good: a second backward (retain_graph) uses it there
 }
 
 void KeptOutputs::seal() {

@@ -37,6 +37,11 @@ struct KeptOutputs {
     c10::VariableVersion counter{c10::VariableVersion::DISABLED};
     uint32_t version = 0;
   };
+  /// Where an offloaded tensor is: its slot in `offloaded`, and how it lies in its data.
+  struct HostCopy {
+    size_t slot = 0;
+    StorageView view;
+  };
   /// One tensor of an entry's outputs, and what could change it behind the entry's back.
   struct Watch {
     const c10::StorageImpl* storage = nullptr;  // its data (null: undefined or no storage)
@@ -49,6 +54,8 @@ struct KeptOutputs {
     // (forward) An operator read the data since it was kept or last written: a write now must
     // leave the data as it was, so the entry takes a copy instead of absorbing it.
     bool read_since_write = false;
+    // Offloaded: the tensor is in host memory (`returns` holds an undefined tensor in its place).
+    c10::optional<HostCopy> host_copy;
   };
   struct Entry {
     explicit Entry(c10::OperatorName name) : op(std::move(name)) {}
@@ -68,20 +75,13 @@ struct KeptOutputs {
   };
   std::vector<Entry> entries;  // by `call`
 
-  /// Where an offloaded entry's tensor is: its slot in `offloaded`, and how it lies in its data.
-  /// One per tensor of `returns` (traversal order), empty for tensors that stay where they are.
-  struct HostCopy {
-    size_t slot = 0;
-    StorageView view;
-  };
-  std::vector<std::vector<c10::optional<HostCopy>>> host_copies;  // by entry, once offloaded
   std::shared_ptr<OffloadGroup> offloaded;  // the host copies, or null when nothing is offloaded
 
   /// (End of the forward, after seal) Moves the outputs of the entries marked `offload` that are
   /// on an accelerator to host memory, and lets go of the device's copy.
   void offload();
-  /// Puts the device copies of entry `index`'s offloaded outputs back into its `returns`.
-  void bring_back(size_t index);
+  /// Puts the device copies of `entry`'s offloaded outputs back into its `returns`.
+  void bring_back(Entry& entry);
 
   /// Takes the versions of the counters as the region's forward left them (after its absorbed
   /// writes), so that any later change is seen.
