@@ -1,0 +1,112 @@
+#pragma once
+
+/// \file
+/// The planner's model of any network (not only a chain): a training step measured as a timeline
+/// of segments, and candidate regions whose storage mode changes that timeline. See
+/// docs/memory-model.md, "Any model", for how the numbers are measured and combined.
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+namespace plan {
+
+/// One way a candidate can store what its backward needs.
+struct CandidateOption {
+  /// The storage mode's name: "stored" (option 0: the plain forward keeps everything),
+  /// "checkpointed", "selective", "offloaded", ...
+  std::string name;
+  /// Seconds the candidate's forward and backward take in this mode (a recompute included).
+  double time = 0.0;
+  /// Bytes of host memory the mode holds from the candidate's forward to its backward.
+  int64_t host_bytes = 0;
+  /// Bytes the mode adds to the plain step's peak in segment `Candidate::window_begin + i`,
+  /// relative to option 0 (negative where it saves). Segments outside the window are unchanged.
+  /// Option 0's deltas are all zero (or empty).
+  std::vector<int64_t> peak_delta;
+};
+
+/// A marked region of the model (`ckpt::candidate`) and its storage options.
+struct Candidate {
+  /// The name it was marked with.
+  std::string name;
+  /// The first segment of the timeline that its options' `peak_delta` cover.
+  int window_begin = 0;
+  /// Option 0 is "stored"; the others are the storage modes it may run in.
+  std::vector<CandidateOption> options;
+};
+
+/// One measured training step: the plain step's peak in each segment of its timeline (a segment
+/// ends where a candidate's forward or backward begins or ends), and the candidates.
+struct ModelProfile {
+  /// The peak of the plain step (every candidate stored) in each segment, in bytes above what
+  /// lived before the step.
+  std::vector<int64_t> segment_peak_bytes;
+  /// One label per segment, for reports ("forward enc1", "backward enc1", "between", ...).
+  std::vector<std::string> segment_labels;
+  /// Seconds of one plain step (the candidates' stored times included).
+  double step_time = 0.0;
+  std::vector<Candidate> candidates;
+
+  /// The plain step's peak: the largest of `segment_peak_bytes` (0 without segments).
+  int64_t plain_peak_bytes() const;
+  /// Throws std::invalid_argument, saying what is wrong, unless: one label per segment; each
+  /// candidate has options, option 0 with no nonzero delta and no host bytes, every window
+  /// inside the timeline; times finite and not negative; host bytes not negative.
+  void validate() const;
+};
+
+/// What a choice of options (one index per candidate) costs.
+struct ModelPrediction {
+  /// Seconds of one step: `step_time` plus each chosen option's time less option 0's.
+  double time = 0.0;
+  /// The largest over segments of the plain peak plus the chosen options' deltas.
+  int64_t peak_bytes = 0;
+  /// Host memory held at once: the chosen options' host bytes, summed.
+  int64_t host_bytes = 0;
+  /// The segment where `peak_bytes` is reached (the first such); -1 without segments.
+  int peak_segment = -1;
+};
+
+/// Predicts a choice's step time, peak and host memory. Throws std::invalid_argument when the
+/// choice has the wrong length or an index out of range.
+ModelPrediction simulate_model(const ModelProfile& profile, const std::vector<int>& choice);
+
+/// Options of `solve_model`.
+struct ModelSolverOptions {
+  /// Host memory the chosen options may hold at once. Default: unlimited
+  int64_t host_budget_bytes = std::numeric_limits<int64_t>::max();
+  /// Search nodes the exact branch and bound may visit before the solver returns the best choice
+  /// of its heuristic instead (then `ModelPlan::exact` is false).
+  int64_t max_exact_nodes = 2'000'000;
+};
+
+/// A solved choice.
+struct ModelPlan {
+  /// Whether some choice fits the budgets. When false, `choice` is empty.
+  bool feasible = false;
+  /// The option of each candidate.
+  std::vector<int> choice;
+  ModelPrediction prediction;
+  /// Whether the choice is proven the fastest that fits.
+  bool exact = false;
+};
+
+/// The fastest choice whose predicted peak is at most `budget_bytes` and whose host memory is
+/// within `options.host_budget_bytes` (ties: the smaller peak). Exact by branch and bound where
+/// the search stays within `options.max_exact_nodes`; otherwise the best choice of a heuristic.
+ModelPlan solve_model(const ModelProfile& profile, int64_t budget_bytes,
+                      const ModelSolverOptions& options = {});
+
+/// Every choice tried, for tests (the oracle). Throws std::invalid_argument beyond 2^20 choices.
+ModelPlan solve_model_brute_force(const ModelProfile& profile, int64_t budget_bytes,
+                                  int64_t host_budget_bytes = std::numeric_limits<int64_t>::max());
+
+/// The smallest predicted peak of any choice within the host budget: the smallest feasible
+/// budget.
+int64_t min_model_budget(const ModelProfile& profile, const ModelSolverOptions& options = {});
+
+}  // namespace plan
+}  // namespace ckpt
