@@ -1,0 +1,133 @@
+// The planner's model of any network: a profile's checks and the simulator of a choice.
+// docs/memory-model.md, "Any model".
+
+#include "ckpt/plan/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+namespace plan {
+namespace {
+
+std::string where(const Candidate& candidate, size_t index) {
+  return "candidate " + std::to_string(index) + " ('" + candidate.name + "')";
+}
+
+bool valid_time(double seconds) {
+  return std::isfinite(seconds) && seconds >= 0.0;
+}
+
+void validate_option(const Candidate& candidate, size_t index, size_t o, int segments) {
+  const CandidateOption& option = candidate.options[o];
+  const auto what = [&] {
+    return where(candidate, index) + " option " + std::to_string(o) + " ('" + option.name + "')";
+  };
+  if (!valid_time(option.time)) {
+    throw std::invalid_argument("ckpt::plan::ModelProfile: " + what() + " has time " +
+                                std::to_string(option.time) +
+                                "; times must be finite seconds, not negative");
+  }
+  if (option.host_bytes < 0) {
+    throw std::invalid_argument("ckpt::plan::ModelProfile: " + what() + " has negative host_bytes");
+  }
+  const int64_t end = candidate.window_begin + static_cast<int64_t>(option.peak_delta.size());
+  if (end > segments) {
+    throw std::invalid_argument("ckpt::plan::ModelProfile: " + what() +
+                                " has deltas up to segment " + std::to_string(end - 1) +
+                                " but the timeline has " + std::to_string(segments) +
+                                " segments; shorten peak_delta or move window_begin");
+  }
+  const bool changes = std::any_of(option.peak_delta.begin(), option.peak_delta.end(),
+                                   [](int64_t delta) { return delta != 0; });
+  if (o == 0 && (changes || option.host_bytes != 0)) {
+    throw std::invalid_argument("ckpt::plan::ModelProfile: " + what() +
+                                " is option 0, the stored mode: its deltas and host_bytes must "
+                                "be zero (the other options are measured relative to it)");
+  }
+}
+
+void validate_candidate(const Candidate& candidate, size_t index, int segments) {
+  if (candidate.options.empty()) {
+    throw std::invalid_argument("ckpt::plan::ModelProfile: " + where(candidate, index) +
+                                " has no options; give it at least option 0, \"stored\"");
+  }
+  if (candidate.window_begin < 0 || candidate.window_begin > segments) {
+    throw std::invalid_argument("ckpt::plan::ModelProfile: " + where(candidate, index) +
+                                " has window_begin " + std::to_string(candidate.window_begin) +
+                                " outside the timeline's " + std::to_string(segments) +
+                                " segments");
+  }
+  for (size_t o = 0; o < candidate.options.size(); ++o) {
+    validate_option(candidate, index, o, segments);
+  }
+}
+
+void check_choice(const ModelProfile& profile, const std::vector<int>& choice) {
+  if (choice.size() != profile.candidates.size()) {
+    throw std::invalid_argument("ckpt::plan::simulate_model: the choice has " +
+                                std::to_string(choice.size()) + " entries but the profile has " +
+                                std::to_string(profile.candidates.size()) +
+                                " candidates; give one option index per candidate");
+  }
+  for (size_t c = 0; c < choice.size(); ++c) {
+    const size_t options = profile.candidates[c].options.size();
+    if (choice[c] < 0 || static_cast<size_t>(choice[c]) >= options) {
+      throw std::invalid_argument("ckpt::plan::simulate_model: option " +
+                                  std::to_string(choice[c]) + " of " +
+                                  where(profile.candidates[c], c) + " is out of range [0, " +
+                                  std::to_string(options) + ")");
+    }
+  }
+}
+
+}  // namespace
+
+int64_t ModelProfile::plain_peak_bytes() const {
+  if (segment_peak_bytes.empty()) return 0;
+  return *std::max_element(segment_peak_bytes.begin(), segment_peak_bytes.end());
+}
+
+void ModelProfile::validate() const {
+  if (segment_labels.size() != segment_peak_bytes.size()) {
+    throw std::invalid_argument(
+        "ckpt::plan::ModelProfile: " + std::to_string(segment_labels.size()) +
+        " segment labels for " + std::to_string(segment_peak_bytes.size()) +
+        " segments; give one label per segment");
+  }
+  if (!valid_time(step_time)) {
+    throw std::invalid_argument("ckpt::plan::ModelProfile: step_time " + std::to_string(step_time) +
+                                " is not a finite, non-negative number of seconds");
+  }
+  const int segments = static_cast<int>(segment_peak_bytes.size());
+  for (size_t c = 0; c < candidates.size(); ++c) validate_candidate(candidates[c], c, segments);
+}
+
+ModelPrediction simulate_model(const ModelProfile& profile, const std::vector<int>& choice) {
+  profile.validate();
+  check_choice(profile, choice);
+  std::vector<int64_t> peak = profile.segment_peak_bytes;
+  ModelPrediction prediction;
+  prediction.time = profile.step_time;
+  for (size_t c = 0; c < choice.size(); ++c) {
+    const Candidate& candidate = profile.candidates[c];
+    const CandidateOption& option = candidate.options[static_cast<size_t>(choice[c])];
+    prediction.time += option.time - candidate.options[0].time;
+    prediction.host_bytes += option.host_bytes;
+    for (size_t i = 0; i < option.peak_delta.size(); ++i) {
+      peak[static_cast<size_t>(candidate.window_begin) + i] += option.peak_delta[i];
+    }
+  }
+  if (!peak.empty()) {
+    const auto highest = std::max_element(peak.begin(), peak.end());  // the first such
+    prediction.peak_bytes = *highest;
+    prediction.peak_segment = static_cast<int>(highest - peak.begin());
+  }
+  return prediction;
+}
+
+}  // namespace plan
+}  // namespace ckpt

@@ -1,0 +1,151 @@
+// The model heuristic's first guess: a dynamic program over the candidates in forward order whose
+// state is the bytes the decided candidates add under the windows still to come ("carry").
+// Exact, but for the thinning of its fronts, where windows nest and each option adds a constant
+// plateau under the windows inside its own; elsewhere a guess that model_heuristic.cpp repairs.
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "model_problem.h"
+
+namespace ckpt {
+namespace plan {
+namespace detail {
+namespace {
+
+constexpr size_t kFrontSize = 2048;  // entries kept per candidate
+
+struct Entry {
+  int64_t carry = 0;
+  double value = 0.0;  // seconds over the plain step, or the peak so far
+  int64_t host = 0;
+  int parent = -1;
+  int position = 0;
+};
+
+// What one option of a candidate does in the program: its peak over the segments it owns (those
+// no later window covers) before the carry, and the carry it adds for the later candidates (its
+// largest delta under them).
+struct Move {
+  bool owns = false;
+  int64_t own_peak = 0;
+  int64_t carry = 0;
+};
+
+std::vector<int> forward_order(const ModelProblem& problem) {
+  std::vector<int> order(problem.candidates.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    const ModelCandidate& x = problem.candidates[a];
+    const ModelCandidate& y = problem.candidates[b];
+    return x.begin < y.begin || (x.begin == y.begin && x.length > y.length);
+  });
+  return order;
+}
+
+std::vector<std::vector<Move>> moves(const ModelProblem& problem, const std::vector<int>& order,
+                                     const std::vector<int>& owner) {
+  std::vector<std::vector<Move>> out(problem.candidates.size());
+  for (int c : order) {
+    const ModelCandidate& candidate = problem.candidates[c];
+    for (const ModelOption& option : candidate.options) {
+      Move move;
+      bool carries = false;
+      for (int i = 0; i < candidate.length; ++i) {
+        const int k = candidate.begin + i;
+        if (owner[k] == c) {
+          const int64_t peak = problem.base[k] + option.delta[i];
+          move.own_peak = move.owns ? std::max(move.own_peak, peak) : peak;
+          move.owns = true;
+        } else {
+          move.carry = carries ? std::max(move.carry, option.delta[i]) : option.delta[i];
+          carries = true;
+        }
+      }
+      out[c].push_back(move);
+    }
+  }
+  return out;
+}
+
+// Keeps the entries no other beats in both carry and value, at most kFrontSize of them: the one
+// of lowest carry, then the fastest of each of kFrontSize carry buckets.
+std::vector<Entry> front(std::vector<Entry> entries) {
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.carry < b.carry || (a.carry == b.carry && a.value < b.value);
+  });
+  std::vector<Entry> kept;
+  for (const Entry& e : entries) {
+    if (kept.empty() || e.value < kept.back().value) kept.push_back(e);
+  }
+  if (kept.size() <= kFrontSize) return kept;
+  const double width = static_cast<double>(kept.back().carry - kept.front().carry) / kFrontSize;
+  std::vector<Entry> thinned{kept.front()};
+  auto bucket = [&](const Entry& e) {
+    return static_cast<int64_t>(static_cast<double>(e.carry - kept.front().carry) / width);
+  };
+  for (size_t i = 1; i < kept.size(); ++i) {
+    if (i + 1 == kept.size() || bucket(kept[i + 1]) != bucket(kept[i])) thinned.push_back(kept[i]);
+  }
+  return thinned;
+}
+
+}  // namespace
+
+std::vector<int> dp_choice(const ModelProblem& problem, const ModelLimits& limits, bool by_peak) {
+  const std::vector<int> order = forward_order(problem);
+  std::vector<int> owner(problem.base.size(), -1);
+  for (int c : order) {
+    const ModelCandidate& candidate = problem.candidates[c];
+    for (int i = 0; i < candidate.length; ++i) owner[candidate.begin + i] = c;
+  }
+  const std::vector<std::vector<Move>> table = moves(problem, order, owner);
+  double fixed = -std::numeric_limits<double>::infinity();  // the peak where no window covers
+  for (size_t k = 0; k < owner.size(); ++k) {
+    if (owner[k] < 0) fixed = std::max(fixed, static_cast<double>(problem.base[k]));
+  }
+  if (!by_peak && fixed > static_cast<double>(limits.budget)) return {};
+  std::vector<std::vector<Entry>> layers{{Entry{0, by_peak ? fixed : 0.0}}};
+  for (int c : order) {
+    const ModelCandidate& candidate = problem.candidates[c];
+    std::vector<Entry> next;
+    for (size_t e = 0; e < layers.back().size(); ++e) {
+      const Entry& from = layers.back()[e];
+      for (size_t m = 0; m < candidate.options.size(); ++m) {
+        const Move& move = table[c][m];
+        const ModelOption& option = candidate.options[m];
+        const int64_t peak = move.own_peak + from.carry;
+        if ((move.owns && !by_peak && peak > limits.budget) ||
+            from.host + option.host > limits.host_budget) {
+          continue;
+        }
+        const double value = !by_peak    ? from.value + option.extra
+                             : move.owns ? std::max(from.value, static_cast<double>(peak))
+                                         : from.value;
+        next.push_back(Entry{from.carry + move.carry, value, from.host + option.host,
+                             static_cast<int>(e), static_cast<int>(m)});
+      }
+    }
+    if (next.empty()) return {};
+    layers.push_back(front(std::move(next)));
+  }
+  // The best last entry, traced back through its parents.
+  const std::vector<Entry>& last = layers.back();
+  int e = static_cast<int>(
+      std::min_element(last.begin(), last.end(),
+                       [](const Entry& a, const Entry& b) { return a.value < b.value; }) -
+      last.begin());
+  std::vector<int> positions(problem.candidates.size(), 0);
+  for (size_t d = order.size(); d > 0; --d) {
+    const Entry& entry = layers[d][e];
+    positions[order[d - 1]] = entry.position;
+    e = entry.parent;
+  }
+  return positions;
+}
+
+}  // namespace detail
+}  // namespace plan
+}  // namespace ckpt

@@ -1,0 +1,246 @@
+// The model heuristic: the dynamic program's guess (model_dp.cpp), repaired and improved against
+// the exact loads. Repair: while the choice overflows a budget, the switch that removes the most
+// overflow per second it costs. Improvement: switches to faster options while the choice fits.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "model_problem.h"
+
+namespace ckpt {
+namespace plan {
+namespace detail {
+
+std::vector<int> dp_choice(const ModelProblem& problem, const ModelLimits& limits, bool by_peak);
+
+namespace {
+
+double overflow(int64_t value, int64_t limit) {
+  return value > limit ? static_cast<double>(value) - static_cast<double>(limit) : 0.0;
+}
+
+// How much the overflow of both budgets (device bytes summed over segments, plus host bytes)
+// falls when candidate c switches to `position`.
+double relief(const ModelProblem& problem, const ModelState& state, const ModelLimits& limits,
+              int c, int position) {
+  const ModelCandidate& candidate = problem.candidates[c];
+  const ModelOption& from = candidate.options[state.positions[c]];
+  const ModelOption& to = candidate.options[position];
+  double relief = overflow(state.host, limits.host_budget) -
+                  overflow(state.host - from.host + to.host, limits.host_budget);
+  for (int i = 0; i < candidate.length; ++i) {
+    const int64_t load = state.loads.at(candidate.begin + i);
+    relief +=
+        overflow(load, limits.budget) - overflow(load - from.delta[i] + to.delta[i], limits.budget);
+  }
+  return relief;
+}
+
+bool fits(const ModelState& state, const ModelLimits& limits) {
+  return state.loads.max() <= limits.budget && state.host <= limits.host_budget;
+}
+
+// The overflow of both budgets: device bytes summed over segments, plus host bytes.
+double total_overflow(const ModelProblem& problem, const ModelState& state,
+                      const ModelLimits& limits) {
+  double total = overflow(state.host, limits.host_budget);
+  for (size_t k = 0; k < problem.base.size(); ++k) {
+    total += overflow(state.loads.at(static_cast<int>(k)), limits.budget);
+  }
+  return total;
+}
+
+// Where no single switch relieves the overflow, the pair of switches that relieves it most, on
+// profiles with few options (kPairMoves): they cost (options)^2 windows.
+constexpr size_t kPairMoves = 64;
+bool switch_pair(const ModelProblem& problem, ModelState& state, const ModelLimits& limits) {
+  std::vector<std::pair<int, int>> moves;
+  for (size_t c = 0; c < problem.candidates.size(); ++c) {
+    for (size_t m = 0; m < problem.candidates[c].options.size(); ++m) {
+      if (static_cast<int>(m) != state.positions[c]) moves.emplace_back(c, m);
+    }
+  }
+  if (moves.size() > kPairMoves) return false;
+  double best = total_overflow(problem, state, limits);
+  std::pair<size_t, size_t> pick{moves.size(), moves.size()};
+  for (size_t a = 0; a < moves.size(); ++a) {
+    const int was = state.positions[moves[a].first];
+    state.change(problem, moves[a].first, moves[a].second);
+    const double after = total_overflow(problem, state, limits);
+    for (size_t b = 0; b < moves.size(); ++b) {
+      if (moves[b].first == moves[a].first) continue;
+      const double left = after - relief(problem, state, limits, moves[b].first, moves[b].second);
+      if (left < best) std::tie(best, pick) = std::make_pair(left, std::make_pair(a, b));
+    }
+    state.change(problem, moves[a].first, was);
+  }
+  if (pick.first == moves.size()) return false;
+  state.change(problem, moves[pick.first].first, moves[pick.first].second);
+  state.change(problem, moves[pick.second].first, moves[pick.second].second);
+  return true;
+}
+
+// Switches options until the choice fits; false when no switch reduces the overflow.
+bool repair(const ModelProblem& problem, ModelState& state, const ModelLimits& limits) {
+  while (!fits(state, limits)) {
+    // Best: the largest relief per second; a switch that costs no time ranks by relief alone.
+    std::tuple<bool, double, double> best{false, 0.0, 0.0};
+    int best_c = -1, best_m = -1;
+    for (size_t c = 0; c < problem.candidates.size(); ++c) {
+      const ModelCandidate& candidate = problem.candidates[c];
+      for (size_t m = 0; m < candidate.options.size(); ++m) {
+        if (static_cast<int>(m) == state.positions[c]) continue;
+        const double gain = relief(problem, state, limits, c, m);
+        if (gain <= 0.0) continue;
+        const double cost =
+            candidate.options[m].extra - candidate.options[state.positions[c]].extra;
+        const auto score = cost <= 0.0 ? std::make_tuple(true, gain, -cost)
+                                       : std::make_tuple(false, gain / cost, 0.0);
+        if (best_c < 0 || score > best) std::tie(best, best_c, best_m) = std::tie(score, c, m);
+      }
+    }
+    if (best_c < 0 && !switch_pair(problem, state, limits)) return false;
+    if (best_c >= 0) state.change(problem, best_c, best_m);
+  }
+  return true;
+}
+
+// Takes switches to faster options, the largest saving first, while the choice still fits.
+void improve(const ModelProblem& problem, ModelState& state, const ModelLimits& limits) {
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::vector<std::tuple<double, int, int>> moves;  // (seconds saved, candidate, position)
+    for (size_t c = 0; c < problem.candidates.size(); ++c) {
+      const std::vector<ModelOption>& options = problem.candidates[c].options;
+      for (int m = 0; m < state.positions[c]; ++m) {
+        const double saved = options[state.positions[c]].extra - options[m].extra;
+        if (saved > 0.0) moves.emplace_back(saved, static_cast<int>(c), m);
+      }
+    }
+    std::stable_sort(moves.begin(), moves.end(),
+                     [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+    for (const auto& [saved, c, m] : moves) {
+      const int was = state.positions[c];
+      const std::vector<ModelOption>& options = problem.candidates[c].options;
+      if (options[m].extra >= options[was].extra) continue;  // a larger saving came first
+      state.change(problem, c, m);
+      if (fits(state, limits)) {
+        changed = true;
+      } else {
+        state.change(problem, c, was);
+      }
+    }
+  }
+}
+
+ModelBest best_of(const ModelState& state) {
+  ModelBest best;
+  best.offer(state.time, state.loads.max(), state.positions);
+  return best;
+}
+
+// Each candidate at its option 0, "stored": the plain step.
+std::vector<int> stored(const ModelProblem& problem) {
+  std::vector<int> positions;
+  for (const ModelCandidate& candidate : problem.candidates) {
+    const auto& options = candidate.options;
+    positions.push_back(
+        static_cast<int>(std::find_if(options.begin(), options.end(),
+                                      [](const ModelOption& option) { return option.index == 0; }) -
+                         options.begin()));
+  }
+  return positions;
+}
+
+// No choice peaks lower: each candidate at its smallest delta in every segment at once.
+int64_t smallest_peak_bound(const ModelProblem& problem) {
+  SegmentLoads loads(problem.base);
+  for (const ModelCandidate& candidate : problem.candidates) {
+    loads.add(candidate.begin, candidate.min_delta, 1);
+  }
+  return loads.max();
+}
+
+// Each candidate at the option whose deltas sum lowest: a start far from the fastest.
+std::vector<int> thriftiest(const ModelProblem& problem) {
+  std::vector<int> positions;
+  for (const ModelCandidate& candidate : problem.candidates) {
+    const auto& options = candidate.options;
+    const auto sum = [](const ModelOption& o) {
+      return std::accumulate(o.delta.begin(), o.delta.end(), int64_t{0});
+    };
+    positions.push_back(
+        static_cast<int>(std::min_element(options.begin(), options.end(),
+                                          [&](const ModelOption& a, const ModelOption& b) {
+                                            return sum(a) < sum(b);
+                                          }) -
+                         options.begin()));
+  }
+  return positions;
+}
+
+}  // namespace
+
+ModelBest heuristic_fastest(const ModelProblem& problem, const ModelLimits& limits) {
+  // Repair can stall where no single switch relieves the overflow: three starts, the best kept.
+  std::vector<std::vector<int>> starts{dp_choice(problem, limits, /*by_peak=*/false),
+                                       std::vector<int>(problem.candidates.size(), 0),
+                                       thriftiest(problem)};
+  ModelBest best;
+  for (std::vector<int>& start : starts) {
+    if (start.empty()) continue;  // the program found nothing
+    ModelState state(problem, std::move(start));
+    if (!repair(problem, state, limits)) continue;
+    improve(problem, state, limits);
+    best.offer(state.time, state.loads.max(), state.positions);
+  }
+  return best;
+}
+
+ModelBest improved(const ModelProblem& problem, const ModelLimits& limits,
+                   std::vector<int> positions) {
+  ModelState state(problem, std::move(positions));
+  improve(problem, state, limits);
+  return best_of(state);
+}
+
+ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& limits) {
+  std::vector<ModelState> starts{ModelState(problem, stored(problem))};  // holds no host memory
+  for (std::vector<int> start :
+       {dp_choice(problem, limits, /*by_peak=*/true), thriftiest(problem)}) {
+    ModelState guess(problem, std::move(start));
+    ModelLimits host_only = limits;
+    host_only.budget = std::numeric_limits<int64_t>::max();
+    if (repair(problem, guess, host_only)) starts.push_back(std::move(guess));
+  }
+  ModelState best =
+      *std::min_element(starts.begin(), starts.end(),
+                        [](const auto& a, const auto& b) { return a.loads.max() < b.loads.max(); });
+  // Bisect on the peak, repairing the lowest choice so far, or another start, toward each target.
+  starts.push_back(best);
+  int64_t low = smallest_peak_bound(problem);
+  int64_t high = best.loads.max();
+  while (low < high) {
+    ModelLimits target = limits;
+    target.budget = low + (high - low) / 2;
+    low = target.budget + 1;  // unless a start reaches it
+    for (auto start = starts.rbegin(); start != starts.rend(); ++start) {
+      ModelState trial = *start;
+      if (!repair(problem, trial, target)) continue;
+      best = trial;
+      starts.back() = std::move(trial);
+      high = best.loads.max();
+      break;
+    }
+  }
+  return best_of(best);
+}
+
+}  // namespace detail
+}  // namespace plan
+}  // namespace ckpt

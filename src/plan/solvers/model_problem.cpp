@@ -1,0 +1,112 @@
+#include "model_problem.h"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+namespace ckpt {
+namespace plan {
+namespace detail {
+namespace {
+
+ModelCandidate sorted_candidate(const Candidate& candidate) {
+  ModelCandidate out;
+  out.begin = candidate.window_begin;
+  for (const CandidateOption& option : candidate.options) {
+    out.length = std::max(out.length, static_cast<int>(option.peak_delta.size()));
+  }
+  const size_t length = static_cast<size_t>(out.length);
+  out.min_delta.assign(length, std::numeric_limits<int64_t>::max());
+  out.min_host = std::numeric_limits<int64_t>::max();
+  for (size_t o = 0; o < candidate.options.size(); ++o) {
+    const CandidateOption& option = candidate.options[o];
+    ModelOption m;
+    m.index = static_cast<int>(o);
+    m.extra = option.time - candidate.options[0].time;
+    m.host = option.host_bytes;
+    m.delta = option.peak_delta;
+    m.delta.resize(length, 0);
+    for (size_t i = 0; i < length; ++i) out.min_delta[i] = std::min(out.min_delta[i], m.delta[i]);
+    out.min_host = std::min(out.min_host, m.host);
+    out.options.push_back(std::move(m));
+  }
+  for (ModelOption& m : out.options) {
+    m.excess.resize(length);
+    for (size_t i = 0; i < length; ++i) m.excess[i] = m.delta[i] - out.min_delta[i];
+  }
+  std::sort(out.options.begin(), out.options.end(), [](const ModelOption& a, const ModelOption& b) {
+    return std::tie(a.extra, a.host, a.index) < std::tie(b.extra, b.host, b.index);
+  });
+  return out;
+}
+
+}  // namespace
+
+ModelProblem::ModelProblem(const ModelProfile& profile) : base(profile.segment_peak_bytes) {
+  profile.validate();
+  for (const Candidate& candidate : profile.candidates) {
+    candidates.push_back(sorted_candidate(candidate));
+  }
+}
+
+std::vector<int> ModelProblem::choice(const std::vector<int>& positions) const {
+  std::vector<int> out(positions.size());
+  for (size_t c = 0; c < positions.size(); ++c) {
+    out[c] = candidates[c].options[static_cast<size_t>(positions[c])].index;
+  }
+  return out;
+}
+
+SegmentLoads::SegmentLoads(const std::vector<int64_t>& base) {
+  while (leaves_ < base.size()) leaves_ *= 2;
+  // Padding leaves never win the maximum; without segments the one leaf reads 0.
+  tree_.assign(2 * leaves_, base.empty() ? 0 : std::numeric_limits<int64_t>::min());
+  std::copy(base.begin(), base.end(), tree_.begin() + static_cast<std::ptrdiff_t>(leaves_));
+  for (size_t p = leaves_ - 1; p >= 1; --p) tree_[p] = std::max(tree_[2 * p], tree_[2 * p + 1]);
+}
+
+void SegmentLoads::add(int begin, const std::vector<int64_t>& values, int sign) {
+  if (values.empty()) return;
+  size_t lo = leaves_ + static_cast<size_t>(begin);
+  size_t hi = lo + values.size() - 1;
+  for (size_t i = 0; i < values.size(); ++i) tree_[lo + i] += sign * values[i];
+  // Only the ancestors of [lo, hi] change: a range half as wide at each level.
+  for (lo /= 2, hi /= 2; lo >= 1; lo /= 2, hi /= 2) {
+    for (size_t p = lo; p <= hi; ++p) tree_[p] = std::max(tree_[2 * p], tree_[2 * p + 1]);
+  }
+}
+
+ModelState::ModelState(const ModelProblem& problem, std::vector<int> at)
+    : positions(std::move(at)), loads(problem.base) {
+  for (size_t c = 0; c < positions.size(); ++c) {
+    const ModelCandidate& candidate = problem.candidates[c];
+    const ModelOption& option = candidate.options[static_cast<size_t>(positions[c])];
+    loads.add(candidate.begin, option.delta, 1);
+    time += option.extra;
+    host += option.host;
+  }
+}
+
+void ModelState::change(const ModelProblem& problem, int c, int position) {
+  const ModelCandidate& candidate = problem.candidates[static_cast<size_t>(c)];
+  const ModelOption& from = candidate.options[static_cast<size_t>(positions[c])];
+  const ModelOption& to = candidate.options[static_cast<size_t>(position)];
+  loads.add(candidate.begin, from.delta, -1);
+  loads.add(candidate.begin, to.delta, 1);
+  time += to.extra - from.extra;
+  host += to.host - from.host;
+  positions[static_cast<size_t>(c)] = position;
+}
+
+bool ModelBest::offer(double t, int64_t p, const std::vector<int>& at) {
+  if (found && (t > time || (t == time && p >= peak))) return false;
+  found = true;
+  time = t;
+  peak = p;
+  positions = at;
+  return true;
+}
+
+}  // namespace detail
+}  // namespace plan
+}  // namespace ckpt
