@@ -1,5 +1,6 @@
 #include "bench_models.h"
 
+#include <ckpt/candidate.h>
 #include <ckpt/sequential.h>
 #include <torch/torch.h>
 
@@ -17,7 +18,12 @@ class MlpLayerImpl : public torch::nn::Module {
   MlpLayerImpl(int64_t width, bool gelu)
       : linear_(register_module("linear", torch::nn::Linear(width, width))), gelu_(gelu) {}
   torch::Tensor forward(const torch::Tensor& x) {
-    return gelu_ ? torch::gelu(linear_(x)) : torch::tanh(linear_(x));
+    return ckpt::candidate(
+        *this, "layer",
+        [this](const torch::Tensor& in) {
+          return gelu_ ? torch::gelu(linear_(in)) : torch::tanh(linear_(in));
+        },
+        x);
   }
 
  private:
@@ -36,8 +42,13 @@ class StemImpl : public torch::nn::Module {
     if (batch_norm) bn_ = register_module("bn", torch::nn::BatchNorm2d(channels));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = conv_(x);
-    return torch::relu(bn_ ? bn_(h) : h);
+    return ckpt::candidate(
+        *this, "conv",
+        [this](const torch::Tensor& in) {
+          auto h = conv_(in);
+          return torch::relu(bn_ ? bn_(h) : h);
+        },
+        x);
   }
 
  private:
@@ -69,17 +80,29 @@ class ResidualBlockImpl : public torch::nn::Module {
       if (batch_norm) proj_bn_ = register_module("proj_bn", torch::nn::BatchNorm2d(out));
     }
   }
+  // Two candidates inside the block, one per convolution, so that a planner of any model
+  // (ckpt::PlannedModel) can cut the block where a chain can't; without one they simply run.
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = conv1_(x);
-    h = torch::relu(bn1_ ? bn1_(h) : h);
-    h = conv2_(h);
-    if (bn2_) h = bn2_(h);
-    torch::Tensor shortcut = x;
-    if (proj_) {
-      shortcut = proj_(x);
-      if (proj_bn_) shortcut = proj_bn_(shortcut);
-    }
-    return torch::relu(h + shortcut);
+    auto h = ckpt::candidate(
+        *this, "conv1",
+        [this](const torch::Tensor& in) {
+          auto y = conv1_(in);
+          return torch::relu(bn1_ ? bn1_(y) : y);
+        },
+        x);
+    return ckpt::candidate(
+        *this, "conv2",
+        [this](const torch::Tensor& in, const torch::Tensor& block_input) {
+          auto y = conv2_(in);
+          if (bn2_) y = bn2_(y);
+          torch::Tensor shortcut = block_input;
+          if (proj_) {
+            shortcut = proj_(block_input);
+            if (proj_bn_) shortcut = proj_bn_(shortcut);
+          }
+          return torch::relu(y + shortcut);
+        },
+        h, x);
   }
 
  private:
@@ -115,7 +138,14 @@ class AttentionHalfImpl : public torch::nn::Module {
         ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
         qkv_(register_module("qkv", torch::nn::Linear(d_model, 3 * d_model))),
         out_(register_module("out", torch::nn::Linear(d_model, d_model))) {}
+  // A candidate for a planner of any model (ckpt::PlannedModel); without one it simply runs.
   torch::Tensor forward(const torch::Tensor& x) {
+    return ckpt::candidate(
+        *this, "attention", [this](const torch::Tensor& in) { return body(in); }, x);
+  }
+
+ private:
+  torch::Tensor body(const torch::Tensor& x) {
     const int64_t b = x.size(0), s = x.size(1), d = x.size(2), dh = d / heads_;
     auto qkv = qkv_(ln1_(x)).view({b, s, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
     auto q = qkv[0], k = qkv[1], v = qkv[2];
@@ -125,7 +155,6 @@ class AttentionHalfImpl : public torch::nn::Module {
     return x + out_(context);
   }
 
- private:
   int64_t heads_;
   torch::nn::LayerNorm ln1_;
   torch::nn::Linear qkv_, out_;
@@ -139,7 +168,11 @@ class FeedForwardHalfImpl : public torch::nn::Module {
       : ln2_(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
         ff1_(register_module("ff1", torch::nn::Linear(d_model, ff))),
         ff2_(register_module("ff2", torch::nn::Linear(ff, d_model))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return x + ff2_(torch::gelu(ff1_(ln2_(x)))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return ckpt::candidate(
+        *this, "mlp",
+        [this](const torch::Tensor& in) { return in + ff2_(torch::gelu(ff1_(ln2_(in)))); }, x);
+  }
 
  private:
   torch::nn::LayerNorm ln2_;

@@ -51,6 +51,8 @@ class InfeasibleBudget : public c10::Error {
   /// The budget fits with more host memory for offloading: `smallest_host_budget_bytes` of it.
   InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasible_bytes, int64_t host_budget_bytes,
                    int64_t smallest_host_budget_bytes);
+  /// Another planner's message (`ckpt::PlannedModel`'s), with the smallest feasible budget.
+  InfeasibleBudget(const std::string& message, int64_t smallest_feasible_bytes);
   /// The smallest budget, in bytes, that a schedule of the chain fits in (with the host budget
   /// given).
   int64_t smallest_feasible_bytes() const { return smallest_feasible_bytes_; }

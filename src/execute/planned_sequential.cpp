@@ -113,6 +113,10 @@ InfeasibleBudget::InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasib
                           "or set PlannedSequentialOptions().fall_back_to_minimum(true).")),
       smallest_feasible_bytes_(smallest_feasible_bytes) {}
 
+InfeasibleBudget::InfeasibleBudget(const std::string& message, int64_t smallest_feasible_bytes)
+    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message),
+      smallest_feasible_bytes_(smallest_feasible_bytes) {}
+
 InfeasibleBudget::InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasible_bytes,
                                    int64_t host_budget_bytes, int64_t smallest_host_budget_bytes)
     : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},

@@ -6,6 +6,7 @@
 #include "autograd/rng_state.h"
 #include "autograd/stage_graph.h"
 #include "compat/torch_compat.h"
+#include "measure/step_measure.h"
 
 #include <ckpt/plan/simulator.h>
 #include <ckpt/plan/solvers.h>
@@ -23,54 +24,11 @@
 namespace ckpt {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Host time since `start`, once the device has finished the work queued on it.
-double seconds_since(Clock::time_point start, c10::Device device) {
-  compat::synchronize(device);
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-int64_t storage_bytes(const at::Tensor& t) {
-  return t.defined() && t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
-}
-
-// Swaps every parameter's `.grad` for the state a step starts from, for its lifetime, and puts
-// the original gradients back afterwards. `ZeroBuffers`: the steady state of a loop that keeps
-// its buffers (backward accumulates in place). `None`: as `zero_grad()` leaves them (backward
-// creates them). A parameter shared by several modules (a tied weight) is handled once, so that
-// its own gradient is what comes back.
-class SwappedGradients {
- public:
-  enum class Start { ZeroBuffers, None };
-
-  SwappedGradients(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, Start start) {
-    std::unordered_set<const c10::TensorImpl*> seen;
-    for (const auto& module : modules) {
-      for (auto& p : module->parameters()) {
-        if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-        params_.push_back(p);
-        saved_.push_back(p.grad());
-        const bool buffer = start == Start::ZeroBuffers && p.requires_grad();
-        p.mutable_grad() = buffer ? at::zeros_like(p) : at::Tensor();
-      }
-    }
-  }
-  ~SwappedGradients() {
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = saved_[i];
-  }
-  SwappedGradients(const SwappedGradients&) = delete;
-  SwappedGradients& operator=(const SwappedGradients&) = delete;
-
- private:
-  std::vector<at::Tensor> params_, saved_;
-};
+using detail::Clock;
+using detail::median;
+using detail::seconds_since;
+using detail::storage_bytes;
+using detail::SwappedGradients;
 
 // Zero gradient buffers for the parameters of `stage` that have none, for its lifetime.
 class GradientBuffers {

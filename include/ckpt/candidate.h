@@ -1,0 +1,227 @@
+#pragma once
+
+/// \file
+/// `ckpt::candidate`: marks a block of any model, in the model's own `forward`, as a region whose
+/// storage a planner chooses (`ckpt::PlannedModel`, <ckpt/planned_model.h>). Without a planner
+/// at work the block simply runs.
+
+#include <ckpt/checkpoint.h>
+#include <ckpt/detail/traversal.h>
+#include <ckpt/options.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+
+/// What runs the candidates of a model: a planner's profiler or its executor. It is told of each
+/// candidate as it starts and ends, on the thread that runs the model's forward.
+class CandidateRunner {
+ public:
+  virtual ~CandidateRunner() = default;
+  /// A candidate starts with `inputs`: named `name` where `module` is null, after `module`'s path
+  /// where `name` is empty, "<module's path>.<name>" where both are given. The runner
+  /// may replace the inputs (with tensors that tell it when the backward reaches them). Returns
+  /// the options of the region to run it as, or none to run it plainly.
+  virtual std::optional<CheckpointOptions> begin(const std::string& name,
+                                                 const torch::nn::Module* module,
+                                                 std::vector<at::Tensor>& inputs) = 0;
+  /// The candidate returned `outputs`, which the runner may replace likewise.
+  virtual void end(std::vector<at::Tensor>& outputs) = 0;
+  /// The candidate raised an exception; `end` won't come.
+  virtual void abandon() noexcept = 0;
+};
+
+/// The runner of the calling thread, or nullptr.
+CandidateRunner* candidate_runner();
+
+/// Makes `runner` (nullptr: none) the calling thread's runner for its lifetime.
+class CandidateRunnerScope {
+ public:
+  explicit CandidateRunnerScope(CandidateRunner* runner);
+  ~CandidateRunnerScope();
+  CandidateRunnerScope(const CandidateRunnerScope&) = delete;
+  CandidateRunnerScope& operator=(const CandidateRunnerScope&) = delete;
+
+ private:
+  CandidateRunner* previous_;
+};
+
+// A module holder (`torch::nn::Linear`, a TORCH_MODULE of your own) or a std::shared_ptr to a
+// module: what the module form of `candidate` takes.
+template <class T, class = void>
+struct IsModuleHandle : std::false_type {};
+template <class T>
+struct IsModuleHandle<
+    T, std::enable_if_t<std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>>>>
+    : std::true_type {};
+template <class T>
+struct IsModuleHandle<
+    T, std::enable_if_t<!std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>> &&
+                        std::is_convertible_v<decltype(std::declval<const T&>().ptr()),
+                                              std::shared_ptr<torch::nn::Module>>>>
+    : std::true_type {};
+
+template <class T>
+std::shared_ptr<torch::nn::Module> module_pointer(const T& value) {
+  if constexpr (std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>>) {
+    return value;
+  } else {
+    return value.ptr();
+  }
+}
+
+// Runs `fn` on `args` as a candidate in the region the runner chooses. `owner`, when given, is the
+// module whose buffers a recompute must leave as the forward left them (the region sees it as an
+// argument).
+template <class F, class Tuple>
+auto run_as_candidate(const std::string& name, const std::shared_ptr<torch::nn::Module>& owner,
+                      F& fn, Tuple& args) {
+  CandidateRunner* runner = candidate_runner();
+  if (runner == nullptr || !at::GradMode::is_enabled()) return apply_forward(fn, args);
+  std::vector<at::Tensor> tensors;
+  collect_tensors(args, tensors);
+  std::optional<CheckpointOptions> region;
+  try {
+    region = runner->begin(name, owner.get(), tensors);
+  } catch (...) {
+    runner->abandon();
+    throw;
+  }
+  TensorCursor in(tensors);
+  replace_tensors(args, in);
+  using Result = std::decay_t<decltype(apply_forward(fn, args))>;
+  std::optional<Result> result;
+  try {
+    const CandidateRunnerScope inner(nullptr);  // markers inside run plainly, as part of this one
+    if (region) {
+      auto with_owner = [fn](const std::shared_ptr<torch::nn::Module>& /*owner*/,
+                             auto&... unpacked) mutable {
+        return invoke_forward(0, fn, unpacked...);
+      };
+      result.emplace(std::apply(
+          [&](auto&... unpacked) { return checkpoint(*region, with_owner, owner, unpacked...); },
+          args));
+    } else {
+      result.emplace(apply_forward(fn, args));
+    }
+  } catch (...) {
+    runner->abandon();
+    throw;
+  }
+  tensors.clear();
+  collect_tensors(*result, tensors);
+  runner->end(tensors);
+  TensorCursor out(tensors);
+  replace_tensors(*result, out);
+  return std::move(*result);
+}
+
+}  // namespace detail
+
+/// Marks `module(args...)` as a candidate: a block whose storage (kept, checkpointed, selective,
+/// offloaded) `ckpt::PlannedModel` chooses. Write it in your own `forward`, where you would call
+/// the block; it returns what the block's `forward` returns. The candidate is named after the
+/// module's path in the planned model ("encoder.2"). A candidate may take and return several
+/// tensors, tuples, vectors and values, and sit anywhere: inside a residual block, in both arms of
+/// a U-Net. Markers reached while a candidate runs are part of it. Without a `PlannedModel` at
+/// work (or under `torch::NoGradGuard`) it is `module->forward(args...)`.
+///
+/// Example:
+/// ```
+/// struct UpImpl : torch::nn::Module {
+///   torch::nn::Conv2d conv{torch::nn::Conv2dOptions(8, 4, 3).padding(1)};
+///   UpImpl() { register_module("conv", conv); }
+///   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& skip) {
+///     return torch::relu(ckpt::candidate(conv, torch::cat({x, skip}, 1)));
+///   }
+/// };
+/// ```
+template <class Module, class... Args,
+          std::enable_if_t<detail::IsModuleHandle<std::decay_t<Module>>::value, int> = 0>
+auto candidate(Module&& module, Args&&... args) {
+  std::decay_t<Module> handle(std::forward<Module>(module));
+  std::tuple<std::decay_t<Args>...> held(std::forward<Args>(args)...);
+  return detail::run_as_candidate(std::string(), detail::module_pointer(handle), handle, held);
+}
+
+/// Marks `fn(args...)`, a part of the module `owner`'s own forward, as the candidate
+/// "<owner's path>.<part>": the way to cut a block inside (both convolutions of a residual block,
+/// say), one line per part, written once for every instance of the block. A recompute leaves
+/// `owner`'s buffers as the forward left them.
+///
+/// Example:
+/// ```
+/// struct BlockImpl : torch::nn::Module {
+///   torch::nn::Linear fc{8, 8};
+///   BlockImpl() { register_module("fc", fc); }
+///   torch::Tensor forward(const torch::Tensor& x) {
+///     auto h = ckpt::candidate(*this, "fc", [this](const torch::Tensor& t) { return fc(t); }, x);
+///     return x + torch::relu(h);
+///   }
+/// };
+/// ```
+template <class F, class... Args>
+auto candidate(torch::nn::Module& owner, const std::string& part, F&& fn, Args&&... args) {
+  std::decay_t<F> callable(std::forward<F>(fn));
+  std::tuple<std::decay_t<Args>...> held(std::forward<Args>(args)...);
+  return detail::run_as_candidate(part, owner.shared_from_this(), callable, held);
+}
+
+/// Marks `fn(args...)` as the candidate `name` (see the module form above). Pass the tensors the
+/// block reads as `args`: the planner tracks them (a checkpointed candidate keeps them until its
+/// backward). Modules `fn` captures have their buffers kept from a second update, as in
+/// `ckpt::checkpoint`.
+///
+/// Example:
+/// ```
+/// auto y = ckpt::candidate("attention", [&](const torch::Tensor& h) { return attn(h); }, x);
+/// ```
+template <class F, class... Args>
+auto candidate(const std::string& name, F&& fn, Args&&... args) {
+  std::decay_t<F> callable(std::forward<F>(fn));
+  std::tuple<std::decay_t<Args>...> held(std::forward<Args>(args)...);
+  return detail::run_as_candidate(name, std::shared_ptr<torch::nn::Module>(), callable, held);
+}
+
+/// Runs the blocks of `blocks` in order, each as a candidate (`x = candidate(block, x)` for every
+/// block): a whole `ModuleList` marked in one line. `Block` is the blocks' module class (the
+/// `...Impl`); each block's `forward` takes and returns one tensor.
+///
+/// Example:
+/// ```
+/// struct TowerImpl : torch::nn::Module {
+///   torch::nn::ModuleList layers;
+///   TowerImpl() {
+///     for (int i = 0; i < 4; ++i) layers->push_back(torch::nn::Linear(8, 8));
+///     register_module("layers", layers);
+///   }
+///   torch::Tensor forward(torch::Tensor x) {
+///     return ckpt::candidates<torch::nn::LinearImpl>(layers, x);
+///   }
+/// };
+/// ```
+template <class Block>
+at::Tensor candidates(const torch::nn::ModuleList& blocks, at::Tensor x) {
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    std::shared_ptr<Block> block = std::dynamic_pointer_cast<Block>(blocks->ptr(i));
+    TORCH_CHECK(block != nullptr, "ckpt::candidates: block ", i, " of the ModuleList is a ",
+                blocks->ptr(i)->name(), ", not the Block type given.");
+    x = candidate(block, x);
+  }
+  return x;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,99 @@
+#pragma once
+
+/// \file
+/// Measuring any model for the planner: `profile_model` runs real training steps of a model whose
+/// `forward` marks candidates (`ckpt::candidate`, <ckpt/candidate.h>) and turns them into the
+/// planner's timeline model (`plan::ModelProfile`, <ckpt/plan/model.h>).
+
+#include <ckpt/plan/model.h>
+#include <ckpt/selective.h>
+#include <ckpt/storage_mode.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace ckpt {
+
+/// The shape of a tensor a candidate took in the profiled step.
+struct TensorShape {
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+
+  static TensorShape of(const at::Tensor& tensor);
+  /// Whether `tensor` needs no more memory than this: same dtype, device and number of
+  /// dimensions, no dimension larger.
+  bool holds(const at::Tensor& tensor) const;
+  std::string to_string() const;
+};
+
+/// A candidate as the profiled step reached it, in the order of the forward.
+struct ProfiledCandidate {
+  std::string name;
+  /// Its input tensors (undefined ones included, as an empty shape of dtype Undefined).
+  std::vector<TensorShape> inputs;
+};
+
+/// Options of `profile_model`.
+struct ModelProfileOptions {
+  /// The storage modes to measure each candidate in, beside keeping everything ("stored"). A mode
+  /// is offered where it keeps less than "stored" and differs from the modes before it;
+  /// "offloaded" only on an accelerator. Default: `StorageModes::standard()`
+  TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
+  /// The policy of the "selective" mode; an empty one turns it off. Default: `save_matmuls()`
+  TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();
+  /// Measure the steps starting without parameter gradients (after `zero_grad()`), so that those
+  /// the backward creates count; false where they exist before every step. Default: true
+  TORCH_ARG(bool, count_parameter_gradients) = true;
+  /// Replay the RNG in recomputes of the measured modes. Default: true
+  TORCH_ARG(bool, preserve_rng_state) = true;
+};
+
+/// The measured step: the planner's model, and what the executor checks each step against.
+struct MeasuredModel {
+  /// Option 0 of every candidate is "stored"; the others are named after their storage modes.
+  plan::ModelProfile profile;
+  /// The candidates of `profile`, in the same order, with their inputs' shapes.
+  std::vector<ProfiledCandidate> candidates;
+  /// Where the step ran (its memory was measured there).
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+};
+
+/// Measures the training step `loss_fn` (a forward through `model` to a scalar loss; backward is
+/// run for it) as the planner's timeline: an untimed plain step that finds the candidates, a plain
+/// step in which every candidate keeps everything, and one step per storage mode in which every
+/// candidate runs in that mode. Each records, at every candidate's forward and backward
+/// boundaries, the live bytes, the peak since the last boundary and the time
+/// (docs/memory-model.md, "Any model"). The parameters' gradients, the buffers (BatchNorm
+/// statistics) and the RNG state are left as they were. Errors: a candidate reached twice in one
+/// step, a module candidate outside `model`, no candidate at all, steps whose candidates differ,
+/// a loss that isn't a scalar requiring grad.
+MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
+                            const std::function<at::Tensor()>& loss_fn,
+                            const ModelProfileOptions& options = {});
+
+namespace detail {
+/// Names module candidates after their path in a model ("encoder.2").
+class CandidateNames {
+ public:
+  explicit CandidateNames(const torch::nn::Module& model);
+  /// The candidate's name, as `CandidateRunner::begin` spells it; an error when `module` is
+  /// outside the model.
+  std::string resolve(const std::string& name, const torch::nn::Module* module) const;
+
+ private:
+  std::unordered_map<const torch::nn::Module*, std::string> paths_;
+};
+}  // namespace detail
+
+}  // namespace ckpt

@@ -1,0 +1,123 @@
+#pragma once
+
+/// \file
+/// `ckpt::PlannedModel`: any model whose `forward` marks candidates (`ckpt::candidate`), trained
+/// under the fastest choice of storage modes that fits a memory budget.
+
+#include <ckpt/candidate.h>
+#include <ckpt/model_profiler.h>
+#include <ckpt/plan/model.h>
+#include <ckpt/planned_sequential.h>
+#include <ckpt/selective.h>
+#include <ckpt/storage_mode.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+/// Options of `PlannedModel`.
+struct PlannedModelOptions {
+  /// The storage modes a candidate may run in, beside keeping everything. Default:
+  /// `StorageModes::standard()` ("checkpointed", "selective", and "offloaded" on accelerators)
+  TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
+  /// The policy of the "selective" mode; an empty one turns it off. Default: `save_matmuls()`
+  TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();
+  /// Host memory the "offloaded" mode may hold at once, in bytes. Default: unlimited
+  TORCH_ARG(int64_t, host_budget_bytes) = std::numeric_limits<int64_t>::max();
+  /// When the budget is below the smallest feasible one, plan for that one with a warning instead
+  /// of raising `InfeasibleBudget`. Default: false
+  TORCH_ARG(bool, fall_back_to_minimum) = false;
+  /// What a step whose candidates differ from the profiled step's does: other candidates, in
+  /// another order, or an input larger in some dimension (or of another dtype or device).
+  /// `InputChange::Replan` profiles the step again and solves again, with a warning;
+  /// `InputChange::Error` raises an error that says what changed. Either way the step's state
+  /// (buffers, RNG) is put back first. Default: `InputChange::Replan`
+  TORCH_ARG(InputChange, on_input_change) = InputChange::Replan;
+  /// Whether each step's backward creates the parameter gradients, as after `zero_grad()`, so
+  /// that the budget counts them. Default: true
+  TORCH_ARG(bool, count_parameter_gradients) = true;
+  /// Replay each recomputed candidate's RNG. Default: true
+  TORCH_ARG(bool, preserve_rng_state) = true;
+  /// The exact solver's search limit (`plan::ModelSolverOptions::max_exact_nodes`). Default:
+  /// 2,000,000
+  TORCH_ARG(int64_t, max_exact_nodes) = 2'000'000;
+};
+
+/// Trains any model under a memory budget. Its `forward` marks the blocks the planner may
+/// choose for, one line each (`x = ckpt::candidate(block, x);`); the first `run` profiles one
+/// training step (each candidate's time and the bytes it keeps in each storage mode, on the
+/// step's memory timeline, docs/memory-model.md "Any model"), solves for the fastest storage mode
+/// of each candidate whose predicted peak fits the budget, and runs the step so. Later steps run
+/// the same plan: a step whose candidates or their input shapes grow or change is re-planned or
+/// refused (`PlannedModelOptions::on_input_change`), never run on a stale plan. Gradients and
+/// buffers are those of the plain step; RNG is replayed. Percentages are of the plain step's
+/// measured peak; "min" is the smallest feasible budget; a budget below it raises
+/// `InfeasibleBudget`, which carries it.
+///
+/// Example:
+/// ```
+/// ckpt::PlannedModel planned(model, ckpt::Budget::parse("50%"));
+/// torch::Tensor loss = planned.run([&] { return model->forward(x).pow(2).mean(); });
+/// loss.backward();
+/// ```
+class PlannedModel {
+ public:
+  PlannedModel(std::shared_ptr<torch::nn::Module> model, Budget budget,
+               PlannedModelOptions options = {});
+  template <class M>
+  PlannedModel(const torch::nn::ModuleHolder<M>& model, Budget budget,
+               PlannedModelOptions options = {})
+      : PlannedModel(std::shared_ptr<torch::nn::Module>(model.ptr()), budget, std::move(options)) {}
+
+  /// Runs `loss_fn` (the forward to the step's loss) with each candidate in its planned storage
+  /// mode and returns the loss; call `backward()` on it. Plans first if needed.
+  at::Tensor run(const std::function<at::Tensor()>& loss_fn);
+  /// Profiles the step `loss_fn` (running it several times, state put back) and solves.
+  void plan(const std::function<at::Tensor()>& loss_fn);
+  /// Solves for a given measurement instead of profiling.
+  void plan(MeasuredModel measured);
+
+  bool planned() const { return plan_.has_value(); }
+  /// The measurement the plan was solved from.
+  const MeasuredModel& measured() const;
+  /// The chosen option of each candidate and its prediction.
+  const plan::ModelPlan& solution() const;
+  /// The storage mode of candidate `name` ("stored", "checkpointed", ...).
+  const std::string& mode_of(const std::string& name) const;
+  /// The budget in bytes the plan was solved for.
+  int64_t budget_bytes() const;
+  /// The plain step's peak that percentages are of.
+  int64_t plain_peak_bytes() const;
+  /// A table of the candidates and their modes, the predicted time and peak.
+  std::string summary() const;
+
+ private:
+  struct Plan {
+    MeasuredModel measured;
+    plan::ModelPlan solution;
+    int64_t budget_bytes = 0;
+    std::vector<std::optional<CheckpointOptions>> regions;  // per candidate; none: kept
+  };
+  class Runner;
+
+  at::Tensor run_planned(const std::function<at::Tensor()>& loss_fn);
+  const Plan& current() const;
+
+  std::shared_ptr<torch::nn::Module> model_;
+  Budget budget_;
+  PlannedModelOptions options_;
+  std::optional<Plan> plan_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,223 @@
+#include <ckpt/planned_model.h>
+
+#include "autograd/buffer_guard.h"
+#include "autograd/rng_state.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <iomanip>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+namespace ckpt {
+namespace {
+
+// A step whose candidates are not those the plan was made for; `what` says what changed.
+struct PlanMismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string first_mismatch(const ProfiledCandidate& expected, const std::string& name,
+                           const std::vector<at::Tensor>& inputs) {
+  if (expected.name != name) {
+    return c10::str("the step reached candidate \"", name, "\" where the profiled step reached \"",
+                    expected.name, "\"");
+  }
+  if (inputs.size() != expected.inputs.size()) {
+    return c10::str("candidate \"", name, "\" took ", inputs.size(),
+                    " tensors where the profiled step gave it ", expected.inputs.size());
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (expected.inputs[i].holds(inputs[i])) continue;
+    return c10::str("input ", i, " of candidate \"", name, "\" is ",
+                    TensorShape::of(inputs[i]).to_string(), " where the plan was profiled with ",
+                    expected.inputs[i].to_string());
+  }
+  return "";
+}
+
+}  // namespace
+
+// Runs each candidate of a step in its planned mode, checking that the step reaches the
+// candidates the plan was profiled with, in that order, with inputs no larger.
+class PlannedModel::Runner final : public detail::CandidateRunner {
+ public:
+  Runner(const Plan& plan, const detail::CandidateNames& names) : plan_(plan), names_(names) {}
+
+  std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
+                                         std::vector<at::Tensor>& inputs) override {
+    const std::string resolved = names_.resolve(name, module);
+    const auto& expected = plan_.measured.candidates;
+    if (next_ >= expected.size()) {
+      throw PlanMismatch(c10::str("the step reached candidate \"", resolved, "\" after the ",
+                                  expected.size(), " candidates of the profiled step"));
+    }
+    const std::string mismatch = first_mismatch(expected[next_], resolved, inputs);
+    if (!mismatch.empty()) throw PlanMismatch(mismatch);
+    return plan_.regions[next_++];
+  }
+  void end(std::vector<at::Tensor>& /*outputs*/) override {}
+  void abandon() noexcept override {}
+
+  void finish() const {
+    const auto& expected = plan_.measured.candidates;
+    if (next_ == expected.size()) return;
+    throw PlanMismatch(c10::str("the step reached ", next_, " of the ", expected.size(),
+                                " candidates of the profiled step, not \"", expected[next_].name,
+                                "\""));
+  }
+
+ private:
+  const Plan& plan_;
+  const detail::CandidateNames& names_;
+  size_t next_ = 0;
+};
+
+PlannedModel::PlannedModel(std::shared_ptr<torch::nn::Module> model, Budget budget,
+                           PlannedModelOptions options)
+    : model_(std::move(model)), budget_(budget), options_(std::move(options)) {
+  TORCH_CHECK(model_ != nullptr, "ckpt::PlannedModel: the model is empty (a null module holder).");
+}
+
+at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
+  if (!at::GradMode::is_enabled()) return loss_fn();  // nothing is saved: candidates run plainly
+  if (!plan_) plan(loss_fn);
+  std::string change;
+  {
+    const std::vector<at::Tensor> parameters = model_->parameters();
+    const detail::RngStash rng(parameters, detail::infer_device_type(parameters));
+    detail::BufferGuard buffers({model_});  // puts the buffers back unless the step succeeds
+    try {
+      at::Tensor loss = run_planned(loss_fn);
+      buffers.dismiss();
+      return loss;
+    } catch (const PlanMismatch& mismatch) {
+      change = mismatch.what();
+      rng.restore();
+    }
+  }
+  TORCH_CHECK(options_.on_input_change() == InputChange::Replan, "ckpt::PlannedModel: ", change,
+              ". The step did not run and the model's state is as it was. Plan with the largest "
+              "input (plan(loss_fn)), or let it re-plan: "
+              "PlannedModelOptions().on_input_change(InputChange::Replan).");
+  TORCH_WARN("ckpt::PlannedModel: ", change,
+             "; profiling this step and solving again, so this step takes several steps' time.");
+  plan(loss_fn);
+  try {
+    return run_planned(loss_fn);
+  } catch (const PlanMismatch& mismatch) {
+    TORCH_CHECK(false, "ckpt::PlannedModel: ", mismatch.what(),
+                " right after profiling the same step: the model's candidates change from one "
+                "forward to the next. Mark only blocks that every step reaches in the same order.");
+  }
+}
+
+at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn) {
+  const detail::CandidateNames names(*model_);
+  Runner runner(*plan_, names);
+  at::Tensor loss;
+  {
+    const detail::CandidateRunnerScope scope(&runner);
+    loss = loss_fn();
+  }
+  runner.finish();
+  return loss;
+}
+
+void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
+  plan(profile_model(model_, loss_fn,
+                     ModelProfileOptions()
+                         .storage_modes(options_.storage_modes())
+                         .selective_policy(options_.selective_policy())
+                         .count_parameter_gradients(options_.count_parameter_gradients())
+                         .preserve_rng_state(options_.preserve_rng_state())));
+}
+
+void PlannedModel::plan(MeasuredModel measured) {
+  const plan::ModelProfile& profile = measured.profile;
+  profile.validate();
+  plan::ModelSolverOptions solver;
+  solver.host_budget_bytes = options_.host_budget_bytes();
+  solver.max_exact_nodes = options_.max_exact_nodes();
+  const int64_t smallest = plan::min_model_budget(profile, solver);
+  int64_t budget = budget_.resolve(profile.plain_peak_bytes(), smallest);
+  if (budget < smallest) {
+    const std::string message = c10::str(
+        "ckpt::PlannedModel: no choice of storage modes fits in a budget of ", budget,
+        " bytes; the smallest feasible budget for this model is ", smallest,
+        " bytes (the plain step's peak is ", profile.plain_peak_bytes(),
+        "). Raise the budget, ask for it with Budget::minimum() (\"min\"), mark more or smaller "
+        "candidates, or set PlannedModelOptions().fall_back_to_minimum(true).");
+    if (!options_.fall_back_to_minimum()) throw InfeasibleBudget(message, smallest);
+    TORCH_WARN(message, " Planning for ", smallest, " bytes instead.");
+    budget = smallest;
+  }
+  plan::ModelPlan solution = plan::solve_model(profile, budget, solver);
+  TORCH_CHECK(solution.feasible, "ckpt::PlannedModel: the solver found no choice within ", budget,
+              " bytes although its smallest feasible budget is ", smallest,
+              "; please report this with the model.");
+  Plan next{std::move(measured), std::move(solution), budget, {}};
+  const StorageSettings settings{options_.selective_policy()};
+  const auto& candidates = next.measured.profile.candidates;  // `profile` was moved from
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    const std::string& mode = candidates[c].options[next.solution.choice[c]].name;
+    std::optional<CheckpointOptions> region;
+    if (next.solution.choice[c] != 0) {
+      region = options_.storage_modes().at(mode, "ckpt::PlannedModel").region(settings);
+      TORCH_CHECK(region.has_value(), "ckpt::PlannedModel: the storage mode \"", mode,
+                  "\" is off with these options; the measurement offers it.");
+      region->preserve_rng_state(options_.preserve_rng_state());
+    }
+    next.regions.push_back(region);
+  }
+  plan_ = std::move(next);
+}
+
+const PlannedModel::Plan& PlannedModel::current() const {
+  TORCH_CHECK(plan_.has_value(),
+              "ckpt::PlannedModel: not planned yet; call run(loss_fn) or "
+              "plan(loss_fn) first.");
+  return *plan_;
+}
+
+const MeasuredModel& PlannedModel::measured() const {
+  return current().measured;
+}
+const plan::ModelPlan& PlannedModel::solution() const {
+  return current().solution;
+}
+int64_t PlannedModel::budget_bytes() const {
+  return current().budget_bytes;
+}
+int64_t PlannedModel::plain_peak_bytes() const {
+  return current().measured.profile.plain_peak_bytes();
+}
+
+const std::string& PlannedModel::mode_of(const std::string& name) const {
+  const Plan& plan = current();
+  const auto& candidates = plan.measured.profile.candidates;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    if (candidates[c].name == name) return candidates[c].options[plan.solution.choice[c]].name;
+  }
+  TORCH_CHECK(false, "ckpt::PlannedModel: no candidate is named \"", name, "\".");
+}
+
+std::string PlannedModel::summary() const {
+  const Plan& plan = current();
+  std::ostringstream out;
+  const auto& prediction = plan.solution.prediction;
+  out << "budget " << plan.budget_bytes << " bytes of a plain peak of "
+      << plan.measured.profile.plain_peak_bytes() << "; predicted peak " << prediction.peak_bytes
+      << ", step " << std::setprecision(3) << prediction.time * 1e3 << " ms (plain "
+      << plan.measured.profile.step_time * 1e3 << " ms)\n";
+  const auto& candidates = plan.measured.profile.candidates;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    out << "  " << std::left << std::setw(24) << candidates[c].name << " "
+        << candidates[c].options[plan.solution.choice[c]].name << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,555 @@
+#include <ckpt/candidate.h>
+#include <ckpt/memory_tracker.h>
+#include <ckpt/model_profiler.h>
+#include <ckpt/offload.h>
+
+#include "autograd/buffer_guard.h"
+#include "autograd/rng_state.h"
+#include "compat/torch_compat.h"
+#include "measure/step_measure.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <tuple>
+#include <unordered_set>
+#include <utility>
+
+namespace ckpt {
+
+TensorShape TensorShape::of(const at::Tensor& tensor) {
+  if (!tensor.defined()) return {{}, c10::ScalarType::Undefined, c10::Device(c10::DeviceType::CPU)};
+  return {tensor.sizes().vec(), tensor.scalar_type(), tensor.device()};
+}
+
+bool TensorShape::holds(const at::Tensor& tensor) const {
+  if (!tensor.defined()) return dtype == c10::ScalarType::Undefined;
+  if (tensor.scalar_type() != dtype || tensor.device() != device) return false;
+  if (tensor.dim() != static_cast<int64_t>(sizes.size())) return false;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (tensor.size(static_cast<int64_t>(d)) > sizes[d]) return false;
+  }
+  return true;
+}
+
+std::string TensorShape::to_string() const {
+  if (dtype == c10::ScalarType::Undefined) return "an undefined tensor";
+  std::ostringstream out;
+  out << c10::toString(dtype) << "[";
+  for (size_t d = 0; d < sizes.size(); ++d) out << (d ? ", " : "") << sizes[d];
+  out << "] on " << device;
+  return out.str();
+}
+
+namespace detail {
+
+CandidateNames::CandidateNames(const torch::nn::Module& model) {
+  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+    paths_.emplace(item.value().get(), item.key());
+  }
+}
+
+std::string CandidateNames::resolve(const std::string& name,
+                                    const torch::nn::Module* module) const {
+  if (module == nullptr) return name;
+  const auto found = paths_.find(module);
+  TORCH_CHECK(found != paths_.end(), "ckpt::candidate: the module ", module->name(),
+              " is not a submodule of the planned model. Plan the module that contains it, or "
+              "register it (register_module) in its parent.");
+  if (name.empty()) return found->second;
+  return found->second.empty() ? name : found->second + "." + name;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::Clock;
+
+enum class EventKind { ForwardBegin, ForwardEnd, BackwardBegin, BackwardEnd, StepEnd };
+
+// A boundary of a candidate's forward or backward, as a step reached it.
+struct Event {
+  EventKind kind;
+  int candidate;  // -1 for StepEnd
+  int64_t live;   // bytes live on the device there
+  int64_t peak;   // the device's peak since the previous event (the segment that ends here)
+  int64_t host;   // offloaded bytes held in host memory there
+  Clock::time_point time;
+};
+
+// A storage a candidate took or returned, watched for the event at which it is freed: a mode may
+// keep an input longer (a region keeps its inputs for the recompute) or let an output go sooner
+// (a region's graph holds no output).
+struct WatchedStorage {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  const c10::StorageImpl* address = nullptr;  // identity while it lives
+  int64_t bytes = 0;
+  bool output = false;
+  bool feeds_candidate = false;  // an output that a later candidate takes
+  int freed_at = -1;             // the first event that found it freed
+};
+
+struct CandidateRecord {
+  ProfiledCandidate profiled;
+  std::vector<WatchedStorage> watched;  // its inputs, then its outputs, each storage once
+};
+
+// One profiled step. Shared with the hooks the step leaves on tensors, which may fire on the
+// engine's device threads, and outlive the step on tensors a model keeps.
+struct StepRecord {
+  std::mutex mutex;
+  bool open = true;
+  MemoryTracker* tracker = nullptr;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  int64_t start_bytes = 0;
+  Clock::time_point start_time;
+  std::vector<CandidateRecord> candidates;
+  std::vector<Event> events;
+
+  void record(EventKind kind, int candidate) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (!open) return;
+    if (!device.is_cpu()) compat::synchronize(device);
+    events.push_back({kind, candidate, tracker->current_bytes(), tracker->peak_bytes(),
+                      offload_stats().host_bytes, Clock::now()});
+    tracker->reset_peak();
+    const int at = static_cast<int>(events.size()) - 1;
+    for (auto& c : candidates) {
+      for (auto& w : c.watched) {
+        if (w.freed_at < 0 && w.storage.expired()) w.freed_at = at;
+      }
+    }
+  }
+
+  // Watches `tensors`' storages for candidate `c` (as outputs: `output`). Call with the lock.
+  void watch(int c, const std::vector<at::Tensor>& tensors, bool output) {
+    auto& watched = candidates[c].watched;
+    for (const auto& t : tensors) {
+      if (!t.defined() || !t.has_storage()) continue;
+      const c10::StorageImpl* address = t.storage().unsafeGetStorageImpl();
+      bool seen = false;
+      for (const auto& w : watched) seen = seen || w.address == address;
+      if (seen) continue;
+      if (!output) mark_fed(address);
+      watched.push_back({t.storage().getWeakStorageImpl(), address,
+                         static_cast<int64_t>(t.storage().nbytes()), output});
+    }
+  }
+
+  // An earlier candidate's output, alive (so the address is its identity), is fed to another.
+  void mark_fed(const c10::StorageImpl* address) {
+    for (auto& c : candidates) {
+      for (auto& w : c.watched) {
+        if (w.output && w.address == address && !w.storage.expired()) w.feeds_candidate = true;
+      }
+    }
+  }
+};
+
+// Runs every candidate of a step in one mode and records the step's events.
+class StepRecorder final : public detail::CandidateRunner {
+ public:
+  StepRecorder(const detail::CandidateNames& names, std::optional<CheckpointOptions> mode,
+               std::shared_ptr<StepRecord> record)
+      : names_(names), mode_(std::move(mode)), record_(std::move(record)) {}
+
+  std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
+                                         std::vector<at::Tensor>& inputs) override {
+    const std::string resolved = names_.resolve(name, module);
+    TORCH_CHECK(seen_.insert(resolved).second, "ckpt::candidate: \"", resolved,
+                "\" is reached twice in one step. A candidate is one call: give each call its "
+                "own name (ckpt::candidate(\"name\", fn, args...)), or mark the block that holds "
+                "both calls instead.");
+    const int index = add_candidate(resolved, inputs);
+    record_->record(EventKind::ForwardBegin, index);
+    for (auto& t : inputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      t = t.alias();  // its gradient is complete once the candidate's backward is done with it
+      t.register_hook([record = record_, index](const at::Tensor&) {
+        record->record(EventKind::BackwardEnd, index);
+      });
+    }
+    current_ = index;
+    return mode_;
+  }
+
+  void end(std::vector<at::Tensor>& outputs) override {
+    const int index = current_;
+    record_->record(EventKind::ForwardEnd, index);
+    {
+      const std::lock_guard<std::mutex> lock(record_->mutex);
+      record_->watch(index, outputs, /*output=*/true);
+    }
+    for (auto& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      t.register_hook([record = record_, index](const at::Tensor&) {
+        record->record(EventKind::BackwardBegin, index);
+      });
+    }
+  }
+
+  void abandon() noexcept override {}
+
+ private:
+  int add_candidate(const std::string& name, const std::vector<at::Tensor>& inputs) {
+    CandidateRecord c;
+    c.profiled.name = name;
+    for (const auto& t : inputs) c.profiled.inputs.push_back(TensorShape::of(t));
+    const std::lock_guard<std::mutex> lock(record_->mutex);
+    record_->candidates.push_back(std::move(c));
+    const int index = static_cast<int>(record_->candidates.size()) - 1;
+    record_->watch(index, inputs, /*output=*/false);
+    return index;
+  }
+
+  const detail::CandidateNames& names_;
+  std::optional<CheckpointOptions> mode_;
+  std::shared_ptr<StepRecord> record_;
+  std::unordered_set<std::string> seen_;
+  int current_ = -1;
+};
+
+// The environment of the profiled steps.
+struct StepSetup {
+  std::shared_ptr<torch::nn::Module> model;
+  std::function<at::Tensor()> loss_fn;
+  const detail::CandidateNames* names;
+  MemoryTracker* tracker;
+  c10::Device device;
+  bool count_parameter_gradients;
+};
+
+void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder) {
+  at::Tensor loss;
+  {
+    const detail::CandidateRunnerScope scope(&recorder);
+    const at::AutoGradMode grad_mode(true);
+    loss = setup.loss_fn();
+  }
+  TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(),
+              "ckpt::PlannedModel: the step function must return the step's loss: one number "
+              "that requires grad (got ",
+              loss.defined() ? TensorShape::of(loss).to_string() : "an undefined tensor",
+              loss.defined() && !loss.requires_grad() ? " that doesn't require grad" : "", ").");
+  loss.backward();
+}
+
+// One step with every candidate in `mode` (none: kept), from the gradients a step starts from.
+std::shared_ptr<StepRecord> record_step(const StepSetup& setup,
+                                        const std::optional<CheckpointOptions>& mode) {
+  const detail::SwappedGradients grads({setup.model},
+                                       setup.count_parameter_gradients
+                                           ? detail::SwappedGradients::Start::None
+                                           : detail::SwappedGradients::Start::ZeroBuffers);
+  const detail::BufferGuard buffers({setup.model});
+  auto record = std::make_shared<StepRecord>();
+  record->tracker = setup.tracker;
+  record->device = setup.device;
+  StepRecorder recorder(*setup.names, mode, record);
+  compat::synchronize(setup.device);
+  setup.tracker->reset_peak();
+  record->start_bytes = setup.tracker->current_bytes();
+  record->start_time = Clock::now();
+  run_loss_and_backward(setup, recorder);
+  record->record(EventKind::StepEnd, -1);
+  const std::lock_guard<std::mutex> lock(record->mutex);
+  record->open = false;
+  return record;
+}
+
+c10::Device device_of(const torch::nn::Module& model) {
+  for (const auto& p : model.parameters()) {
+    if (!p.device().is_cpu()) return p.device();
+  }
+  for (const auto& b : model.buffers()) {
+    if (!b.device().is_cpu()) return b.device();
+  }
+  return c10::Device(c10::DeviceType::CPU);
+}
+
+// Where a candidate's forward and backward begin and end among a step's events: its backward
+// begins with the first gradient of its outputs and ends with the last of its inputs' (at the
+// step's end where no input needs one); `backward_begin` is -1 where no output got a gradient.
+struct Span {
+  int forward_begin = -1, forward_end = -1, backward_begin = -1, backward_end = -1;
+};
+
+Span span_of(const StepRecord& step, int candidate) {
+  Span span;
+  int last_input_gradient = -1;
+  for (int k = 0; k < static_cast<int>(step.events.size()); ++k) {
+    const Event& e = step.events[k];
+    if (e.candidate != candidate) continue;
+    if (e.kind == EventKind::ForwardBegin) span.forward_begin = k;
+    if (e.kind == EventKind::ForwardEnd) span.forward_end = k;
+    if (e.kind == EventKind::BackwardBegin && span.backward_begin < 0) span.backward_begin = k;
+    if (e.kind == EventKind::BackwardEnd) last_input_gradient = k;
+  }
+  const int step_end = static_cast<int>(step.events.size()) - 1;
+  span.backward_end = last_input_gradient >= 0 ? last_input_gradient : step_end;
+  if (span.backward_begin >= 0)
+    span.backward_end = std::max(span.backward_end, span.backward_begin);
+  return span;
+}
+
+// What one step measured of one candidate, relative to the live bytes where each part began.
+struct CandidateCosts {
+  int64_t forward_peak = 0;   // the forward's peak above the bytes live at its start
+  int64_t forward_kept = 0;   // the bytes its forward left live
+  int64_t backward_peak = 0;  // the backward's peak above the bytes live at its start
+  int64_t host = 0;           // the host bytes its forward left held
+  double seconds = 0;
+};
+
+double seconds_between(const Event& from, const Event& to) {
+  return std::chrono::duration<double>(to.time - from.time).count();
+}
+
+CandidateCosts costs_of(const StepRecord& step, const Span& span, int candidate) {
+  const auto& ev = step.events;
+  const Event& fb = ev[span.forward_begin];
+  const Event& fe = ev[span.forward_end];
+  CandidateCosts costs;
+  costs.forward_peak = fe.peak - fb.live;
+  costs.forward_kept = fe.live - fb.live;
+  costs.host = fe.host - fb.host;
+  costs.seconds = seconds_between(fb, fe);
+  if (span.backward_begin < 0) return costs;
+  // Its backward's peak, until its last input's gradient or another candidate's backward begins
+  // (the engine may run another branch before it hands over the last input gradient).
+  const Event& bb = ev[span.backward_begin];
+  for (int k = span.backward_begin + 1; k <= span.backward_end; ++k) {
+    costs.backward_peak = std::max(costs.backward_peak, ev[k].peak - bb.live);
+    if (ev[k].kind == EventKind::BackwardBegin && ev[k].candidate != candidate) break;
+  }
+  costs.seconds += seconds_between(bb, ev[span.backward_end]);
+  return costs;
+}
+
+// Where each event of the plain step is in another step: events are the same boundaries of the
+// same candidates, told apart by their kind, candidate and how many came before them; -1 where
+// the other step has no such event.
+std::vector<int> matching_events(const StepRecord& plain, const StepRecord& other) {
+  using Key = std::tuple<int, int, int>;
+  std::map<Key, int> count, where;
+  for (int k = 0; k < static_cast<int>(other.events.size()); ++k) {
+    const Event& e = other.events[k];
+    const Key id{static_cast<int>(e.kind), e.candidate, 0};
+    where[{static_cast<int>(e.kind), e.candidate, count[id]++}] = k;
+  }
+  count.clear();
+  std::vector<int> match;
+  for (const Event& e : plain.events) {
+    const Key id{static_cast<int>(e.kind), e.candidate, 0};
+    const auto found = where.find({static_cast<int>(e.kind), e.candidate, count[id]++});
+    match.push_back(found == where.end() ? -1 : found->second);
+  }
+  return match;
+}
+
+// What the mode's step holds beyond the plain step of the storages a candidate took or returned:
+// inputs kept longer count, outputs let go sooner count against it, unless another candidate takes
+// them (then its own mode decides). `held(watched, step)` tells whether a storage counts.
+template <class Held>
+int64_t held_difference(const CandidateRecord& plain, const CandidateRecord& mode, Held held) {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < plain.watched.size() && i < mode.watched.size(); ++i) {
+    const WatchedStorage& a = plain.watched[i];
+    const int64_t difference =
+        (static_cast<int64_t>(held(mode.watched[i], true)) - held(a, false)) * a.bytes;
+    if (!a.output && difference > 0) bytes += difference;
+    if (a.output && !a.feeds_candidate && difference < 0) bytes += difference;
+  }
+  return bytes;
+}
+
+// In segment `k` of the plain step (`k_in_mode` in the mode's step, -1: none): a storage counts as
+// held in the segment it is freed in, and as gone from the plain step only after it.
+int64_t held_in_segment(const CandidateRecord& plain, const CandidateRecord& mode, int k,
+                        int k_in_mode) {
+  return held_difference(plain, mode, [&](const WatchedStorage& w, bool in_mode) {
+    if (in_mode) return k_in_mode < 0 || w.freed_at < 0 || k_in_mode <= w.freed_at;
+    return w.freed_at < 0 || k < w.freed_at;
+  });
+}
+
+// At event `e` of the plain step (`e_in_mode` in the mode's step): what is still live there.
+int64_t held_at_event(const CandidateRecord& plain, const CandidateRecord& mode, int e,
+                      int e_in_mode) {
+  return held_difference(plain, mode, [&](const WatchedStorage& w, bool in_mode) {
+    const int at = in_mode ? e_in_mode : e;
+    return w.freed_at < 0 || w.freed_at > at;
+  });
+}
+
+// One candidate in one step: what it recorded and where its parts begin and end.
+struct CandidateInStep {
+  const CandidateRecord& record;
+  Span span;
+  CandidateCosts costs;
+};
+
+// A mode's bytes over the plain step, in each segment of the candidate's window (the plain step's
+// segments from its forward to the end of its backward): its forward's peak, then what it keeps
+// less (or more) plus the inputs it keeps longer, then its backward's peak on top.
+std::vector<int64_t> peak_deltas(const CandidateInStep& plain, const CandidateInStep& mode,
+                                 const std::vector<int>& in_mode) {
+  const int64_t plateau = mode.costs.forward_kept - plain.costs.forward_kept;
+  auto longer = [&](int k) { return held_in_segment(plain.record, mode.record, k, in_mode[k]); };
+  std::vector<int64_t> deltas;
+  deltas.push_back(mode.costs.forward_peak - plain.costs.forward_peak);
+  for (int k = plain.span.forward_end + 1; k <= plain.span.backward_begin; ++k) {
+    deltas.push_back(plateau + longer(k));
+  }
+  // From where its backward begins (held then, in both steps, is what the backward's peak is
+  // above).
+  const int64_t at_backward =
+      held_at_event(plain.record, mode.record, plain.span.backward_begin, mode.span.backward_begin);
+  const int64_t in_backward =
+      plateau + at_backward + mode.costs.backward_peak - plain.costs.backward_peak;
+  for (int k = plain.span.backward_begin + 1; k <= plain.span.backward_end; ++k) {
+    deltas.push_back(in_backward);
+  }
+  return deltas;
+}
+
+struct ModeRun {
+  std::string name;
+  std::shared_ptr<StepRecord> step;
+  std::vector<int> matching;  // where each plain event is in `step`
+};
+
+void check_same_candidates(const StepRecord& plain, const StepRecord& other,
+                           const std::string& mode) {
+  std::ostringstream first, second;
+  for (const auto& c : plain.candidates) first << " " << c.profiled.name;
+  for (const auto& c : other.candidates) second << " " << c.profiled.name;
+  TORCH_CHECK(first.str() == second.str(),
+              "ckpt::PlannedModel: the model reached other candidates in the profiled step with "
+              "every candidate ",
+              mode, " (", second.str(), " ) than in the plain step (", first.str(),
+              " ). Planning needs a forward that reaches the same candidates in every step: move "
+              "what changes between steps out of the candidates' order, or plan each variant "
+              "with its own PlannedModel.");
+}
+
+// Whether `options` already has an option with these bytes kept and peaks: a selective policy
+// that saves nothing of a candidate is its checkpointed mode again.
+bool offered_already(const plan::Candidate& candidate, const plan::CandidateOption& option) {
+  for (size_t i = 1; i < candidate.options.size(); ++i) {
+    if (candidate.options[i].peak_delta == option.peak_delta &&
+        candidate.options[i].host_bytes == option.host_bytes) {
+      return true;
+    }
+  }
+  return false;
+}
+
+plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<ModeRun>& modes) {
+  const Span span = span_of(plain, c);
+  const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
+  plan::Candidate candidate;
+  candidate.name = plain.candidates[c].profiled.name;
+  candidate.window_begin = span.forward_end;
+  candidate.options.push_back({"stored", kept.costs.seconds, 0, {}});
+  if (span.backward_begin < 0) return candidate;  // no gradient reaches it: nothing to save
+  for (const ModeRun& run : modes) {
+    const Span mode_span = span_of(*run.step, c);
+    if (mode_span.backward_begin < 0) continue;
+    const CandidateInStep mode{run.step->candidates[c], mode_span,
+                               costs_of(*run.step, mode_span, c)};
+    if (mode.costs.forward_kept >= kept.costs.forward_kept && mode.costs.host == 0) continue;
+    plan::CandidateOption option{run.name, std::max(mode.costs.seconds, kept.costs.seconds),
+                                 mode.costs.host, peak_deltas(kept, mode, run.matching)};
+    if (!offered_already(candidate, option)) candidate.options.push_back(std::move(option));
+  }
+  return candidate;
+}
+
+std::string segment_label(const StepRecord& step, const Event& end) {
+  const std::string name = end.candidate >= 0 ? step.candidates[end.candidate].profiled.name : "";
+  switch (end.kind) {
+    case EventKind::ForwardBegin:
+      return "before the forward of " + name;
+    case EventKind::ForwardEnd:
+      return "forward of " + name;
+    case EventKind::BackwardBegin:
+      return "before the backward of " + name;
+    case EventKind::BackwardEnd:
+      return "backward of " + name;
+    case EventKind::StepEnd:
+      return "end of the backward";
+  }
+  return "";
+}
+
+MeasuredModel measured_model(const StepRecord& plain, const std::vector<ModeRun>& modes,
+                             c10::Device device) {
+  MeasuredModel measured;
+  measured.device = device;
+  plan::ModelProfile& profile = measured.profile;
+  for (const Event& e : plain.events) {
+    profile.segment_peak_bytes.push_back(e.peak - plain.start_bytes);
+    profile.segment_labels.push_back(segment_label(plain, e));
+  }
+  profile.step_time =
+      std::chrono::duration<double>(plain.events.back().time - plain.start_time).count();
+  for (int c = 0; c < static_cast<int>(plain.candidates.size()); ++c) {
+    profile.candidates.push_back(candidate_of(plain, c, modes));
+    measured.candidates.push_back(plain.candidates[c].profiled);
+  }
+  profile.validate();
+  return measured;
+}
+
+}  // namespace
+
+MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
+                            const std::function<at::Tensor()>& loss_fn,
+                            const ModelProfileOptions& options) {
+  TORCH_CHECK(model != nullptr, "ckpt::profile_model: the model is empty (a null module holder).");
+  const c10::Device device = device_of(*model);
+  TORCH_CHECK(MemoryTracker::can_measure(device),
+              "ckpt::PlannedModel: can't measure the memory of ", device,
+              " with this LibTorch; plan on the CPU or on a device whose memory it counts.");
+  MemoryTracker tracker(device,
+                        device.is_cpu() ? MemoryScope::CallingThread : MemoryScope::Process);
+  const detail::CandidateNames names(*model);
+  const StepSetup setup{model,    loss_fn, &names,
+                        &tracker, device,  options.count_parameter_gradients()};
+  const std::vector<at::Tensor> parameters = model->parameters();
+  const detail::RngStash rng(parameters, detail::infer_device_type(parameters));
+  struct PutBack {
+    const detail::RngStash& rng;
+    ~PutBack() { rng.restore(); }
+  } put_back{rng};
+
+  record_step(setup, std::nullopt);  // finds the candidates; warms caches and allocators
+  rng.restore();
+  const auto plain = record_step(setup, std::nullopt);
+  TORCH_CHECK(!plain->candidates.empty(),
+              "ckpt::PlannedModel: the step reached no candidate. Mark the blocks the planner may "
+              "choose for in the model's forward: x = ckpt::candidate(block, x);");
+  std::vector<ModeRun> modes;
+  const StorageSettings settings{options.selective_policy()};
+  for (const StorageMode& mode : options.storage_modes().all()) {
+    std::optional<CheckpointOptions> region = mode.region(settings);
+    if (!region || (region->offload() && device.is_cpu())) continue;
+    region->preserve_rng_state(options.preserve_rng_state());
+    rng.restore();
+    auto step = record_step(setup, region);
+    check_same_candidates(*plain, *step, mode.name);
+    std::vector<int> matching = matching_events(*plain, *step);
+    modes.push_back({mode.name, std::move(step), std::move(matching)});
+  }
+  return measured_model(*plain, modes, device);
+}
+
+}  // namespace ckpt

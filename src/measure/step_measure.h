@@ -1,0 +1,70 @@
+#pragma once
+
+// What the profilers of chains and of any model share: the clock, medians, storage sizes, and the
+// gradients a measured step starts from.
+
+#include "compat/torch_compat.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <unordered_set>
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+
+// Host time since `start`, once the device has finished the work queued on it.
+inline double seconds_since(Clock::time_point start, c10::Device device) {
+  compat::synchronize(device);
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+inline double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+inline int64_t storage_bytes(const at::Tensor& t) {
+  return t.defined() && t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
+}
+
+// Swaps every parameter's `.grad` for the state a step starts from, for its lifetime, and puts
+// the original gradients back afterwards. `ZeroBuffers`: the steady state of a loop that keeps
+// its buffers (backward accumulates in place). `None`: as `zero_grad()` leaves them (backward
+// creates them). A parameter shared by several modules (a tied weight) is handled once, so that
+// its own gradient is what comes back.
+class SwappedGradients {
+ public:
+  enum class Start { ZeroBuffers, None };
+
+  SwappedGradients(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, Start start) {
+    std::unordered_set<const c10::TensorImpl*> seen;
+    for (const auto& module : modules) {
+      for (auto& p : module->parameters()) {
+        if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+        params_.push_back(p);
+        saved_.push_back(p.grad());
+        const bool buffer = start == Start::ZeroBuffers && p.requires_grad();
+        p.mutable_grad() = buffer ? at::zeros_like(p) : at::Tensor();
+      }
+    }
+  }
+  ~SwappedGradients() {
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = saved_[i];
+  }
+  SwappedGradients(const SwappedGradients&) = delete;
+  SwappedGradients& operator=(const SwappedGradients&) = delete;
+
+ private:
+  std::vector<at::Tensor> params_, saved_;
+};
+
+}  // namespace detail
+}  // namespace ckpt

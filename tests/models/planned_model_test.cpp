@@ -1,0 +1,330 @@
+// ckpt::PlannedModel on models that are not chains: the step's loss, every gradient and every
+// buffer identical to the plain step at every budget; the measured peak within the budget and
+// close to the prediction; clear errors, with the model's state untouched, for bad input.
+
+#include <ckpt/candidate.h>
+#include <ckpt/memory_tracker.h>
+#include <ckpt/planned_model.h>
+
+#include "bench_models.h"
+#include "marked_models.h"
+#include "support/support.h"
+
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using ckpt::test::bit_equal;
+using ckpt::test::take_grads;
+
+struct PlannedModelTest : ckpt::test::SeedingFixture {};
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+using LossFn = std::function<torch::Tensor()>;
+
+struct StepResult {
+  torch::Tensor loss;
+  std::vector<torch::Tensor> grads, buffers;
+  int64_t peak_bytes = 0;  // above what lived before the step
+};
+
+std::vector<torch::Tensor> buffers_of(const torch::nn::Module& model) {
+  std::vector<torch::Tensor> copies;
+  for (const auto& b : model.buffers()) copies.push_back(b.clone());
+  return copies;
+}
+
+// One training step from no gradients (as after zero_grad()), measured.
+StepResult measured_step(torch::nn::Module& model, const LossFn& step) {
+  for (auto& p : model.parameters()) p.mutable_grad().reset();
+  ckpt::MemoryTracker tracker(torch::kCPU, ckpt::MemoryScope::CallingThread);
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes();
+  torch::manual_seed(7);
+  StepResult result;
+  result.loss = step();
+  result.loss.backward();
+  result.peak_bytes = tracker.peak_bytes() - before;
+  result.loss = result.loss.detach();
+  result.grads = take_grads(model);
+  result.buffers = buffers_of(model);
+  return result;
+}
+
+void expect_same_step(const StepResult& plain, const StepResult& planned) {
+  EXPECT_TRUE(bit_equal(plain.loss, planned.loss));
+  ASSERT_EQ(plain.grads.size(), planned.grads.size());
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    EXPECT_TRUE(bit_equal(plain.grads[i], planned.grads[i])) << "gradient " << i;
+  }
+  ASSERT_EQ(plain.buffers.size(), planned.buffers.size());
+  for (size_t i = 0; i < plain.buffers.size(); ++i) {
+    EXPECT_TRUE(bit_equal(plain.buffers[i], planned.buffers[i])) << "buffer " << i;
+  }
+}
+
+std::string timeline(const ckpt::PlannedModel& planned) {
+  const auto& profile = planned.measured().profile;
+  const auto& choice = planned.solution().choice;
+  std::vector<int64_t> predicted = profile.segment_peak_bytes;
+  for (size_t c = 0; c < profile.candidates.size(); ++c) {
+    const auto& option = profile.candidates[c].options[choice[c]];
+    for (size_t i = 0; i < option.peak_delta.size(); ++i) {
+      predicted[profile.candidates[c].window_begin + i] += option.peak_delta[i];
+    }
+  }
+  std::ostringstream out;
+  for (size_t k = 0; k < predicted.size(); ++k) {
+    out << k << " " << profile.segment_labels[k] << ": plain " << profile.segment_peak_bytes[k]
+        << " planned " << predicted[k] << "\n";
+  }
+  return out.str();
+}
+
+// Plans `planned_model` under `budget`, runs one planned step, and checks it against one plain
+// step of `plain_model` (built the same way): identical results, the measured peak within the
+// budget and within `tolerance` (2%) of the prediction.
+// Returns the budget planned for, in bytes, and the plain step's peak.
+template <class Model>
+std::pair<int64_t, int64_t> expect_planned_like_plain(
+    Model plain_model, Model planned_model, const std::function<torch::Tensor(Model&)>& loss_of,
+    const ckpt::Budget& budget, double tolerance) {
+  const StepResult plain = measured_step(*plain_model, [&] { return loss_of(plain_model); });
+  ckpt::PlannedModel planned(planned_model, budget);
+  const LossFn loss_fn = [&] { return loss_of(planned_model); };
+  planned.plan(loss_fn);
+  const StepResult step = measured_step(*planned_model, [&] { return planned.run(loss_fn); });
+  expect_same_step(plain, step);
+  const int64_t predicted = planned.solution().prediction.peak_bytes;
+  EXPECT_LE(step.peak_bytes, planned.budget_bytes()) << planned.summary();
+  EXPECT_LE(step.peak_bytes, predicted) << planned.summary() << timeline(planned);
+  EXPECT_NEAR(static_cast<double>(step.peak_bytes), static_cast<double>(predicted),
+              tolerance * static_cast<double>(predicted))
+      << planned.summary() << timeline(planned);
+  EXPECT_NEAR(static_cast<double>(planned.plain_peak_bytes()),
+              static_cast<double>(plain.peak_bytes), 0.02 * static_cast<double>(plain.peak_bytes));
+  return {planned.budget_bytes(), planned.plain_peak_bytes()};
+}
+
+// At the smallest feasible budget, halfway to the plain peak, and at the plain peak (where
+// nothing needs recomputing).
+template <class Model>
+void expect_planned_like_plain_at_every_budget(const std::function<Model()>& make,
+                                               const std::function<torch::Tensor(Model&)>& loss_of,
+                                               double tolerance = 0.02) {
+  int64_t smallest = 0, plain = 0;
+  {
+    SCOPED_TRACE("the smallest feasible budget");
+    std::tie(smallest, plain) = expect_planned_like_plain<Model>(
+        make(), make(), loss_of, ckpt::Budget::minimum(), tolerance);
+  }
+  EXPECT_LT(smallest, plain);
+  for (const int64_t bytes : {(smallest + plain) / 2, plain}) {
+    SCOPED_TRACE("budget " + std::to_string(bytes) + " of a plain peak of " +
+                 std::to_string(plain));
+    expect_planned_like_plain<Model>(make(), make(), loss_of, ckpt::Budget::bytes(bytes),
+                                     tolerance);
+  }
+}
+
+ckpt::models::UNetConfig small_unet() {
+  return ckpt::models::unet_config(/*quick=*/true);
+}
+
+const torch::Tensor& unet_sample() {
+  static const torch::Tensor input = ckpt::models::unet_input(small_unet());
+  return input;
+}
+
+torch::Tensor unet_loss(ckpt::models::UNet& model) {
+  return model->forward(unet_sample()).pow(2).mean();
+}
+
+// The prediction may be conservative by the skip tensors here: a storage one candidate returns
+// and another takes counts as held as long as either could hold it (docs/memory-model.md, "Any
+// model"), and with the encoder blocks checkpointed and the decoder blocks kept neither does. The
+// three skips are 7.7% of the quick U-Net's planned peaks; a larger gap fails.
+TEST_F(PlannedModelTest, UNetRunsLikeThePlainStep) {
+  unet_sample();  // made before any step is measured
+  expect_planned_like_plain_at_every_budget<ckpt::models::UNet>(
+      [] { return ckpt::models::make_unet(small_unet()); }, unet_loss, /*tolerance=*/0.08);
+}
+
+TEST_F(PlannedModelTest, EncoderDecoderRunsLikeThePlainStep) {
+  const auto config = ckpt::models::seq2seq_config(/*quick=*/true);
+  const auto [source, target] = ckpt::models::seq2seq_inputs(config);
+  expect_planned_like_plain_at_every_budget<ckpt::models::Seq2Seq>(
+      [&] { return ckpt::models::make_seq2seq(config); },
+      [&](ckpt::models::Seq2Seq& model) { return model->forward(source, target).pow(2).mean(); });
+}
+
+// The bench ResNet, a chain of residual blocks, with candidates inside each block.
+TEST_F(PlannedModelTest, ResNetCutInsideItsBlocksRunsLikeThePlainStep) {
+  auto config = ckpt::models::model_config("resnet", /*quick=*/true);
+  config.image = 32;  // activations outweigh the parameters' gradients
+  const torch::Tensor input = ckpt::models::make_input(config);
+  expect_planned_like_plain_at_every_budget<torch::nn::Sequential>(
+      [&] { return ckpt::models::build_model(config); },
+      [&](torch::nn::Sequential& model) { return model->forward(input).pow(2).mean(); });
+}
+
+}  // namespace
+
+// Two candidates around a BatchNorm, with switches that change what a step reaches.
+struct SwitchedImpl : torch::nn::Module {
+  torch::nn::Linear a{16, 16}, b{16, 16};
+  torch::nn::BatchNorm1d bn{16};
+  bool reach_b = true;
+  bool b_twice = false;
+  SwitchedImpl() {
+    register_module("a", a);
+    register_module("b", b);
+    register_module("bn", bn);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = bn(torch::relu(ckpt::candidate(a, x)));
+    if (reach_b) h = torch::tanh(ckpt::candidate(b, h));
+    if (b_twice) h = ckpt::candidate(b, h);
+    return h;
+  }
+};
+TORCH_MODULE(Switched);
+
+struct PlannedModelErrorTest : PlannedModelTest {
+  Switched model;
+  torch::Tensor x = torch::randn({8, 16});
+  std::vector<torch::Tensor> buffers_before = buffers_of(*model);
+  LossFn loss_fn = [this] { return model->forward(x).pow(2).mean(); };
+
+  void expect_model_untouched() {
+    const auto buffers = buffers_of(*model);
+    ASSERT_EQ(buffers.size(), buffers_before.size());
+    for (size_t i = 0; i < buffers.size(); ++i)
+      EXPECT_TRUE(bit_equal(buffers[i], buffers_before[i]));
+    for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+  }
+};
+
+TEST_F(PlannedModelErrorTest, ACandidateReachedTwiceIsAnError) {
+  model->b_twice = true;
+  ckpt::PlannedModel planned(model, ckpt::Budget::minimum());
+  try {
+    planned.run(loss_fn);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_TRUE(has(e.what(), "\"b\" is reached twice in one step")) << e.what();
+  }
+  EXPECT_FALSE(planned.planned());
+  expect_model_untouched();
+}
+
+TEST_F(PlannedModelErrorTest, ABudgetBelowTheSmallestRaisesWithIt) {
+  ckpt::PlannedModel planned(model, ckpt::Budget::bytes(1));
+  int64_t smallest = 0;
+  try {
+    planned.plan(loss_fn);
+    FAIL() << "expected InfeasibleBudget";
+  } catch (const ckpt::InfeasibleBudget& e) {
+    smallest = e.smallest_feasible_bytes();
+    EXPECT_TRUE(has(e.what(), "the smallest feasible budget for this model is")) << e.what();
+  }
+  EXPECT_GT(smallest, 1);
+  EXPECT_FALSE(planned.planned());
+  expect_model_untouched();
+  ckpt::PlannedModel at_smallest(model, ckpt::Budget::bytes(smallest));
+  at_smallest.plan(loss_fn);
+  EXPECT_LE(at_smallest.solution().prediction.peak_bytes, smallest);
+}
+
+TEST_F(PlannedModelErrorTest, ALargerInputIsRefusedWithTheStateAsItWas) {
+  ckpt::PlannedModel planned(model, ckpt::Budget::minimum(),
+                             ckpt::PlannedModelOptions().on_input_change(ckpt::InputChange::Error));
+  planned.plan(loss_fn);
+  x = torch::randn({4, 16});  // smaller: runs the plan
+  planned.run(loss_fn).backward();
+  for (auto& p : model->parameters()) p.mutable_grad().reset();
+  buffers_before = buffers_of(*model);
+  x = torch::randn({12, 16});
+  try {
+    planned.run(loss_fn);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_TRUE(has(e.what(), "input 0 of candidate \"a\" is Float[12, 16]")) << e.what();
+    EXPECT_TRUE(has(e.what(), "profiled with Float[8, 16]")) << e.what();
+  }
+  expect_model_untouched();
+}
+
+TEST_F(PlannedModelErrorTest, ALargerInputIsPlannedForAgain) {
+  ckpt::PlannedModel planned(model, ckpt::Budget::minimum());
+  planned.plan(loss_fn);
+  x = torch::randn({12, 16});
+  const StepResult plain = measured_step(*model, loss_fn);
+  {
+    torch::NoGradGuard no_grad;
+    const auto buffers = model->buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(buffers_before[i]);
+  }
+  ckpt::test::WarningCapture warnings;
+  const StepResult replanned = measured_step(*model, [&] { return planned.run(loss_fn); });
+  EXPECT_TRUE(warnings.contains("solving again"));
+  expect_same_step(plain, replanned);
+  EXPECT_EQ(planned.measured().candidates.front().inputs.front().sizes,
+            (std::vector<int64_t>{12, 16}));
+}
+
+TEST_F(PlannedModelErrorTest, ControlFlowThatChangesIsRefusedOrPlannedForAgain) {
+  ckpt::PlannedModel strict(model, ckpt::Budget::minimum(),
+                            ckpt::PlannedModelOptions().on_input_change(ckpt::InputChange::Error));
+  strict.plan(loss_fn);
+  model->reach_b = false;
+  try {
+    strict.run(loss_fn);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_TRUE(has(e.what(), "reached 1 of the 2 candidates of the profiled step")) << e.what();
+  }
+  expect_model_untouched();
+  ckpt::PlannedModel replanning(model, ckpt::Budget::minimum());
+  replanning.plan(loss_fn);  // reaches only "a"
+  model->reach_b = true;
+  ckpt::test::WarningCapture warnings;
+  replanning.run(loss_fn).backward();
+  EXPECT_TRUE(warnings.contains("reached candidate \"b\" after the 1"));
+  EXPECT_EQ(replanning.measured().candidates.size(), 2u);
+}
+
+TEST_F(PlannedModelErrorTest, BadModelsAndLossesAreErrors) {
+  torch::nn::Linear outside(16, 16);
+  auto throws_with = [&](const LossFn& fn, const std::string& message) {
+    ckpt::PlannedModel planned(model, ckpt::Budget::minimum());
+    try {
+      planned.plan(fn);
+      ADD_FAILURE() << "expected: " << message;
+    } catch (const c10::Error& e) {
+      EXPECT_TRUE(has(e.what(), message)) << e.what();
+    }
+    expect_model_untouched();
+  };
+  throws_with([&] { return ckpt::candidate(outside, x).sum(); },
+              "is not a submodule of the planned model");
+  throws_with([&] { return model->bn(x).sum(); }, "the step reached no candidate");
+  throws_with([&] { return model->forward(x); }, "must return the step's loss: one number");
+}
+
+TEST_F(PlannedModelErrorTest, WithoutAPlannerACandidateIsItsBlock) {
+  const torch::Tensor marked = ckpt::candidate(model->a, x);
+  EXPECT_TRUE(bit_equal(marked, model->a(x)));
+  EXPECT_TRUE(marked.grad_fn() != nullptr);
+  EXPECT_EQ(marked.grad_fn()->name(), model->a(x).grad_fn()->name());
+}
