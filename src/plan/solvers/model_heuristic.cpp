@@ -16,8 +16,6 @@ namespace ckpt {
 namespace plan {
 namespace detail {
 
-std::vector<int> dp_choice(const ModelProblem& problem, const ModelLimits& limits, bool by_peak);
-
 namespace {
 
 double overflow(int64_t value, int64_t limit) {

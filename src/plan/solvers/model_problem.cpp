@@ -9,6 +9,18 @@ namespace plan {
 namespace detail {
 namespace {
 
+double rate(const ModelCandidate& candidate) {
+  double rate = std::numeric_limits<double>::infinity();
+  const ModelOption& fastest = candidate.options.front();
+  for (const ModelOption& option : candidate.options) {
+    for (int i = 0; i < candidate.length; ++i) {
+      const int64_t saved = fastest.delta[i] - option.delta[i];
+      if (saved > 0) rate = std::min(rate, (option.extra - fastest.extra) / saved);
+    }
+  }
+  return rate;
+}
+
 ModelCandidate sorted_candidate(const Candidate& candidate) {
   ModelCandidate out;
   out.begin = candidate.window_begin;
@@ -37,6 +49,7 @@ ModelCandidate sorted_candidate(const Candidate& candidate) {
   std::sort(out.options.begin(), out.options.end(), [](const ModelOption& a, const ModelOption& b) {
     return std::tie(a.extra, a.host, a.index) < std::tie(b.extra, b.host, b.index);
   });
+  out.rate = rate(out);
   return out;
 }
 

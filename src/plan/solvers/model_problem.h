@@ -28,6 +28,9 @@ struct ModelCandidate {
   std::vector<ModelOption> options;  // by time, then host, then index
   std::vector<int64_t> min_delta;    // per window segment, over the options
   int64_t min_host = 0;
+  // The fewest seconds per byte any option saves against options[0], the fastest, in any segment
+  // of the window (infinity where none saves).
+  double rate = 0.0;
 };
 
 struct ModelProblem {
@@ -78,6 +81,10 @@ struct ModelLimits {
   int64_t host_budget = std::numeric_limits<int64_t>::max();
   int64_t max_nodes = 0;
 };
+
+// The dynamic program's positions (model_dp.cpp): fastest within the budgets, or of the lowest
+// peak within the host budget (by_peak); empty where it finds none.
+std::vector<int> dp_choice(const ModelProblem& problem, const ModelLimits& limits, bool by_peak);
 
 // The heuristic's fastest choice within the limits (model_heuristic.cpp); not found if it fails.
 ModelBest heuristic_fastest(const ModelProblem& problem, const ModelLimits& limits);
