@@ -352,15 +352,17 @@ TEST(ModelSolverTest, MatchesBruteForceOnArbitraryWindows) {
 // heuristic's peak is never below the true lowest.
 TEST(ModelSolverTest, HeuristicMinBudgetIsAlwaysSolvable) {
   std::mt19937 rng(3);
-  for (int trial = 0; trial < 60; ++trial) {
-    const int n = 1 + trial % 10;
-    const ModelProfile p = trial % 2 ? nested_profile(rng, n, 4) : arbitrary_profile(rng, n, 4);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + trial % 40;
+    const ModelProfile p = trial % 4 ? arbitrary_profile(rng, n, 4) : nested_profile(rng, n, 4);
     for (int64_t host : {kUnlimited, total_host(p) / 4}) {
       ModelSolverOptions options;
       options.host_budget_bytes = host;
       options.max_exact_nodes = trial % 3 == 0 ? 0 : 5;
       const int64_t budget = min_model_budget(p, options);
-      EXPECT_GE(budget, brute_force_min_peak(p, host));
+      if (n <= 10) {
+        EXPECT_GE(budget, brute_force_min_peak(p, host));
+      }
       const ModelPlan plan = solve_model(p, budget, options);
       ASSERT_TRUE(plan.feasible) << "trial " << trial << " budget " << budget;
       EXPECT_LE(plan.prediction.peak_bytes, budget);
