@@ -156,6 +156,33 @@ TEST(ModelSolverTest, HandExample) {
   EXPECT_TRUE(plan.choice.empty());
 }
 
+// No candidates, no segments, candidates whose options change nothing, a window at the end.
+TEST(ModelSolverTest, EdgeProfiles) {
+  ModelProfile none = with_labels(ModelProfile{{5, 7}, {}, 1.0, {}});
+  EXPECT_TRUE(solve_model(none, 7).feasible);
+  EXPECT_TRUE(solve_model(none, 7).exact);
+  EXPECT_TRUE(solve_model(none, 7).choice.empty());
+  EXPECT_FALSE(solve_model(none, 6).feasible);
+  EXPECT_EQ(min_model_budget(none), 7);
+  ModelProfile empty;
+  empty.candidates.push_back(Candidate{"idle", 0, {{"stored", 1.0, 0, {}}, {"slow", 2.0, 0, {}}}});
+  const ModelPlan plan = solve_model(empty, 0);
+  ASSERT_TRUE(plan.feasible);
+  EXPECT_EQ(plan.choice, (std::vector<int>{0}));
+  EXPECT_EQ(plan.prediction.peak_segment, -1);
+  EXPECT_FALSE(solve_model(empty, -1).feasible);
+  EXPECT_EQ(min_model_budget(empty), 0);
+  ModelProfile end = hand_profile();
+  end.candidates.push_back(Candidate{"end", 5, {{"stored", 1.0, 0, {}}, {"host", 0.5, 9, {}}}});
+  ModelSolverOptions host;
+  host.host_budget_bytes = 9;
+  EXPECT_EQ(solve_model(end, 300, host).choice, (std::vector<int>{0, 0, 1}));  // faster, no bytes
+  for (int64_t nodes : {int64_t{0}, int64_t{2'000'000}}) {
+    host.max_exact_nodes = nodes;
+    EXPECT_EQ(solve_model(end, 180, host).choice, solve_model_brute_force(end, 180, 9).choice);
+  }
+}
+
 TEST(ModelSolverTest, RejectsBadOptions) {
   ModelSolverOptions options;
   options.host_budget_bytes = -1;

@@ -136,9 +136,9 @@ void improve(const ModelProblem& problem, ModelState& state, const ModelLimits& 
   }
 }
 
-ModelBest best_of(const ModelState& state) {
+ModelBest best_of(const ModelProblem& problem, const ModelState& state) {
   ModelBest best;
-  best.offer(state.time, state.loads.max(), state.positions);
+  best.offer(problem.time(state.positions), state.loads.max(), state.positions);
   return best;
 }
 
@@ -195,7 +195,7 @@ ModelBest heuristic_fastest(const ModelProblem& problem, const ModelLimits& limi
     ModelState state(problem, std::move(start));
     if (!repair(problem, state, limits)) continue;
     improve(problem, state, limits);
-    best.offer(state.time, state.loads.max(), state.positions);
+    best.offer(problem.time(state.positions), state.loads.max(), state.positions);
   }
   return best;
 }
@@ -204,7 +204,7 @@ ModelBest improved(const ModelProblem& problem, const ModelLimits& limits,
                    std::vector<int> positions) {
   ModelState state(problem, std::move(positions));
   improve(problem, state, limits);
-  return best_of(state);
+  return best_of(problem, state);
 }
 
 ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& limits) {
@@ -236,7 +236,7 @@ ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& 
       break;
     }
   }
-  return best_of(best);
+  return best_of(problem, best);
 }
 
 }  // namespace detail

@@ -70,6 +70,13 @@ std::vector<int> ModelProblem::choice(const std::vector<int>& positions) const {
   return out;
 }
 
+double ModelProblem::time(const std::vector<int>& positions) const {
+  double seconds = 0.0;
+  for (size_t c = 0; c < positions.size(); ++c)
+    seconds += candidates[c].options[positions[c]].extra;
+  return seconds;
+}
+
 SegmentLoads::SegmentLoads(const std::vector<int64_t>& base) {
   while (leaves_ < base.size()) leaves_ *= 2;
   // Padding leaves never win the maximum; without segments the one leaf reads 0.
@@ -95,7 +102,6 @@ ModelState::ModelState(const ModelProblem& problem, std::vector<int> at)
     const ModelCandidate& candidate = problem.candidates[c];
     const ModelOption& option = candidate.options[static_cast<size_t>(positions[c])];
     loads.add(candidate.begin, option.delta, 1);
-    time += option.extra;
     host += option.host;
   }
 }
@@ -106,7 +112,6 @@ void ModelState::change(const ModelProblem& problem, int c, int position) {
   const ModelOption& to = candidate.options[static_cast<size_t>(position)];
   loads.add(candidate.begin, from.delta, -1);
   loads.add(candidate.begin, to.delta, 1);
-  time += to.extra - from.extra;
   host += to.host - from.host;
   positions[static_cast<size_t>(c)] = position;
 }

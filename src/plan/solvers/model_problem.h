@@ -39,6 +39,9 @@ struct ModelProblem {
   std::vector<ModelCandidate> candidates;              // in the profile's order
   // The profile's option index of each candidate under `positions` (indices into `options`).
   std::vector<int> choice(const std::vector<int>& positions) const;
+  // Seconds over the plain step under `positions`, summed in candidate order (one rounding for
+  // every solver).
+  double time(const std::vector<int>& positions) const;
 };
 
 // The peak of each segment under some choice; max() is their largest (0 without segments).
@@ -55,13 +58,12 @@ class SegmentLoads {
   std::vector<int64_t> tree_;  // a max tree: node p covers nodes 2p and 2p + 1
 };
 
-// A choice (positions in each candidate's sorted options) with its loads, time and host bytes.
+// A choice (positions in each candidate's sorted options) with its loads and host bytes.
 struct ModelState {
   ModelState(const ModelProblem& problem, std::vector<int> positions);
   void change(const ModelProblem& problem, int c, int position);  // candidate c to `position`
   std::vector<int> positions;
   SegmentLoads loads;
-  double time = 0.0;  // over the plain step
   int64_t host = 0;
 };
 

@@ -108,11 +108,12 @@ class Search {
       if (!promising(child.time, child.peak)) continue;  // the best improved since expand()
       add(loads_, candidate.begin, option.excess, 1);
       add(fast_, candidate.begin, candidate.options[0].excess, -1);
+      const double time = time_;  // restored exactly: (t + x) - x may differ from t
       time_ += option.extra;
       host_ += option.host;
       positions_[c] = child.position;
       visit(depth + 1, child.peak);
-      time_ -= option.extra;
+      time_ = time;
       host_ -= option.host;
       add(fast_, candidate.begin, candidate.options[0].excess, 1);
       add(loads_, candidate.begin, option.excess, -1);
