@@ -211,6 +211,7 @@ ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& 
   std::vector<ModelState> starts{ModelState(problem, stored(problem))};  // holds no host memory
   for (std::vector<int> start :
        {dp_choice(problem, limits, /*by_peak=*/true), thriftiest(problem)}) {
+    if (start.empty()) continue;  // the program found nothing
     ModelState guess(problem, std::move(start));
     ModelLimits host_only = limits;
     host_only.budget = std::numeric_limits<int64_t>::max();
