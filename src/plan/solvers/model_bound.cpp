@@ -1,8 +1,10 @@
 #include "model_bound.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 namespace ckpt {
@@ -80,6 +82,63 @@ double SegmentBound::cost(int64_t overflow) const {
   const double slope =
       (seconds_[s] - seconds_[s - 1]) / static_cast<double>(bytes_[s] - bytes_[s - 1]);
   return seconds_[s - 1] + slope * static_cast<double>(overflow - bytes_[s - 1]);
+}
+
+constexpr double kClip = 2.0, kRate = 0.2;
+
+PeakWeights::PeakWeights(const ModelProblem& problem)
+    : problem_(problem), option_(problem.candidates.size()), least_(problem.candidates.size()) {
+  const size_t segments = problem.base.size();
+  if (segments == 0) {
+    for (size_t c = 0; c < least_.size(); ++c)
+      option_[c].assign(problem.candidates[c].options.size(), 0.0);
+    return;  // every bound 0, the peak of no segments
+  }
+  constexpr int kWeightRounds = 300;
+  std::vector<double> weights(segments, 1.0 / static_cast<double>(segments)), best = weights;
+  std::vector<double> score(segments, 0.0);
+  std::vector<int64_t> loads;
+  double highest = -std::numeric_limits<double>::infinity();
+  for (int round = 0; round < kWeightRounds; ++round) {
+    const double value = evaluate(weights, loads);
+    if (value > highest) std::tie(highest, best) = std::make_pair(value, weights);
+    // Weight moves to the segments the best responses load most, in units of the gap between
+    // their peak and the bound.
+    const int64_t high = *std::max_element(loads.begin(), loads.end());
+    const double gap = std::max(1.0, static_cast<double>(high) - value);
+    for (size_t k = 0; k < segments; ++k) {
+      score[k] += std::max(-kClip, static_cast<double>(loads[k] - high) / gap);
+    }
+    const double top = *std::max_element(score.begin(), score.end());
+    double sum = 0.0;
+    for (size_t k = 0; k < segments; ++k) sum += weights[k] = std::exp(kRate * (score[k] - top));
+    for (double& w : weights) w /= sum;
+  }
+  bound_ = evaluate(best, loads);
+}
+
+double PeakWeights::evaluate(const std::vector<double>& weights, std::vector<int64_t>& loads) {
+  loads = problem_.base;
+  double value = 0.0;
+  for (size_t k = 0; k < loads.size(); ++k) value += weights[k] * static_cast<double>(loads[k]);
+  for (size_t c = 0; c < problem_.candidates.size(); ++c) {
+    const ModelCandidate& candidate = problem_.candidates[c];
+    option_[c].clear();
+    for (const ModelOption& option : candidate.options) {
+      double dot = 0.0;
+      for (int i = 0; i < candidate.length; ++i) {
+        dot += weights[candidate.begin + i] * static_cast<double>(option.delta[i]);
+      }
+      option_[c].push_back(dot);
+    }
+    const size_t m = static_cast<size_t>(std::min_element(option_[c].begin(), option_[c].end()) -
+                                         option_[c].begin());
+    least_[c] = option_[c][m];
+    value += least_[c];
+    const ModelOption& response = candidate.options[m];
+    for (int i = 0; i < candidate.length; ++i) loads[candidate.begin + i] += response.delta[i];
+  }
+  return value;
 }
 
 }  // namespace detail

@@ -36,6 +36,28 @@ class SegmentBound {
   std::vector<double> seconds_;  // and their seconds
 };
 
+// Weights on the segments for a bound of the lowest peak: for weights w >= 0 that sum to 1, no
+// choice peaks below sum_k w_k P_k + sum_c min_m (w . d_{c,m}), as the peak is at least the
+// weighted mean of the loads. The weights come from multiplicative weights (the peak's
+// Lagrangian relaxation, approached in kWeightRounds best responses).
+class PeakWeights {
+ public:
+  explicit PeakWeights(const ModelProblem& problem);
+  // The bound with every candidate undecided.
+  double bound() const { return bound_; }
+  // w . d of candidate c's option at `position`, and the least of those over its options.
+  double option(int c, int position) const { return option_[c][position]; }
+  double least(int c) const { return least_[c]; }
+
+ private:
+  // The bound under `weights`, with each candidate's best response's deltas added to `loads`.
+  double evaluate(const std::vector<double>& weights, std::vector<int64_t>& loads);
+  const ModelProblem& problem_;
+  double bound_ = 0.0;
+  std::vector<std::vector<double>> option_;
+  std::vector<double> least_;
+};
+
 }  // namespace detail
 }  // namespace plan
 }  // namespace ckpt

@@ -2,8 +2,10 @@
 // the lowest peak within the host budget. docs/memory-model.md, "Any model".
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -53,6 +55,10 @@ class Search {
       add(fast_, candidate.begin, candidate.options[0].excess, 1);
     }
     if (!by_peak) critical_bounds();
+    if (by_peak && !order_.empty()) {
+      weights_ = std::make_unique<PeakWeights>(problem);
+      weighted_ = weights_->bound();
+    }
   }
 
   // The knapsack bounds of the segments that overflow the budget most with every candidate at
@@ -82,6 +88,7 @@ class Search {
   // the plain step) of its completions.
   struct Child {
     int64_t peak = 0;
+    int64_t least_peak = 0;  // the lowest peak of its completions, as far as the bounds tell
     double time = 0.0;
     int position = 0;
   };
@@ -105,14 +112,17 @@ class Search {
     for (const Child& child : children) {
       if (aborted_) return;
       const ModelOption& option = candidate.options[child.position];
-      if (!promising(child.time, child.peak)) continue;  // the best improved since expand()
+      if (!promising(child.time, child.least_peak)) continue;  // the best improved since
       add(loads_, candidate.begin, option.excess, 1);
       add(fast_, candidate.begin, candidate.options[0].excess, -1);
       const double time = time_;  // restored exactly: (t + x) - x may differ from t
       time_ += option.extra;
       host_ += option.host;
       positions_[c] = child.position;
+      const double weighted = weighted_;
+      if (weights_) weighted_ += weights_->option(c, child.position) - weights_->least(c);
       visit(depth + 1, child.peak);
+      weighted_ = weighted;
       time_ = time;
       host_ -= option.host;
       add(fast_, candidate.begin, candidate.options[0].excess, 1);
@@ -145,11 +155,13 @@ class Search {
                                     : std::max(recompute_cost(fastest, rest_rate_[depth + 1]),
                                                knapsack(option, c)) *
                                           (1.0 - 1e-9));
-      if (promising(time, highest)) children.push_back(Child{highest, time, static_cast<int>(m)});
+      const int64_t least = std::max(highest, weighted_bound(c, static_cast<int>(m)));
+      if (promising(time, least))
+        children.push_back(Child{highest, least, time, static_cast<int>(m)});
     }
     if (by_peak_) {
       std::stable_sort(children.begin(), children.end(),
-                       [](const Child& a, const Child& b) { return a.peak < b.peak; });
+                       [](const Child& a, const Child& b) { return a.least_peak < b.least_peak; });
     }
   }
 
@@ -203,6 +215,14 @@ class Search {
     return true;
   }
 
+  // The lowest peak the segment weights allow once candidate c takes `position` (the lowest
+  // int64 without weights). Less a margin for the rounding of the weighted sums.
+  int64_t weighted_bound(int c, int position) const {
+    if (!weights_) return std::numeric_limits<int64_t>::min();
+    const double bound = weighted_ + weights_->option(c, position) - weights_->least(c);
+    return static_cast<int64_t>(std::ceil(bound - 1e-9 * std::fabs(bound) - 1e-6));
+  }
+
   // The largest knapsack bound once candidate c takes `option`.
   double knapsack(const ModelOption& option, int c) const {
     const ModelCandidate& candidate = problem_.candidates[c];
@@ -238,11 +258,13 @@ class Search {
   std::vector<int> positions_;
   std::vector<std::vector<Child>> children_;  // per depth, reused
   std::vector<int> order_;
-  std::vector<double> rest_extra_;    // the fewest seconds the candidates from a depth on add
-  std::vector<int64_t> rest_host_;    // the fewest host bytes they hold
-  std::vector<double> rest_rate_;     // the fewest seconds per byte saved among them
-  std::vector<SegmentBound> bounds_;  // of the critical segments (time only)
-  std::vector<char> decided_;         // per candidate, while bounds_ are kept
+  std::vector<double> rest_extra_;        // the fewest seconds the candidates from a depth on add
+  std::vector<int64_t> rest_host_;        // the fewest host bytes they hold
+  std::vector<double> rest_rate_;         // the fewest seconds per byte saved among them
+  std::vector<SegmentBound> bounds_;      // of the critical segments (time only)
+  std::vector<char> decided_;             // per candidate, while bounds_ are kept
+  std::unique_ptr<PeakWeights> weights_;  // the peak's bound by segment weights (peak only)
+  double weighted_ = 0.0;                 // that bound with the decided candidates as decided
   double time_ = 0.0;
   int64_t host_ = 0;
   int64_t nodes_ = 0;
