@@ -87,7 +87,10 @@ double SegmentBound::cost(int64_t overflow) const {
 constexpr double kClip = 2.0, kRate = 0.2;
 
 PeakWeights::PeakWeights(const ModelProblem& problem)
-    : problem_(problem), option_(problem.candidates.size()), least_(problem.candidates.size()) {
+    : problem_(problem),
+      option_(problem.candidates.size()),
+      least_(problem.candidates.size()),
+      response_(problem.candidates.size(), 0) {
   const size_t segments = problem.base.size();
   if (segments == 0) {
     for (size_t c = 0; c < least_.size(); ++c)
@@ -134,6 +137,7 @@ double PeakWeights::evaluate(const std::vector<double>& weights, std::vector<int
     const size_t m = static_cast<size_t>(std::min_element(option_[c].begin(), option_[c].end()) -
                                          option_[c].begin());
     least_[c] = option_[c][m];
+    response_[c] = static_cast<int>(m);
     value += least_[c];
     const ModelOption& response = candidate.options[m];
     for (int i = 0; i < candidate.length; ++i) loads[candidate.begin + i] += response.delta[i];

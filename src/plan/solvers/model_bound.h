@@ -48,6 +48,8 @@ class PeakWeights {
   // w . d of candidate c's option at `position`, and the least of those over its options.
   double option(int c, int position) const { return option_[c][position]; }
   double least(int c) const { return least_[c]; }
+  // Each candidate's position of least w . d under the bound's weights: a start for heuristics.
+  const std::vector<int>& response() const { return response_; }
 
  private:
   // The bound under `weights`, with each candidate's best response's deltas added to `loads`.
@@ -56,6 +58,7 @@ class PeakWeights {
   double bound_ = 0.0;
   std::vector<std::vector<double>> option_;
   std::vector<double> least_;
+  std::vector<int> response_;
 };
 
 }  // namespace detail

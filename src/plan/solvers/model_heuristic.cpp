@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "model_bound.h"
 #include "model_problem.h"
 
 namespace ckpt {
@@ -208,9 +209,10 @@ ModelBest improved(const ModelProblem& problem, const ModelLimits& limits,
 }
 
 ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& limits) {
+  const PeakWeights weights(problem);
   std::vector<ModelState> starts{ModelState(problem, stored(problem))};  // holds no host memory
   for (std::vector<int> start :
-       {dp_choice(problem, limits, /*by_peak=*/true), thriftiest(problem)}) {
+       {dp_choice(problem, limits, /*by_peak=*/true), thriftiest(problem), weights.response()}) {
     if (start.empty()) continue;  // the program found nothing
     ModelState guess(problem, std::move(start));
     ModelLimits host_only = limits;
@@ -222,7 +224,10 @@ ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& 
                         [](const auto& a, const auto& b) { return a.loads.max() < b.loads.max(); });
   // Bisect on the peak, repairing the lowest choice so far, or another start, toward each target.
   starts.push_back(best);
-  int64_t low = smallest_peak_bound(problem);
+  // No choice peaks below either bound (the weighted one less a margin for its rounding).
+  int64_t low = std::max(
+      smallest_peak_bound(problem),
+      static_cast<int64_t>(std::ceil(weights.bound() - 1e-9 * std::fabs(weights.bound()) - 1e-6)));
   int64_t high = best.loads.max();
   while (low < high) {
     ModelLimits target = limits;
