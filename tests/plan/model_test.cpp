@@ -470,7 +470,7 @@ TEST(ModelSolverTest, HeuristicIsWithinOnePercentOnNestedProfiles) {
 // exists.
 TEST(ModelSolverTest, HeuristicFindsAChoiceOnArbitraryWindows) {
   std::mt19937 rng(6);
-  for (int trial = 0; trial < 100; ++trial) {
+  for (int trial = 0; trial < 1000; ++trial) {
     const ModelProfile p = arbitrary_profile(rng, 1 + trial % 10, 4);
     const int64_t lowest = brute_force_min_peak(p, kUnlimited);
     ModelSolverOptions heuristic;
