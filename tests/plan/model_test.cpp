@@ -156,6 +156,33 @@ TEST(ModelSolverTest, HandExample) {
   EXPECT_TRUE(plan.choice.empty());
 }
 
+// No candidates, no segments, candidates whose options change nothing, a window at the end.
+TEST(ModelSolverTest, EdgeProfiles) {
+  ModelProfile none = with_labels(ModelProfile{{5, 7}, {}, 1.0, {}});
+  EXPECT_TRUE(solve_model(none, 7).feasible);
+  EXPECT_TRUE(solve_model(none, 7).exact);
+  EXPECT_TRUE(solve_model(none, 7).choice.empty());
+  EXPECT_FALSE(solve_model(none, 6).feasible);
+  EXPECT_EQ(min_model_budget(none), 7);
+  ModelProfile empty;
+  empty.candidates.push_back(Candidate{"idle", 0, {{"stored", 1.0, 0, {}}, {"slow", 2.0, 0, {}}}});
+  const ModelPlan plan = solve_model(empty, 0);
+  ASSERT_TRUE(plan.feasible);
+  EXPECT_EQ(plan.choice, (std::vector<int>{0}));
+  EXPECT_EQ(plan.prediction.peak_segment, -1);
+  EXPECT_FALSE(solve_model(empty, -1).feasible);
+  EXPECT_EQ(min_model_budget(empty), 0);
+  ModelProfile end = hand_profile();
+  end.candidates.push_back(Candidate{"end", 5, {{"stored", 1.0, 0, {}}, {"host", 0.5, 9, {}}}});
+  ModelSolverOptions host;
+  host.host_budget_bytes = 9;
+  EXPECT_EQ(solve_model(end, 300, host).choice, (std::vector<int>{0, 0, 1}));  // faster, no bytes
+  for (int64_t nodes : {int64_t{0}, int64_t{2'000'000}}) {
+    host.max_exact_nodes = nodes;
+    EXPECT_EQ(solve_model(end, 180, host).choice, solve_model_brute_force(end, 180, 9).choice);
+  }
+}
+
 TEST(ModelSolverTest, RejectsBadOptions) {
   ModelSolverOptions options;
   options.host_budget_bytes = -1;
@@ -348,19 +375,39 @@ TEST(ModelSolverTest, MatchesBruteForceOnArbitraryWindows) {
   sweep_against_brute_force(arbitrary_profile, 2);
 }
 
+// More candidates, two options each: where the heuristic alone misses the lowest peak, the
+// search must find it.
+TEST(ModelSolverTest, MinBudgetMatchesBruteForceOnLargerProfiles) {
+  std::mt19937 rng(7);
+  int heuristic_missed = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 12 + trial % 7;
+    const ModelProfile p =
+        trial % 2 ? nested_profile(rng, n, 2, 0.2) : arbitrary_profile(rng, n, 2);
+    const int64_t lowest = brute_force_min_peak(p, kUnlimited);
+    EXPECT_EQ(min_model_budget(p), lowest) << "trial " << trial;
+    ModelSolverOptions heuristic;
+    heuristic.max_exact_nodes = 0;
+    heuristic_missed += min_model_budget(p, heuristic) > lowest;
+  }
+  EXPECT_GT(heuristic_missed, 0) << "the profiles are too easy to test the search";
+}
+
 // With the exact search off, min_model_budget is still a budget solve_model solves, and the
 // heuristic's peak is never below the true lowest.
 TEST(ModelSolverTest, HeuristicMinBudgetIsAlwaysSolvable) {
   std::mt19937 rng(3);
-  for (int trial = 0; trial < 60; ++trial) {
-    const int n = 1 + trial % 10;
-    const ModelProfile p = trial % 2 ? nested_profile(rng, n, 4) : arbitrary_profile(rng, n, 4);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + trial % 40;
+    const ModelProfile p = trial % 4 ? arbitrary_profile(rng, n, 4) : nested_profile(rng, n, 4);
     for (int64_t host : {kUnlimited, total_host(p) / 4}) {
       ModelSolverOptions options;
       options.host_budget_bytes = host;
       options.max_exact_nodes = trial % 3 == 0 ? 0 : 5;
       const int64_t budget = min_model_budget(p, options);
-      EXPECT_GE(budget, brute_force_min_peak(p, host));
+      if (n <= 10) {
+        EXPECT_GE(budget, brute_force_min_peak(p, host));
+      }
       const ModelPlan plan = solve_model(p, budget, options);
       ASSERT_TRUE(plan.feasible) << "trial " << trial << " budget " << budget;
       EXPECT_LE(plan.prediction.peak_bytes, budget);
@@ -423,7 +470,7 @@ TEST(ModelSolverTest, HeuristicIsWithinOnePercentOnNestedProfiles) {
 // exists.
 TEST(ModelSolverTest, HeuristicFindsAChoiceOnArbitraryWindows) {
   std::mt19937 rng(6);
-  for (int trial = 0; trial < 100; ++trial) {
+  for (int trial = 0; trial < 1000; ++trial) {
     const ModelProfile p = arbitrary_profile(rng, 1 + trial % 10, 4);
     const int64_t lowest = brute_force_min_peak(p, kUnlimited);
     ModelSolverOptions heuristic;

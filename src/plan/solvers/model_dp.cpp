@@ -92,58 +92,95 @@ std::vector<Entry> front(std::vector<Entry> entries) {
   return thinned;
 }
 
-}  // namespace
-
-std::vector<int> dp_choice(const ModelProblem& problem, const ModelLimits& limits, bool by_peak) {
-  const std::vector<int> order = forward_order(problem);
+// Which candidate owns each segment: the last in `order` whose window covers it (-1: none).
+std::vector<int> owners(const ModelProblem& problem, const std::vector<int>& order) {
   std::vector<int> owner(problem.base.size(), -1);
   for (int c : order) {
     const ModelCandidate& candidate = problem.candidates[c];
     for (int i = 0; i < candidate.length; ++i) owner[candidate.begin + i] = c;
   }
-  const std::vector<std::vector<Move>> table = moves(problem, order, owner);
-  double fixed = -std::numeric_limits<double>::infinity();  // the peak where no window covers
-  for (size_t k = 0; k < owner.size(); ++k) {
-    if (owner[k] < 0) fixed = std::max(fixed, static_cast<double>(problem.base[k]));
+  return owner;
+}
+
+class Program {
+ public:
+  Program(const ModelProblem& problem, const ModelLimits& limits, bool by_peak)
+      : problem_(problem),
+        limits_(limits),
+        by_peak_(by_peak),
+        order_(forward_order(problem)),
+        owner_(owners(problem, order_)),
+        table_(moves(problem, order_, owner_)) {}
+
+  std::vector<int> solve() {
+    double fixed = -std::numeric_limits<double>::infinity();  // the peak where no window covers
+    for (size_t k = 0; k < owner_.size(); ++k) {
+      if (owner_[k] < 0) fixed = std::max(fixed, static_cast<double>(problem_.base[k]));
+    }
+    if (!by_peak_ && fixed > static_cast<double>(limits_.budget)) return {};
+    layers_.assign(1, {Entry{0, by_peak_ ? fixed : 0.0}});
+    for (int c : order_) {
+      std::vector<Entry> next = step(c);
+      if (next.empty()) return {};
+      layers_.push_back(front(std::move(next)));
+    }
+    return trace();
   }
-  if (!by_peak && fixed > static_cast<double>(limits.budget)) return {};
-  std::vector<std::vector<Entry>> layers{{Entry{0, by_peak ? fixed : 0.0}}};
-  for (int c : order) {
-    const ModelCandidate& candidate = problem.candidates[c];
+
+ private:
+  // The entries after candidate c from those of the last layer.
+  std::vector<Entry> step(int c) const {
+    const ModelCandidate& candidate = problem_.candidates[c];
     std::vector<Entry> next;
-    for (size_t e = 0; e < layers.back().size(); ++e) {
-      const Entry& from = layers.back()[e];
+    for (size_t e = 0; e < layers_.back().size(); ++e) {
+      const Entry& from = layers_.back()[e];
       for (size_t m = 0; m < candidate.options.size(); ++m) {
-        const Move& move = table[c][m];
+        const Move& move = table_[c][m];
         const ModelOption& option = candidate.options[m];
         const int64_t peak = move.own_peak + from.carry;
-        if ((move.owns && !by_peak && peak > limits.budget) ||
-            from.host + option.host > limits.host_budget) {
+        if ((move.owns && !by_peak_ && peak > limits_.budget) ||
+            from.host + option.host > limits_.host_budget) {
           continue;
         }
-        const double value = !by_peak    ? from.value + option.extra
+        const double value = !by_peak_   ? from.value + option.extra
                              : move.owns ? std::max(from.value, static_cast<double>(peak))
                                          : from.value;
         next.push_back(Entry{from.carry + move.carry, value, from.host + option.host,
                              static_cast<int>(e), static_cast<int>(m)});
       }
     }
-    if (next.empty()) return {};
-    layers.push_back(front(std::move(next)));
+    return next;
   }
-  // The best last entry, traced back through its parents.
-  const std::vector<Entry>& last = layers.back();
-  int e = static_cast<int>(
-      std::min_element(last.begin(), last.end(),
-                       [](const Entry& a, const Entry& b) { return a.value < b.value; }) -
-      last.begin());
-  std::vector<int> positions(problem.candidates.size(), 0);
-  for (size_t d = order.size(); d > 0; --d) {
-    const Entry& entry = layers[d][e];
-    positions[order[d - 1]] = entry.position;
-    e = entry.parent;
+
+  // The positions of the best last entry, traced back through its parents.
+  std::vector<int> trace() const {
+    const std::vector<Entry>& last = layers_.back();
+    int e = static_cast<int>(
+        std::min_element(last.begin(), last.end(),
+                         [](const Entry& a, const Entry& b) { return a.value < b.value; }) -
+        last.begin());
+    std::vector<int> positions(problem_.candidates.size(), 0);
+    for (size_t d = order_.size(); d > 0; --d) {
+      const Entry& entry = layers_[d][e];
+      positions[order_[d - 1]] = entry.position;
+      e = entry.parent;
+    }
+    return positions;
   }
-  return positions;
+
+  const ModelProblem& problem_;
+  const ModelLimits& limits_;
+  const bool by_peak_;
+  const std::vector<int> order_;
+  const std::vector<int> owner_;
+  const std::vector<std::vector<Move>> table_;
+  std::vector<std::vector<Entry>> layers_;
+};
+
+}  // namespace
+
+std::vector<int> dp_choice(const ModelProblem& problem, const ModelLimits& limits, bool by_peak) {
+  return Program(problem, limits, by_peak).solve();
 }
 
 }  // namespace detail

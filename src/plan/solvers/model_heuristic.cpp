@@ -10,13 +10,12 @@
 #include <utility>
 #include <vector>
 
+#include "model_bound.h"
 #include "model_problem.h"
 
 namespace ckpt {
 namespace plan {
 namespace detail {
-
-std::vector<int> dp_choice(const ModelProblem& problem, const ModelLimits& limits, bool by_peak);
 
 namespace {
 
@@ -138,9 +137,9 @@ void improve(const ModelProblem& problem, ModelState& state, const ModelLimits& 
   }
 }
 
-ModelBest best_of(const ModelState& state) {
+ModelBest best_of(const ModelProblem& problem, const ModelState& state) {
   ModelBest best;
-  best.offer(state.time, state.loads.max(), state.positions);
+  best.offer(problem.time(state.positions), state.loads.max(), state.positions);
   return best;
 }
 
@@ -197,7 +196,7 @@ ModelBest heuristic_fastest(const ModelProblem& problem, const ModelLimits& limi
     ModelState state(problem, std::move(start));
     if (!repair(problem, state, limits)) continue;
     improve(problem, state, limits);
-    best.offer(state.time, state.loads.max(), state.positions);
+    best.offer(problem.time(state.positions), state.loads.max(), state.positions);
   }
   return best;
 }
@@ -206,13 +205,15 @@ ModelBest improved(const ModelProblem& problem, const ModelLimits& limits,
                    std::vector<int> positions) {
   ModelState state(problem, std::move(positions));
   improve(problem, state, limits);
-  return best_of(state);
+  return best_of(problem, state);
 }
 
 ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& limits) {
+  const PeakWeights weights(problem);
   std::vector<ModelState> starts{ModelState(problem, stored(problem))};  // holds no host memory
   for (std::vector<int> start :
-       {dp_choice(problem, limits, /*by_peak=*/true), thriftiest(problem)}) {
+       {dp_choice(problem, limits, /*by_peak=*/true), thriftiest(problem), weights.response()}) {
+    if (start.empty()) continue;  // the program found nothing
     ModelState guess(problem, std::move(start));
     ModelLimits host_only = limits;
     host_only.budget = std::numeric_limits<int64_t>::max();
@@ -223,7 +224,10 @@ ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& 
                         [](const auto& a, const auto& b) { return a.loads.max() < b.loads.max(); });
   // Bisect on the peak, repairing the lowest choice so far, or another start, toward each target.
   starts.push_back(best);
-  int64_t low = smallest_peak_bound(problem);
+  // No choice peaks below either bound (the weighted one less a margin for its rounding).
+  int64_t low = std::max(
+      smallest_peak_bound(problem),
+      static_cast<int64_t>(std::ceil(weights.bound() - 1e-9 * std::fabs(weights.bound()) - 1e-6)));
   int64_t high = best.loads.max();
   while (low < high) {
     ModelLimits target = limits;
@@ -238,7 +242,7 @@ ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& 
       break;
     }
   }
-  return best_of(best);
+  return best_of(problem, best);
 }
 
 }  // namespace detail

@@ -9,6 +9,18 @@ namespace plan {
 namespace detail {
 namespace {
 
+double rate(const ModelCandidate& candidate) {
+  double rate = std::numeric_limits<double>::infinity();
+  const ModelOption& fastest = candidate.options.front();
+  for (const ModelOption& option : candidate.options) {
+    for (int i = 0; i < candidate.length; ++i) {
+      const int64_t saved = fastest.delta[i] - option.delta[i];
+      if (saved > 0) rate = std::min(rate, (option.extra - fastest.extra) / saved);
+    }
+  }
+  return rate;
+}
+
 ModelCandidate sorted_candidate(const Candidate& candidate) {
   ModelCandidate out;
   out.begin = candidate.window_begin;
@@ -37,6 +49,7 @@ ModelCandidate sorted_candidate(const Candidate& candidate) {
   std::sort(out.options.begin(), out.options.end(), [](const ModelOption& a, const ModelOption& b) {
     return std::tie(a.extra, a.host, a.index) < std::tie(b.extra, b.host, b.index);
   });
+  out.rate = rate(out);
   return out;
 }
 
@@ -55,6 +68,13 @@ std::vector<int> ModelProblem::choice(const std::vector<int>& positions) const {
     out[c] = candidates[c].options[static_cast<size_t>(positions[c])].index;
   }
   return out;
+}
+
+double ModelProblem::time(const std::vector<int>& positions) const {
+  double seconds = 0.0;
+  for (size_t c = 0; c < positions.size(); ++c)
+    seconds += candidates[c].options[positions[c]].extra;
+  return seconds;
 }
 
 SegmentLoads::SegmentLoads(const std::vector<int64_t>& base) {
@@ -82,7 +102,6 @@ ModelState::ModelState(const ModelProblem& problem, std::vector<int> at)
     const ModelCandidate& candidate = problem.candidates[c];
     const ModelOption& option = candidate.options[static_cast<size_t>(positions[c])];
     loads.add(candidate.begin, option.delta, 1);
-    time += option.extra;
     host += option.host;
   }
 }
@@ -93,7 +112,6 @@ void ModelState::change(const ModelProblem& problem, int c, int position) {
   const ModelOption& to = candidate.options[static_cast<size_t>(position)];
   loads.add(candidate.begin, from.delta, -1);
   loads.add(candidate.begin, to.delta, 1);
-  time += to.extra - from.extra;
   host += to.host - from.host;
   positions[static_cast<size_t>(c)] = position;
 }

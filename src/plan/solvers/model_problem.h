@@ -28,6 +28,9 @@ struct ModelCandidate {
   std::vector<ModelOption> options;  // by time, then host, then index
   std::vector<int64_t> min_delta;    // per window segment, over the options
   int64_t min_host = 0;
+  // The fewest seconds per byte any option saves against options[0], the fastest, in any segment
+  // of the window (infinity where none saves).
+  double rate = 0.0;
 };
 
 struct ModelProblem {
@@ -36,6 +39,9 @@ struct ModelProblem {
   std::vector<ModelCandidate> candidates;              // in the profile's order
   // The profile's option index of each candidate under `positions` (indices into `options`).
   std::vector<int> choice(const std::vector<int>& positions) const;
+  // Seconds over the plain step under `positions`, summed in candidate order (one rounding for
+  // every solver).
+  double time(const std::vector<int>& positions) const;
 };
 
 // The peak of each segment under some choice; max() is their largest (0 without segments).
@@ -52,13 +58,12 @@ class SegmentLoads {
   std::vector<int64_t> tree_;  // a max tree: node p covers nodes 2p and 2p + 1
 };
 
-// A choice (positions in each candidate's sorted options) with its loads, time and host bytes.
+// A choice (positions in each candidate's sorted options) with its loads and host bytes.
 struct ModelState {
   ModelState(const ModelProblem& problem, std::vector<int> positions);
   void change(const ModelProblem& problem, int c, int position);  // candidate c to `position`
   std::vector<int> positions;
   SegmentLoads loads;
-  double time = 0.0;  // over the plain step
   int64_t host = 0;
 };
 
@@ -78,6 +83,10 @@ struct ModelLimits {
   int64_t host_budget = std::numeric_limits<int64_t>::max();
   int64_t max_nodes = 0;
 };
+
+// The dynamic program's positions (model_dp.cpp): fastest within the budgets, or of the lowest
+// peak within the host budget (by_peak); empty where it finds none.
+std::vector<int> dp_choice(const ModelProblem& problem, const ModelLimits& limits, bool by_peak);
 
 // The heuristic's fastest choice within the limits (model_heuristic.cpp); not found if it fails.
 ModelBest heuristic_fastest(const ModelProblem& problem, const ModelLimits& limits);
