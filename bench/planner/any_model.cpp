@@ -1,0 +1,175 @@
+// Planning any model (issue 32): ckpt::PlannedModel on models whose forward marks candidates, at
+// budgets of 30%, 50% and 70% of the plain step's peak and at the smallest feasible one, beside the
+// plain step and, for the chains, the chain planner's smallest feasible budget
+// (ckpt::PlannedSequential, rotor's dynamic program). Each model is profiled once; every budget is
+// planned from that profile and run for real: the measured peak (counting allocator, above what
+// lived before the step, the step starting without parameter gradients) against the prediction,
+// and the step's time against the plain step's (median of --repeats steps).
+//
+//   any_model [--quick] [--repeats N]
+
+#include <ckpt/memory_tracker.h>
+#include <ckpt/planned_model.h>
+#include <ckpt/planned_sequential.h>
+
+#include "bench_models.h"
+#include "marked_models.h"
+
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using LossFn = std::function<at::Tensor()>;
+
+struct Step {
+  double seconds = 0;
+  int64_t peak_bytes = 0;
+};
+
+// Median time and largest peak of `repeats` steps after an untimed one, each from no parameter
+// gradients.
+Step measure(torch::nn::Module& model, const LossFn& step, int repeats) {
+  std::vector<double> times;
+  Step result;
+  ckpt::MemoryTracker tracker(torch::kCPU, ckpt::MemoryScope::CallingThread);
+  for (int r = -1; r < repeats; ++r) {
+    for (auto& p : model.parameters()) p.mutable_grad().reset();
+    tracker.reset_peak();
+    const int64_t before = tracker.current_bytes();
+    const auto start = Clock::now();
+    step().backward();
+    if (r < 0) continue;
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    result.peak_bytes = std::max(result.peak_bytes, tracker.peak_bytes() - before);
+  }
+  std::sort(times.begin(), times.end());
+  result.seconds = times[times.size() / 2];
+  return result;
+}
+
+struct Subject {
+  std::string name;
+  std::string description;
+  std::shared_ptr<torch::nn::Module> model;
+  LossFn loss;
+  torch::nn::Sequential chain{nullptr};  // for the chain planner's comparison, where it is one
+  at::Tensor chain_input;
+};
+
+double mib(int64_t bytes) {
+  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+
+// The chain planner's smallest feasible budget, as a fraction of its measured plain peak.
+double chain_planner_minimum(const Subject& s) {
+  ckpt::PlannedSequential planned(s.chain, ckpt::Budget::minimum());
+  planned->plan(s.chain_input);
+  return static_cast<double>(planned->budget_bytes()) /
+         static_cast<double>(planned->no_checkpoint_peak_bytes());
+}
+
+void run_budget(const Subject& s, const ckpt::MeasuredModel& measured, const Step& plain,
+                const std::string& budget, int repeats) {
+  ckpt::PlannedModel planned(s.model, ckpt::Budget::parse(budget));
+  try {
+    planned.plan(measured);
+  } catch (const ckpt::InfeasibleBudget& e) {
+    std::printf("| %s | %s | infeasible (smallest %.1f%%) | | | |\n", s.name.c_str(),
+                budget.c_str(),
+                100.0 * static_cast<double>(e.smallest_feasible_bytes()) /
+                    static_cast<double>(measured.profile.plain_peak_bytes()));
+    return;
+  }
+  const Step step = measure(
+      *s.model, [&] { return planned.run(s.loss); }, repeats);
+  const int64_t predicted = planned.solution().prediction.peak_bytes;
+  std::printf("| %s | %s (%.1f%%) | %.2f MiB | %.2f MiB (%+.2f%%) | %s | %.2fx |\n", s.name.c_str(),
+              budget.c_str(), 100.0 * planned.budget_bytes() / planned.plain_peak_bytes(),
+              mib(step.peak_bytes), mib(predicted),
+              100.0 * static_cast<double>(step.peak_bytes - predicted) / predicted,
+              step.peak_bytes <= planned.budget_bytes() ? "yes" : "NO",
+              step.seconds / plain.seconds);
+}
+
+void run_subject(const Subject& s, int repeats) {
+  std::fprintf(stderr, "%s: %s\n", s.name.c_str(), s.description.c_str());
+  const Step plain = measure(*s.model, s.loss, repeats);
+  const ckpt::MeasuredModel measured = ckpt::profile_model(s.model, s.loss);
+  std::printf("| %s | plain | %.2f MiB | | | 1.00x (%.0f ms) |\n", s.name.c_str(),
+              mib(plain.peak_bytes), plain.seconds * 1e3);
+  for (const std::string budget : {"70%", "50%", "30%", "min"}) {
+    run_budget(s, measured, plain, budget, repeats);
+  }
+  if (s.chain) {
+    std::printf("| %s | chain planner's smallest | %.1f%% of its plain peak | | | |\n",
+                s.name.c_str(), 100.0 * chain_planner_minimum(s));
+  }
+}
+
+Subject bench_model(const std::string& name, bool quick) {
+  const auto config = ckpt::models::model_config(name, quick);
+  Subject s;
+  s.name = name;
+  s.description = config.description;
+  s.chain = ckpt::models::build_model(config);
+  s.model = s.chain.ptr();
+  s.chain_input = ckpt::models::make_input(config);
+  s.loss = [chain = s.chain, input = s.chain_input]() mutable {
+    return chain->forward(input).pow(2).mean();
+  };
+  return s;
+}
+
+std::vector<Subject> subjects(bool quick) {
+  std::vector<Subject> all;
+  const auto unet_config = ckpt::models::unet_config(quick);
+  auto unet = ckpt::models::make_unet(unet_config);
+  Subject u;
+  u.name = "unet";
+  u.description = ckpt::models::describe(unet_config);
+  u.model = unet.ptr();
+  u.loss = [unet, x = ckpt::models::unet_input(unet_config)]() mutable {
+    return unet->forward(x).pow(2).mean();
+  };
+  all.push_back(u);
+  const auto seq_config = ckpt::models::seq2seq_config(quick);
+  auto seq2seq = ckpt::models::make_seq2seq(seq_config);
+  const auto [source, target] = ckpt::models::seq2seq_inputs(seq_config);
+  Subject t;
+  t.name = "seq2seq";
+  t.description = ckpt::models::describe(seq_config);
+  t.model = seq2seq.ptr();
+  t.loss = [seq2seq, source = source, target = target]() mutable {
+    return seq2seq->forward(source, target).pow(2).mean();
+  };
+  all.push_back(t);
+  all.push_back(bench_model("resnet", quick));
+  all.push_back(bench_model("transformer", quick));
+  return all;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int repeats = 3;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) repeats = std::atoi(argv[++i]);
+  }
+  std::printf(
+      "| model | budget | measured peak | predicted (measured vs) | within budget | step time "
+      "vs plain |\n|---|---|---|---|---|---|\n");
+  for (const Subject& s : subjects(quick)) run_subject(s, std::max(1, repeats));
+  return 0;
+}
