@@ -413,6 +413,36 @@ TEST(Cli, TrainTinyRunHasIdenticalLossCurves) {
   EXPECT_TRUE(phases.count("X"));
 }
 
+// Issue 32: a model that is not a chain, planned by PlannedModel, trains like the plain run.
+TEST(Cli, TrainUnetPlansWithinTheBudgetWithIdenticalLosses) {
+  const std::string json_path = work_path("unet_train.json");
+  const Result result =
+      run("train --model unet --steps 2 --batch 2 --threads 1 "
+          "--strategy budget:70% --json " +
+          json_path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.out.find("losses identical to the plain run's: yes"), std::string::npos)
+      << result.out;
+  const json summary = json::parse(read_text(json_path));
+  EXPECT_EQ(summary["model"], "unet");
+  EXPECT_TRUE(summary["identical_losses"].get<bool>());
+  EXPECT_EQ(summary["baseline"]["losses"], summary["checkpointed"]["losses"]);
+  const auto peak = summary["checkpointed"]["peak_bytes"].get<int64_t>();
+  const auto predicted = summary["predicted_peak_bytes"].get<int64_t>();
+  EXPECT_LE(peak, summary["budget_bytes"].get<int64_t>());
+  EXPECT_NEAR(static_cast<double>(peak), static_cast<double>(predicted), 0.02 * predicted);
+  EXPECT_LT(peak, summary["baseline"]["peak_bytes"].get<int64_t>());
+}
+
+TEST(Cli, TrainUnetRefusesWhatItCannotRun) {
+  const std::string unet = "train --model unet --steps 1 --batch 1 ";
+  expect_refused(unet + "--strategy sequential:2", 2, "--model unet runs none or budget:B");
+  expect_refused(unet + "--strategy budget:lots", 2, "--strategy budget:lots");
+  expect_refused(unet + "--batch 100000", 2, "--batch must be in [1, 1024]");
+  expect_refused(unet + "--plot x.svg", 2, "--plot is for --model gpt");
+  expect_refused("train --model resnet", 2, "--model");
+}
+
 // Issue 29, item 7: with --trace, each run's peak is broken down by kind and by label, in the
 // summary, the JSON and the trace; the parts sum to the peak, and the parameters and the AdamW
 // state (two tensors per parameter) are those of the model, tied head counted once.

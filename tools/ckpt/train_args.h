@@ -10,6 +10,7 @@ namespace ckpt {
 namespace cli {
 
 struct TrainArgs {
+  std::string model = "gpt";  // --model: "gpt", or "unet" (train_unet.h)
   int64_t layers = 8;
   int64_t width = 128;
   int64_t heads = 4;

@@ -15,6 +15,7 @@
 #include "train_distributed.h"
 #include "train_recorder.h"
 #include "train_strategy.h"
+#include "train_unet.h"
 #include "units.h"
 
 #include <ckpt/memory_label.h>
@@ -463,8 +464,15 @@ void print_summary(const TrainArgs& args, const Strategy& strategy, const RunRes
   std::fflush(stdout);
 }
 
-// The model and the batches: --layers, --width, --heads, --context, --batch, --steps, --threads.
+// The model and the batches: --model, --layers, --width, --heads, --context, --batch, --steps,
+// --threads.
 void add_shape_options(CLI::App* command, TrainArgs& args) {
+  command
+      ->add_option("--model", args.model,
+                   "gpt (the character model, a chain) | unet (a U-Net on synthetic images, each "
+                   "block a candidate of ckpt::PlannedModel; --strategy none or budget:B)")
+      ->check(CLI::IsMember({"gpt", "unet"}))
+      ->capture_default_str();
   command->add_option("--layers", args.layers, "Transformer blocks")->capture_default_str();
   command->add_option("--width", args.width, "Embedding width")->capture_default_str();
   command->add_option("--heads", args.heads, "Attention heads (must divide --width)")
@@ -667,6 +675,11 @@ int run_train(const TrainArgs& given) {
           "--report prints what a single-process run keeps; leave out --ranks, --rank and "
           "--world-size (or the torchrun environment), or --report");
     }
+    if (args.model != "gpt") {
+      throw UsageError("--model " + args.model +
+                       ": data-parallel training (--ranks, --rank or the torchrun environment) "
+                       "trains the GPT; leave --model out");
+    }
     if (!device.is_cpu()) {
       throw UsageError("--device " + args.device +
                        ": data-parallel training (--ranks, --rank or the torchrun environment) "
@@ -676,6 +689,7 @@ int run_train(const TrainArgs& given) {
   }
   check_memory_measurable(device);
   args.device = device.str();  // "cuda" -> "cuda:0", as the runs create their tensors
+  if (args.model == "unet") return run_train_unet(args, device);
   validate_train_args(args, MachineLimits::of_this_machine());
   const Strategy strategy = parse_strategy(args);
   torch::set_num_threads(static_cast<int>(args.threads));
