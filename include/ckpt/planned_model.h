@@ -63,7 +63,7 @@ struct PlannedModelOptions {
 /// refused (`PlannedModelOptions::on_input_change`), never run on a stale plan. Gradients and
 /// buffers are those of the plain step; RNG is replayed. Percentages are of the plain step's
 /// measured peak; "min" is the smallest feasible budget; a budget below it raises
-/// `InfeasibleBudget`, which carries it.
+/// `InfeasibleBudget`, which carries it. One thread runs a `PlannedModel` at a time.
 ///
 /// Example:
 /// ```
@@ -108,6 +108,7 @@ class PlannedModel {
     plan::ModelPlan solution;
     int64_t budget_bytes = 0;
     std::vector<std::optional<CheckpointOptions>> regions;  // per candidate; none: kept
+    std::shared_ptr<const detail::CandidateNames> names;    // the model's module paths
   };
   class Runner;
 

@@ -115,8 +115,7 @@ at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
 }
 
 at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn) {
-  const detail::CandidateNames names(*model_);
-  Runner runner(*plan_, names);
+  Runner runner(*plan_, *plan_->names);
   at::Tensor loss;
   {
     const detail::CandidateRunnerScope scope(&runner);
@@ -158,7 +157,11 @@ void PlannedModel::plan(MeasuredModel measured) {
   TORCH_CHECK(solution.feasible, "ckpt::PlannedModel: the solver found no choice within ", budget,
               " bytes although its smallest feasible budget is ", smallest,
               "; please report this with the model.");
-  Plan next{std::move(measured), std::move(solution), budget, {}};
+  Plan next{std::move(measured),
+            std::move(solution),
+            budget,
+            {},
+            std::make_shared<const detail::CandidateNames>(*model_)};
   const StorageSettings settings{options_.selective_policy()};
   const auto& candidates = next.measured.profile.candidates;  // `profile` was moved from
   for (size_t c = 0; c < candidates.size(); ++c) {

@@ -6,6 +6,8 @@
 #include <ckpt/memory_tracker.h>
 #include <ckpt/planned_model.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "bench_models.h"
 #include "marked_models.h"
 #include "support/support.h"
@@ -226,6 +228,19 @@ TEST_F(PlannedModelErrorTest, ACandidateReachedTwiceIsAnError) {
   }
   EXPECT_FALSE(planned.planned());
   expect_model_untouched();
+}
+
+TEST_F(PlannedModelErrorTest, ProfilingLeavesGradientsBuffersAndRandomStreamAsTheyWere) {
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::full_like(p, 0.5);
+  const torch::Tensor rng_before = at::detail::getDefaultCPUGenerator().get_state();
+  ckpt::PlannedModel planned(model, ckpt::Budget::minimum());
+  planned.plan([&] { return torch::dropout(model->forward(x), 0.5, true).pow(2).mean(); });
+  for (const auto& p : model->parameters()) {
+    EXPECT_TRUE(bit_equal(p.grad(), torch::full_like(p, 0.5)));
+  }
+  const auto buffers = buffers_of(*model);
+  for (size_t i = 0; i < buffers.size(); ++i) EXPECT_TRUE(bit_equal(buffers[i], buffers_before[i]));
+  EXPECT_TRUE(bit_equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
 }
 
 TEST_F(PlannedModelErrorTest, ABudgetBelowTheSmallestRaisesWithIt) {
