@@ -99,8 +99,8 @@ TORCH_MODULE(UNet);
 /// candidate.
 struct Seq2SeqConfig {
   int64_t batch = 2;
-  int64_t source = 16;  // source sequence length
-  int64_t target = 12;  // target sequence length
+  int64_t source = 48;  // source sequence length
+  int64_t target = 40;  // target sequence length
   int64_t d_model = 32;
   int64_t heads = 4;
   int64_t ff = 128;

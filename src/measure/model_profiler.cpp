@@ -305,7 +305,8 @@ struct CandidateCosts {
   int64_t forward_kept = 0;   // the bytes its forward left live
   int64_t backward_peak = 0;  // the backward's peak above the bytes live at its start
   int64_t host = 0;           // the host bytes its forward left held
-  double seconds = 0;
+  double seconds = 0;         // its forward's and its backward's
+  double forward_seconds = 0;
 };
 
 double seconds_between(const Event& from, const Event& to) {
@@ -320,7 +321,8 @@ CandidateCosts costs_of(const StepRecord& step, const Span& span, int candidate)
   costs.forward_peak = fe.peak - fb.live;
   costs.forward_kept = fe.live - fb.live;
   costs.host = fe.host - fb.host;
-  costs.seconds = seconds_between(fb, fe);
+  costs.forward_seconds = seconds_between(fb, fe);
+  costs.seconds = costs.forward_seconds;
   if (span.backward_begin < 0) return costs;
   // Its backward's peak, until its last input's gradient or another candidate's backward begins
   // (the engine may run another branch before it hands over the last input gradient).
@@ -422,6 +424,7 @@ std::vector<int64_t> peak_deltas(const CandidateInStep& plain, const CandidateIn
 
 struct ModeRun {
   std::string name;
+  bool recomputes;  // a region that runs its forward again in the backward (not offloading)
   std::shared_ptr<StepRecord> step;
   std::vector<int> matching;  // where each plain event is in `step`
 };
@@ -452,6 +455,15 @@ bool offered_already(const plan::Candidate& candidate, const plan::CandidateOpti
   return false;
 }
 
+// A mode's time, never below what it must cost: the plain forward and backward, and for a mode
+// that recomputes, the forward once more. (One step's times are noisy; a mode timed faster than
+// the plain block would be chosen at budgets that need nothing.)
+double at_least_plain_time(const CandidateCosts& kept, const CandidateCosts& mode,
+                           const ModeRun& run) {
+  const double floor = kept.seconds + (run.recomputes ? kept.forward_seconds : 0.0);
+  return std::max(mode.seconds, floor);
+}
+
 plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<ModeRun>& modes) {
   const Span span = span_of(plain, c);
   const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
@@ -466,7 +478,7 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     const CandidateInStep mode{run.step->candidates[c], mode_span,
                                costs_of(*run.step, mode_span, c)};
     if (mode.costs.forward_kept >= kept.costs.forward_kept && mode.costs.host == 0) continue;
-    plan::CandidateOption option{run.name, std::max(mode.costs.seconds, kept.costs.seconds),
+    plan::CandidateOption option{run.name, at_least_plain_time(kept.costs, mode.costs, run),
                                  mode.costs.host, peak_deltas(kept, mode, run.matching)};
     if (!offered_already(candidate, option)) candidate.options.push_back(std::move(option));
   }
@@ -547,7 +559,7 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
     auto step = record_step(setup, region);
     check_same_candidates(*plain, *step, mode.name);
     std::vector<int> matching = matching_events(*plain, *step);
-    modes.push_back({mode.name, std::move(step), std::move(matching)});
+    modes.push_back({mode.name, !region->offload(), std::move(step), std::move(matching)});
   }
   return measured_model(*plain, modes, device);
 }

@@ -173,7 +173,9 @@ TEST_F(PlannedModelTest, EncoderDecoderRunsLikeThePlainStep) {
 // The bench ResNet, a chain of residual blocks, with candidates inside each block.
 TEST_F(PlannedModelTest, ResNetCutInsideItsBlocksRunsLikeThePlainStep) {
   auto config = ckpt::models::model_config("resnet", /*quick=*/true);
-  config.image = 32;  // activations outweigh the parameters' gradients
+  // 64x64 images: activations outweigh the parameters' gradients, and the few KiB of what a region
+  // itself keeps (on LibTorch 1.13 the prediction is 12 KiB high at 32x32) stay below 2%.
+  config.image = 64;
   const torch::Tensor input = ckpt::models::make_input(config);
   expect_planned_like_plain_at_every_budget<torch::nn::Sequential>(
       [&] { return ckpt::models::build_model(config); },
