@@ -4,10 +4,13 @@
 // (ckpt::PlannedSequential, rotor's dynamic program). Each model is profiled once; every budget is
 // planned from that profile and run for real: the measured peak (counting allocator, above what
 // lived before the step, the step starting without parameter gradients) against the prediction,
-// and the step's time against the plain step's (median of --repeats steps).
+// and the step's time against the plain step's (median of --repeats steps). Then hand-placed
+// regions (every candidate checkpointed, every other one, the first half, the second half) against
+// the plan at each one's measured peak.
 //
 //   any_model [--quick] [--repeats N]
 
+#include <ckpt/candidate.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/planned_model.h>
 #include <ckpt/planned_sequential.h>
@@ -23,6 +26,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,6 +105,69 @@ void run_budget(const Subject& s, const ckpt::MeasuredModel& measured, const Ste
               step.seconds / plain.seconds);
 }
 
+// Hand-placed regions: the candidates `place` picks (by their index in the forward, of `count`)
+// run as checkpointed regions, the others plainly, as a user who wraps those blocks in
+// ckpt::checkpoint would have them.
+class HandPlaced final : public ckpt::detail::CandidateRunner {
+ public:
+  HandPlaced(std::function<bool(int, int)> place, int count)
+      : place_(std::move(place)), count_(count) {}
+  std::optional<ckpt::CheckpointOptions> begin(const std::string& /*name*/,
+                                               const torch::nn::Module* /*module*/,
+                                               std::vector<at::Tensor>& /*inputs*/) override {
+    if (place_(next_++, count_)) return ckpt::CheckpointOptions();
+    return std::nullopt;
+  }
+  void end(std::vector<at::Tensor>& /*outputs*/) override {}
+  void abandon() noexcept override {}
+
+ private:
+  std::function<bool(int, int)> place_;
+  int count_;
+  int next_ = 0;
+};
+
+struct Placement {
+  const char* name;
+  std::function<bool(int, int)> place;
+};
+
+// Each placement against the plan at the placement's measured peak: is the plan as fast?
+void run_hand_placed(const Subject& s, const ckpt::MeasuredModel& measured, const Step& plain,
+                     int repeats) {
+  const int count = static_cast<int>(measured.candidates.size());
+  const std::vector<Placement> placements{
+      {"every candidate", [](int, int) { return true; }},
+      {"every other one", [](int i, int) { return i % 2 == 0; }},
+      {"the first half", [](int i, int n) { return i < n / 2; }},
+      {"the second half", [](int i, int n) { return i >= n / 2; }},
+  };
+  for (const Placement& placement : placements) {
+    const Step hand = measure(
+        *s.model,
+        [&] {
+          HandPlaced runner(placement.place, count);
+          const ckpt::detail::CandidateRunnerScope scope(&runner);
+          return s.loss();
+        },
+        repeats);
+    ckpt::PlannedModel planned(s.model, ckpt::Budget::bytes(hand.peak_bytes));
+    std::string plan_cells = "infeasible at that peak | ";
+    try {
+      planned.plan(measured);
+      const Step step = measure(
+          *s.model, [&] { return planned.run(s.loss); }, repeats);
+      char cells[96];
+      std::snprintf(cells, sizeof cells, "%.2f MiB | %.2fx", mib(step.peak_bytes),
+                    step.seconds / hand.seconds);
+      plan_cells = cells;
+    } catch (const ckpt::InfeasibleBudget&) {
+    }
+    std::printf("| %s | %s | %.2f MiB | %.2fx | %s |\n", s.name.c_str(), placement.name,
+                mib(hand.peak_bytes), hand.seconds / plain.seconds, plan_cells.c_str());
+  }
+}
+
 void run_subject(const Subject& s, int repeats) {
   std::fprintf(stderr, "%s: %s\n", s.name.c_str(), s.description.c_str());
   const Step plain = measure(*s.model, s.loss, repeats);
@@ -114,6 +181,13 @@ void run_subject(const Subject& s, int repeats) {
     std::printf("| %s | chain planner's smallest | %.1f%% of its plain peak | | | |\n",
                 s.name.c_str(), 100.0 * chain_planner_minimum(s));
   }
+  std::printf(
+      "\n| model | hand-placed checkpointed regions | their peak | their time vs plain | "
+      "plan at that peak: its peak | plan's time vs the regions' |\n|---|---|---|---|---|---|\n");
+  run_hand_placed(s, measured, plain, repeats);
+  std::printf(
+      "\n| model | budget | measured peak | predicted (measured vs) | within budget | "
+      "step time vs plain |\n|---|---|---|---|---|---|\n");
 }
 
 Subject bench_model(const std::string& name, bool quick) {
