@@ -180,9 +180,7 @@ at::Tensor Seq2SeqImpl::forward(const at::Tensor& source, const at::Tensor& targ
 }
 
 UNetConfig unet_config(bool quick) {
-  UNetConfig c;
-  c.base = 4;  // quick: activations outweigh the parameters' gradients, as in full-size U-Nets
-  c.image = 64;
+  UNetConfig c;  // quick: the defaults
   if (!quick) {
     c.batch = 8;
     c.base = 16;
@@ -193,9 +191,7 @@ UNetConfig unet_config(bool quick) {
 }
 
 Seq2SeqConfig seq2seq_config(bool quick) {
-  Seq2SeqConfig c;
-  c.source = 48;  // quick: activations (attention scores) outweigh the parameters' gradients
-  c.target = 40;
+  Seq2SeqConfig c;  // quick: the defaults
   if (!quick) {
     c.batch = 4;
     c.source = 256;

@@ -26,13 +26,15 @@ namespace models {
 /// `levels` decoder blocks (a 2x2 transposed conv up, concatenated with the encoder's features,
 /// then two conv + BatchNorm + ReLU); a 1x1 conv to `out_channels`. Its forward marks each block
 /// as a candidate, one line each.
+/// The defaults are the quick configuration of the tests: small, but with activations that outweigh
+/// the parameters' gradients, as in full-size U-Nets.
 struct UNetConfig {
   int64_t batch = 2;
   int64_t in_channels = 3;
   int64_t out_channels = 2;
-  int64_t base = 8;
+  int64_t base = 4;
   int64_t levels = 3;
-  int64_t image = 32;  // the input is batch x in_channels x image x image
+  int64_t image = 64;  // the input is batch x in_channels x image x image
 };
 
 /// conv3x3 + BatchNorm + ReLU.
@@ -96,7 +98,8 @@ TORCH_MODULE(UNet);
 /// An encoder-decoder transformer on embedded sequences (pre-LayerNorm, explicit multi-head
 /// attention, GELU feed-forward): `encoder_layers` of self-attention, `decoder_layers` of causal
 /// self-attention, cross-attention to the encoder's output, and feed-forward. Every sublayer is a
-/// candidate.
+/// candidate. The defaults are the quick configuration (attention scores outweigh the parameters'
+/// gradients).
 struct Seq2SeqConfig {
   int64_t batch = 2;
   int64_t source = 48;  // source sequence length
