@@ -38,6 +38,29 @@ std::string first_mismatch(const ProfiledCandidate& expected, const std::string&
   return "";
 }
 
+// Runs `step`, putting the model's buffers and the RNG back where it does not complete: none
+// (and `change` says what changed) where the step's candidates are not the plan's; an error of
+// the step itself passes on.
+std::optional<at::Tensor> run_or_put_back(const std::shared_ptr<torch::nn::Module>& model,
+                                          const std::function<at::Tensor()>& step,
+                                          std::string& change) {
+  const std::vector<at::Tensor> parameters = model->parameters();
+  const detail::RngStash rng(parameters, detail::infer_device_type(parameters));
+  detail::BufferGuard buffers({model});  // writes the buffers back unless dismissed
+  try {
+    at::Tensor loss = step();
+    buffers.dismiss();
+    return loss;
+  } catch (const PlanMismatch& mismatch) {
+    change = mismatch.what();
+  } catch (...) {
+    rng.restore();
+    throw;
+  }
+  rng.restore();
+  return std::nullopt;
+}
+
 }  // namespace
 
 // Runs each candidate of a step in its planned mode, checking that the step reaches the
@@ -84,20 +107,9 @@ PlannedModel::PlannedModel(std::shared_ptr<torch::nn::Module> model, Budget budg
 at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
   if (!at::GradMode::is_enabled()) return loss_fn();  // nothing is saved: candidates run plainly
   if (!plan_) plan(loss_fn);
+  const auto step = [&] { return run_planned(loss_fn); };
   std::string change;
-  {
-    const std::vector<at::Tensor> parameters = model_->parameters();
-    const detail::RngStash rng(parameters, detail::infer_device_type(parameters));
-    detail::BufferGuard buffers({model_});  // puts the buffers back unless the step succeeds
-    try {
-      at::Tensor loss = run_planned(loss_fn);
-      buffers.dismiss();
-      return loss;
-    } catch (const PlanMismatch& mismatch) {
-      change = mismatch.what();
-      rng.restore();
-    }
-  }
+  if (std::optional<at::Tensor> loss = run_or_put_back(model_, step, change)) return *loss;
   TORCH_CHECK(options_.on_input_change() == InputChange::Replan, "ckpt::PlannedModel: ", change,
               ". The step did not run and the model's state is as it was. Plan with the largest "
               "input (plan(loss_fn)), or let it re-plan: "
@@ -105,13 +117,10 @@ at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
   TORCH_WARN("ckpt::PlannedModel: ", change,
              "; profiling this step and solving again, so this step takes several steps' time.");
   plan(loss_fn);
-  try {
-    return run_planned(loss_fn);
-  } catch (const PlanMismatch& mismatch) {
-    TORCH_CHECK(false, "ckpt::PlannedModel: ", mismatch.what(),
-                " right after profiling the same step: the model's candidates change from one "
-                "forward to the next. Mark only blocks that every step reaches in the same order.");
-  }
+  if (std::optional<at::Tensor> loss = run_or_put_back(model_, step, change)) return *loss;
+  TORCH_CHECK(false, "ckpt::PlannedModel: ", change,
+              " right after profiling the same step: the model's candidates change from one "
+              "forward to the next. Mark only blocks that every step reaches in the same order.");
 }
 
 at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -319,6 +320,30 @@ TEST_F(PlannedModelErrorTest, ControlFlowThatChangesIsRefusedOrPlannedForAgain) 
   replanning.run(loss_fn).backward();
   EXPECT_TRUE(warnings.contains("reached candidate \"b\" after the 1"));
   EXPECT_EQ(replanning.measured().candidates.size(), 2u);
+}
+
+// The state is put back on every way a step fails: candidates that change again while it is
+// profiled anew, and an error of the step's own code after BatchNorm and dropout ran.
+TEST_F(PlannedModelErrorTest, AStepThatFailsLeavesTheStateAsItWas) {
+  ckpt::PlannedModel planned(model, ckpt::Budget::minimum());
+  planned.plan(loss_fn);
+  int calls = 0;
+  const LossFn flickering = [&] {
+    model->reach_b = ++calls % 2 == 0;  // another candidate list at every forward
+    return model->forward(x).pow(2).mean();
+  };
+  const torch::Tensor rng_before = at::detail::getDefaultCPUGenerator().get_state();
+  EXPECT_THROW(planned.run(flickering), c10::Error);
+  model->reach_b = true;
+  expect_model_untouched();
+  EXPECT_TRUE(bit_equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
+  const LossFn failing = [&]() -> torch::Tensor {
+    torch::dropout(model->forward(x), 0.5, true);
+    throw std::runtime_error("the user's loss failed");
+  };
+  EXPECT_THROW(planned.run(failing), std::runtime_error);
+  expect_model_untouched();
+  EXPECT_TRUE(bit_equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
 }
 
 TEST_F(PlannedModelErrorTest, BadModelsAndLossesAreErrors) {
