@@ -83,14 +83,23 @@ std::shared_ptr<torch::nn::Module> module_pointer(const T& value) {
   }
 }
 
-// Runs `fn` on `args` as a candidate in the region the runner chooses. `owner`, when given, is the
+// The runner a marker reports to, or nullptr where the marker is the plain call: no planner at
+// work on this thread, or grad mode off.
+inline CandidateRunner* active_candidate_runner() {
+  return at::GradMode::is_enabled() ? candidate_runner() : nullptr;
+}
+
+// What a marker returns: what `fn(args...)` returns, as `checkpoint` returns it.
+template <class Fn, class... Args>
+using CandidateResult = std::decay_t<decltype(invoke_forward(
+    0, std::declval<std::decay_t<Fn>&>(), std::declval<std::decay_t<Args>&>()...))>;
+
+// Runs `fn` on `args` as a candidate in the region `runner` chooses. `owner`, when given, is the
 // module whose buffers a recompute must leave as the forward left them (the region sees it as an
 // argument).
 template <class F, class Tuple>
-auto run_as_candidate(const std::string& name, const std::shared_ptr<torch::nn::Module>& owner,
-                      F& fn, Tuple& args) {
-  CandidateRunner* runner = candidate_runner();
-  if (runner == nullptr || !at::GradMode::is_enabled()) return apply_forward(fn, args);
+auto run_as_candidate(CandidateRunner* runner, const std::string& name,
+                      const std::shared_ptr<torch::nn::Module>& owner, F& fn, Tuple& args) {
   std::vector<at::Tensor> tensors;
   collect_tensors(args, tensors);
   std::optional<CheckpointOptions> region;
@@ -152,9 +161,14 @@ auto run_as_candidate(const std::string& name, const std::shared_ptr<torch::nn::
 template <class Module, class... Args,
           std::enable_if_t<detail::IsModuleHandle<std::decay_t<Module>>::value, int> = 0>
 auto candidate(Module&& module, Args&&... args) {
+  using Result = detail::CandidateResult<Module, Args...>;
+  detail::CandidateRunner* runner = detail::active_candidate_runner();
+  if (runner == nullptr)
+    return Result(detail::invoke_forward(0, module, std::forward<Args>(args)...));
   std::decay_t<Module> handle(std::forward<Module>(module));
   std::tuple<std::decay_t<Args>...> held(std::forward<Args>(args)...);
-  return detail::run_as_candidate(std::string(), detail::module_pointer(handle), handle, held);
+  return detail::run_as_candidate(runner, std::string(), detail::module_pointer(handle), handle,
+                                  held);
 }
 
 /// Marks `fn(args...)`, a part of the module `owner`'s own forward, as the candidate
@@ -175,9 +189,12 @@ auto candidate(Module&& module, Args&&... args) {
 /// ```
 template <class F, class... Args>
 auto candidate(torch::nn::Module& owner, const std::string& part, F&& fn, Args&&... args) {
+  using Result = detail::CandidateResult<F, Args...>;
+  detail::CandidateRunner* runner = detail::active_candidate_runner();
+  if (runner == nullptr) return Result(detail::invoke_forward(0, fn, std::forward<Args>(args)...));
   std::decay_t<F> callable(std::forward<F>(fn));
   std::tuple<std::decay_t<Args>...> held(std::forward<Args>(args)...);
-  return detail::run_as_candidate(part, owner.shared_from_this(), callable, held);
+  return detail::run_as_candidate(runner, part, owner.shared_from_this(), callable, held);
 }
 
 /// Marks `fn(args...)` as the candidate `name` (see the module form above). Pass the tensors the
@@ -191,9 +208,13 @@ auto candidate(torch::nn::Module& owner, const std::string& part, F&& fn, Args&&
 /// ```
 template <class F, class... Args>
 auto candidate(const std::string& name, F&& fn, Args&&... args) {
+  using Result = detail::CandidateResult<F, Args...>;
+  detail::CandidateRunner* runner = detail::active_candidate_runner();
+  if (runner == nullptr) return Result(detail::invoke_forward(0, fn, std::forward<Args>(args)...));
   std::decay_t<F> callable(std::forward<F>(fn));
   std::tuple<std::decay_t<Args>...> held(std::forward<Args>(args)...);
-  return detail::run_as_candidate(name, std::shared_ptr<torch::nn::Module>(), callable, held);
+  return detail::run_as_candidate(runner, name, std::shared_ptr<torch::nn::Module>(), callable,
+                                  held);
 }
 
 /// Runs the blocks of `blocks` in order, each as a candidate (`x = candidate(block, x)` for every

@@ -5,6 +5,7 @@
 /// memory budget. The execution layer: it plans through the measurement layer's profiler
 /// interface (`ckpt::ChainProfiler`, <ckpt/profiler.h>), below it.
 
+#include <ckpt/model_profiler.h>
 #include <ckpt/plan/chain.h>
 #include <ckpt/plan/schedule.h>
 #include <ckpt/plan/simulator.h>
@@ -117,18 +118,9 @@ struct PlannedSequentialOptions {
 };
 
 namespace detail {
-/// Sizes, dtype and device of the input a plan was profiled with.
-struct InputSignature {
-  std::vector<int64_t> sizes;
-  c10::ScalarType dtype;
-  c10::Device device;
-
-  static InputSignature of(const at::Tensor& tensor);
-  /// Whether an input like `input` needs no more memory: same dtype, device and number of
-  /// dimensions, no dimension larger.
-  bool holds(const at::Tensor& input) const;
-  std::string to_string() const;
-};
+/// Sizes, dtype and device of the input a plan was profiled with (`TensorShape::holds` tells
+/// whether an input needs no more memory).
+using InputSignature = TensorShape;
 
 /// One plan of the chain: the profile it was solved from and what the executor runs.
 struct ChainPlan {

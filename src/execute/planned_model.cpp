@@ -144,8 +144,7 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
 }
 
 void PlannedModel::plan(MeasuredModel measured) {
-  const plan::ModelProfile& profile = measured.profile;
-  profile.validate();
+  const plan::ModelProfile& profile = measured.profile;  // the solvers validate it
   plan::ModelSolverOptions solver;
   solver.host_budget_bytes = options_.host_budget_bytes();
   solver.max_exact_nodes = options_.max_exact_nodes();

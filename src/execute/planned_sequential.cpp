@@ -167,31 +167,6 @@ PlannedSequentialImpl::PlannedSequentialImpl(const torch::nn::Sequential& chain,
   }
 }
 
-namespace detail {
-
-InputSignature InputSignature::of(const at::Tensor& tensor) {
-  return {tensor.sizes().vec(), tensor.scalar_type(), tensor.device()};
-}
-
-bool InputSignature::holds(const at::Tensor& input) const {
-  if (input.scalar_type() != dtype || input.device() != device ||
-      input.dim() != static_cast<int64_t>(sizes.size())) {
-    return false;
-  }
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    if (input.size(static_cast<int64_t>(d)) > sizes[d]) return false;
-  }
-  return true;
-}
-
-std::string InputSignature::to_string() const {
-  std::ostringstream out;
-  out << c10::IntArrayRef(sizes) << " (" << dtype << ", " << device << ")";
-  return out.str();
-}
-
-}  // namespace detail
-
 void PlannedSequentialImpl::plan(const torch::Tensor& sample_input) {
   auto planned = measure_and_solve(sample_input);
   const std::lock_guard<std::mutex> lock(mutex_);

@@ -517,7 +517,6 @@ MeasuredModel measured_model(const StepRecord& plain, const std::vector<ModeRun>
     profile.candidates.push_back(candidate_of(plain, c, modes));
     measured.candidates.push_back(plain.candidates[c].profiled);
   }
-  profile.validate();
   return measured;
 }
 
