@@ -1,0 +1,397 @@
+#!/usr/bin/python3
+"""A lower bound on the peak memory of ANY recomputation schedule of the any-model steps.
+
+For each model of any_model_python.py (imported, same shapes and candidates) this prints the
+plain step's peak (any_model_python's method: one step under torch.profiler, parameter gradients
+None at its start, allocations summed above the step's start), a lower bound on the peak of every
+schedule of the same step, the backward node that gives it with its breakdown, and the measured
+peaks of checkpointed variants of the step, each checked to be at least the bound (exit 1 if one
+is not: the argument would be unsound).
+
+The argument. A schedule may keep or recompute any forward value (any placement of checkpoints,
+any granularity, no offloading), but runs the same operators: every node N of the step's
+autograd graph that leads to a parameter runs once, on its complete incoming gradient, after
+every node from which it is reachable (B(N)) and before every node reachable from it (A(N)).
+While N's backward operator runs these are live, each counted once per storage (the elements the
+tensors cover, so a view never counts more than itself):
+  - the saved tensors N's formula reads for the gradients that are needed (READS; a saved tensor
+    used only for its shape, or not read for the needed outputs, is left out), less the storages
+    that live before the step (parameters, buffers, inputs);
+  - the gradients flowing into N and those it produces for needed edges;
+  - parameter gradients: a parameter with a producer in B(N) holds its gradient from then to the
+    step's end (in the engine's buffer, then as .grad);
+  - pending gradients: a slot of a node in A(N) that a node of B(N) already fed holds it until
+    that node runs.
+Aliasing comes from one recorded plain step that keeps every tensor alive (so no address is
+reused): a slot fed once holds the producer's very tensor; one fed more than once holds a sum
+that is new or made in place in a tensor nobody else holds, so it is counted as its own storage,
+at the smallest contribution's size. Left out (so the bound stays a bound): temporaries inside
+operators, the loss, and any tensor whose liveness depends on an order the engine may choose.
+Limits: the bound is for schedules that run autograd's own backward operators whole; splitting an
+operator (micro-batches, tiling) or offloading could go lower.
+
+  OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/compare/lower_bound.py \\
+      [--quick] [--models unet,seq2seq,resnet,transformer]
+
+Full run: see the commit that adds this file's numbers below.
+"""
+
+import argparse
+import contextlib
+import functools
+import os
+import sys
+from collections import defaultdict
+
+import torch
+import torch.utils.checkpoint as tuc
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import any_model_python as amp  # noqa: E402
+import torch_checkpoint as chains  # noqa: E402  (save_matmuls, the selective policy)
+
+# Saved tensors whose data a node's backward reads, by the outputs (positions in next_functions)
+# that need them; None: every needed output. A node type not listed reads nothing we count.
+READS = {
+    "AddmmBackward0": {"_saved_mat1": {2}, "_saved_mat2": {1}},
+    "MmBackward0": {"_saved_self": {1}, "_saved_mat2": {0}},
+    "BmmBackward0": {"_saved_self": {1}, "_saved_mat2": {0}},
+    "ConvolutionBackward0": {"_saved_input": {1}, "_saved_weight": {0}},
+    "MulBackward0": {"_saved_self": {1}, "_saved_other": {0}},
+    "DivBackward0": {"_saved_self": {1}, "_saved_other": None},
+    "GeluBackward0": {"_saved_self": None},
+    "PowBackward0": {"_saved_self": None},
+    "ReluBackward0": {"_saved_result": None},
+    "SoftmaxBackward0": {"_saved_result": None},
+    "MaskedFillBackward0": {"_saved_mask": None},
+    "MaxPool2DWithIndicesBackward0": {"_saved_result1": None},  # its input: only the shape
+    "NativeBatchNormBackward0": {"_saved_input": {0, 1}, "_saved_result1": {0, 1},
+                                 "_saved_result2": {0, 1}},
+    "NativeLayerNormBackward0": {"_saved_input": {0, 1}, "_saved_result1": {0, 1},
+                                 "_saved_result2": {0, 1}},
+}
+
+# Quoted from bench/results.md "Any model" (ckpt's smallest feasible budgets) and issue 32.
+CKPT_FLOOR = {"unet": 50.4, "seq2seq": 21.3, "resnet": 55.1, "transformer": 22.3}
+TARGET = {"unet": 30.0, "resnet": 15.0, "transformer": 12.0}
+MIB = 2**20
+
+# --- Storages and the bytes a set of tensors covers.
+
+
+def storage_key(t):
+    return ("storage", t.untyped_storage().data_ptr())
+
+
+class Item:
+    """A live tensor (a view of a storage) or a sum held in a storage of its own."""
+
+    def __init__(self, tensor=None, key=None, nbytes=0):
+        if tensor is not None:
+            self.key, self.storage_bytes = storage_key(tensor), tensor.untyped_storage().nbytes()
+            self.geometry = (tensor.element_size(), tensor.storage_offset(),
+                             tuple(tensor.shape), tuple(tensor.stride()))
+            self.nbytes = covered_bytes(self.storage_bytes, (self.geometry,))
+        else:
+            self.key, self.storage_bytes, self.geometry, self.nbytes = key, nbytes, None, nbytes
+
+
+def non_overlapping(sizes, strides):
+    extent = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(sizes, strides) if sz > 1):
+        if stride < extent:
+            return False
+        extent += stride * (size - 1)
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def covered_bytes(storage_bytes, geometries):
+    """Bytes of a storage that views of these geometries cover, each element once."""
+    if len(geometries) == 1 and non_overlapping(*geometries[0][2:]):
+        size, _, shape, _ = geometries[0]
+        return min(storage_bytes, size * torch.Size(shape).numel())
+    if len({g[0] for g in geometries}) > 1:  # mixed element sizes: the largest single view
+        return max(covered_bytes(storage_bytes, (g,)) for g in geometries)
+    size = geometries[0][0]
+    covered = torch.zeros(storage_bytes // size, dtype=torch.bool)
+    index = torch.arange(covered.numel())
+    for _, offset, shape, strides in geometries:
+        covered[index.as_strided(shape, strides, offset)] = True
+    return size * int(covered.sum())
+
+
+def union_bytes(items):
+    groups = defaultdict(list)
+    for item in items:
+        groups[item.key].append(item)
+    total = 0
+    for group in groups.values():
+        if group[0].geometry is None:
+            total += group[0].nbytes
+        else:
+            geometries = tuple(sorted({i.geometry for i in group}))
+            total += covered_bytes(group[0].storage_bytes, geometries)
+    return total
+
+# --- One recorded plain step: the graph, the saved tensors read, every gradient.
+
+
+class StepStorages(TorchDispatchMode):
+    """The storages created in the step: those of the tensors operators return, less those of
+    their arguments (a view or an in-place result of a parameter or an input is not new)."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = lambda tree: {storage_key(t) for t in tree_leaves(tree)  # noqa: E731
+                                if isinstance(t, torch.Tensor)}
+        self.keys |= tensors(out) - tensors((args, kwargs))
+        return out
+
+
+def is_parameter_sink(node):
+    return type(node).__name__ == "AccumulateGrad"
+
+
+def graph_order(root):
+    """The nodes that lead to a parameter, root first, each after every node feeding it."""
+    pending, stack, seen = defaultdict(int), [root], {root}
+    while stack:
+        for f, _ in stack.pop().next_functions:
+            if f is not None:
+                pending[f] += 1
+                if f not in seen:
+                    seen.add(f)
+                    stack.append(f)
+    order, ready = [], [root]
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for f, _ in node.next_functions:
+            if f is not None:
+                pending[f] -= 1
+                if pending[f] == 0:
+                    ready.append(f)
+    needed = set()
+    for node in reversed(order):
+        if is_parameter_sink(node) or any(f in needed for f, _ in node.next_functions):
+            needed.add(node)
+    return [n for n in order if n in needed]
+
+
+class Record:
+    """One plain step of `model` under `step_loss`, every tensor of it kept alive."""
+
+    def __init__(self, model, step_loss):
+        for p in model.parameters():
+            p.grad = None
+        created = StepStorages()
+        with created:
+            loss = step_loss()
+        self.order = graph_order(loss.grad_fn)
+        self.index = {n: i for i, n in enumerate(self.order)}
+        self.edges = [(i, k, self.index[f], nr) for i, n in enumerate(self.order)
+                      for k, (f, nr) in enumerate(n.next_functions) if f in self.index]
+        self.saved = [self.saved_reads(n, created.keys) for n in self.order]
+        self.grads = {}
+        hooks = [n.register_hook(functools.partial(self.keep, i))
+                 for i, n in enumerate(self.order) if not is_parameter_sink(n)]
+        loss.backward()
+        for hook in hooks:
+            hook.remove()
+        self.before, self.after = reach(len(self.order), self.edges)
+
+    def keep(self, i, produced, incoming):
+        self.grads[i] = (produced, incoming)
+
+    def needed_outputs(self, node):
+        return {k for k, (f, _) in enumerate(node.next_functions) if f in self.index}
+
+    def saved_reads(self, node, created):
+        needed, items = self.needed_outputs(node), []
+        for attr, outputs in READS.get(type(node).__name__, {}).items():
+            t = getattr(node, attr)
+            if (isinstance(t, torch.Tensor) and storage_key(t) in created
+                    and (outputs is None or outputs & needed)):
+                items.append((attr, t))
+        return items
+
+
+def reach(count, edges):
+    """Bit masks: before[i], the nodes from which i is reachable; after[i], those reachable
+    from i (edges go from the node producing a gradient to the node receiving it)."""
+    parents, children = defaultdict(list), defaultdict(list)
+    for p, _, c, _ in edges:
+        parents[c].append(p)
+        children[p].append(c)
+    before, after = [0] * count, [0] * count
+    for i in range(count):  # the order is topological
+        for p in parents[i]:
+            before[i] |= before[p] | (1 << p)
+    for i in reversed(range(count)):
+        for c in children[i]:
+            after[i] |= after[c] | (1 << c)
+    return before, after
+
+# --- The bound.
+
+
+def slot_items(rec, i):
+    """Gradients held in other nodes' slots while node i runs: (parameter items, pending)."""
+    slots = defaultdict(list)
+    for p, k, c, nr in rec.edges:
+        if c != i and rec.before[i] >> p & 1:
+            slots[(c, nr)].append(rec.grads[p][0][k])
+    params, pending = [], []
+    for (c, nr), fed in slots.items():
+        sink = is_parameter_sink(rec.order[c])
+        if not sink and not rec.after[i] >> c & 1:
+            continue  # c may run before i: its slot may be empty by then
+        if len(fed) == 1:
+            item = Item(fed[0])
+        else:
+            item = Item(key=("sum", c, nr), nbytes=min(Item(t).nbytes for t in fed))
+        (params if sink else pending).append(item)
+    return params, pending
+
+
+def live_at(rec, i):
+    """The parts live while node i runs, each counted above the ones before it."""
+    produced, incoming = rec.grads[i]
+    needed = rec.needed_outputs(rec.order[i])
+    grads = [Item(t) for t in incoming if t is not None]
+    grads += [Item(t) for k, t in enumerate(produced) if k in needed and t is not None]
+    params, pending = slot_items(rec, i)
+    parts = [("saved", [Item(t) for _, t in rec.saved[i]]), ("gradients in and out", grads),
+             ("parameter gradients", params), ("pending gradients", pending)]
+    breakdown, items, total = {}, [], 0
+    for name, part in parts:
+        items += part
+        now = union_bytes(items)
+        breakdown[name], total = now - total, now
+    return total, breakdown
+
+
+def describe(rec, i):
+    node = rec.order[i]
+    name = type(node).__name__
+    same = sorted(n._sequence_nr() for n in rec.order if type(n).__name__ == name)
+    shapes = lambda ts: ", ".join("x".join(map(str, t.shape)) for t in ts if t is not None)
+    saved = "; ".join(f"{a[7:]} {shapes([t])}" for a, t in rec.saved[i])
+    return (f"{name} #{same.index(node._sequence_nr()) + 1} of {len(same)} in forward order "
+            f"(gradient in {shapes(rec.grads[i][1])}; reads {saved or 'nothing counted'})")
+
+
+def lower_bound(model, step_loss):
+    """(bound bytes, the node giving it, its breakdown) over the nodes of one recorded step."""
+    rec = Record(model, step_loss)
+    best = max((live_at(rec, i) + (i,) for i in range(len(rec.order))
+                if not is_parameter_sink(rec.order[i])), key=lambda r: r[0])
+    total, breakdown, i = best
+    return total, describe(rec, i), breakdown
+
+# --- Checkpointed variants of the step, measured.
+
+
+def reentrant_where_possible(fn, *args):
+    """Reentrant checkpoint; a region whose inputs need no gradient would give its parameters
+    none that way, so it runs non-reentrant (the same step either way)."""
+    reentrant = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    return tuc.checkpoint(fn, *args, use_reentrant=reentrant)
+
+
+def selective(fn, *args):
+    context = functools.partial(tuc.create_selective_checkpoint_contexts, chains.save_matmuls)
+    return tuc.checkpoint(fn, *args, use_reentrant=False, context_fn=context)
+
+
+@contextlib.contextmanager
+def leaf_modules_checkpointed(model, on):
+    """Every leaf module (convolution, norm, linear, ReLU...) a checkpoint, for the whole step
+    (a candidate's recomputation in the backward must run the same regions)."""
+    leaves = [m for m in model.modules() if not list(m.children())] if on else []
+    for m in leaves:
+        m.forward = functools.partial(tuc.checkpoint, type(m).forward.__get__(m),
+                                      use_reentrant=False)
+    try:
+        yield
+    finally:
+        for m in leaves:
+            del m.forward
+
+
+def variants(loss, count):
+    """(method, step, whether every leaf module is a checkpoint too)."""
+    runner = lambda fn: amp.with_runner(loss, lambda: fn)  # noqa: E731
+    found = [("none", loss, False)]
+    for method, place in amp.PLACEMENTS:
+        found.append((method, amp.with_runner(loss, lambda p=place: amp.Placed(p, count)), False))
+    every = found[1][1]
+    return found + [("every candidate, reentrant", runner(reentrant_where_possible), False),
+                    ("every candidate, selective (save matmuls)", runner(selective), False),
+                    ("every leaf module", loss, True),
+                    ("every candidate and every leaf module in it", every, True)]
+
+
+def measured_peaks(model, loss, count):
+    """Peak bytes of each variant (after one unmeasured step), its gradients checked against the
+    plain step's: the variants are the same step."""
+    rows, reference = [], None
+    for method, step, leaves in variants(loss, count):
+        with leaf_modules_checkpointed(model, leaves):
+            amp.profiled_peak(model, step)  # warm-up
+            peak = amp.profiled_peak(model, step)
+        grads = [p.grad.clone() for p in model.parameters()]
+        if reference is None:
+            reference = grads
+        error = max(float((g - r).abs().max() / r.abs().max().clamp_min(1e-30))
+                    for g, r in zip(grads, reference))
+        if error > 1e-3:
+            raise RuntimeError(f"{method}: gradients differ from the plain step's ({error:.1e})")
+        rows.append((method, peak))
+    return rows
+
+# --- The table.
+
+
+def report(name, plain, bound, node, breakdown, rows):
+    pct = lambda b: f"{100 * b / plain:.1f}%"  # noqa: E731
+    floor = f"{CKPT_FLOOR[name]}%" if name in CKPT_FLOOR else "-"
+    target = f"{TARGET[name]}%" if name in TARGET else "-"
+    parts = ", ".join(f"{k} {v / MIB:.2f}" for k, v in breakdown.items())
+    print(f"| {name} | {plain / MIB:.2f} | {bound / MIB:.2f} | {pct(bound)} | {target} | {floor} "
+          f"| {node}: {parts} MiB |")
+    for method, peak in rows:
+        verdict = "yes" if peak >= bound else "NO: UNSOUND"
+        print(f"|   | {method} | {peak / MIB:.2f} | {pct(peak)} | >= bound: {verdict} | | |")
+    return all(peak >= bound for _, peak in rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--models", default="unet,seq2seq,resnet,transformer")
+    args = parser.parse_args()
+    names = amp.model_list(parser, args.models)
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread\n\n| model | plain peak MiB | bound MiB | bound vs "
+          f"plain | target | ckpt's floor | bottleneck node: live parts |\n|---|---|---|---|---|"
+          f"---|---|", flush=True)
+    sound = True
+    for name in names:
+        _, _, model, loss = amp.SUBJECTS[name](args.quick)
+        bound, node, breakdown = lower_bound(model, loss)
+        rows = measured_peaks(model, loss, amp.count_candidates(loss))
+        sound &= report(name, rows[0][1], bound, node, breakdown, rows)
+        sys.stdout.flush()
+    sys.exit(0 if sound else 1)
+
+
+if __name__ == "__main__":
+    main()
