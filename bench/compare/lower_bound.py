@@ -9,31 +9,51 @@ peaks of checkpointed variants of the step, each checked to be at least the boun
 is not: the argument would be unsound).
 
 The argument. A schedule may keep or recompute any forward value (any placement of checkpoints,
-any granularity, no offloading), but runs the same operators: every node N of the step's
+any granularity, no offloading), but runs the same backward operators: every node N of the step's
 autograd graph that leads to a parameter runs once, on its complete incoming gradient, after
 every node from which it is reachable (B(N)) and before every node reachable from it (A(N)).
-While N's backward operator runs these are live, each counted once per storage (the elements the
-tensors cover, so a view never counts more than itself):
+While N's operator runs these are live:
   - the saved tensors N's formula reads for the gradients that are needed (READS; a saved tensor
-    used only for its shape, or not read for the needed outputs, is left out), less the storages
-    that live before the step (parameters, buffers, inputs);
-  - the gradients flowing into N and those it produces for needed edges;
-  - parameter gradients: a parameter with a producer in B(N) holds its gradient from then to the
-    step's end (in the engine's buffer, then as .grad);
-  - pending gradients: a slot of a node in A(N) that a node of B(N) already fed holds it until
-    that node runs.
-Aliasing comes from one recorded plain step that keeps every tensor alive (so no address is
-reused): a slot fed once holds the producer's very tensor; one fed more than once holds a sum
-that is new or made in place in a tensor nobody else holds, so it is counted as its own storage,
-at the smallest contribution's size. Left out (so the bound stays a bound): temporaries inside
-operators, the loss, and any tensor whose liveness depends on an order the engine may choose.
-Limits: the bound is for schedules that run autograd's own backward operators whole; splitting an
-operator (micro-batches, tiling) or offloading could go lower.
+    used only for its shape is left out), less the storages that live before the step
+    (parameters, buffers, inputs): they are its arguments;
+  - the gradients flowing into N and those it produces for needed edges (made while the others
+    are still held);
+  - parameter gradients: once a producer in B(N) has sent a parameter its gradient, that
+    gradient is held to the step's end, in the engine's slots along its way (TBackward, views)
+    or as .grad; counted at the smallest size it takes on the way;
+  - pending gradients: a slot of a node in A(N) that a node of B(N) has fed holds it until that
+    node runs.
+Each storage is counted once, and a tensor only for the elements it covers (a region's input
+gradient may be copied out of a larger one, as reentrant checkpointing does). Aliasing is read
+from one recorded plain step that keeps every tensor alive (no address reused): a slot fed once
+holds the producer's very tensor; a slot fed more than once holds a sum, new or made in place in
+a tensor nobody else holds, so counted on its own at the smallest contribution's size; a
+parameter's gradient is counted on its own only where no other gradient shares its storage.
+Left out, so that the bound stays one: temporaries inside operators, the loss, and anything held
+only under some orders the engine may choose. Limits: the bound holds for schedules that run
+autograd's backward operators whole; splitting an operator (micro-batches, tiling), other
+gradient formulas, or offloading could go lower. test_lower_bound.py checks it on hand-counted
+cases.
 
   OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/compare/lower_bound.py \\
       [--quick] [--models unet,seq2seq,resnet,transformer]
 
-Full run: see the commit that adds this file's numbers below.
+Full run (2026-11-26, torch 2.15 wheel, 1 thread, the shared 2-core machine, 42 s), the command
+above without options; bound / plain peak, the node giving it (forward order), what is live:
+  unet         40.03 / 179.29 MiB = 22.3% (target 30%: not ruled out; ckpt's floor 50.4%): the
+               last decoder block's first convolution: its input, the concatenation (16 MiB),
+               its incoming gradient (8 MiB) and its input's gradient (16 MiB);
+  seq2seq      18.56 / 106.21 MiB = 17.5% (ckpt's floor 21.3%): the first softmax: its result,
+               gradient in and out (4 MiB each), every other parameter's gradient (6.56 MiB);
+  resnet       13.67 /  67.96 MiB = 20.1% (target 15%: below any schedule; ckpt 55.1%): the first
+               block's first convolution: its input, gradient in and out (2 MiB each), the
+               shortcut's pending gradient (2 MiB), the other parameters' gradients (5.66 MiB);
+  transformer  17.86 /  99.18 MiB = 18.0% (target 12%: below any schedule; ckpt 22.3%): the first
+               softmax, as seq2seq's (4+4+4 MiB), with 5.86 MiB of parameter gradients.
+Every measured variant (none; every candidate, every other one, the first half, the second half
+checkpointed; every candidate reentrant; selective, saving matrix products; every leaf module;
+every candidate and every leaf module in it) peaked at or above its model's bound: the lowest,
+every candidate, at 90.32, 22.65, 36.53 and 22.15 MiB.
 """
 
 import argparse
@@ -41,7 +61,7 @@ import contextlib
 import functools
 import os
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import torch
 import torch.utils.checkpoint as tuc
@@ -206,6 +226,15 @@ class Record:
         for hook in hooks:
             hook.remove()
         self.before, self.after = reach(len(self.order), self.edges)
+        self.outgoing, self.locations = defaultdict(list), tensor_locations(self)
+        for edge in self.edges:
+            self.outgoing[edge[0]].append(edge)
+        self.fed_by = Counter(c for _, _, c, _ in self.edges)
+        self.flows = parameter_flows(self)
+
+    def is_chain(self, i):
+        return (not is_parameter_sink(self.order[i]) and self.fed_by[i] == 1
+                and len(self.outgoing[i]) == 1)
 
     def keep(self, i, produced, incoming):
         self.grads[i] = (produced, incoming)
@@ -221,6 +250,22 @@ class Record:
                     and (outputs is None or outputs & needed)):
                 items.append((attr, t))
         return items
+
+
+def tensor_locations(rec):
+    """Storage -> where the record holds tensors of it: edges, nodes' incoming, saved."""
+    found = defaultdict(set)
+    for p, k, _, _ in rec.edges:
+        if rec.grads[p][0][k] is not None:
+            found[storage_key(rec.grads[p][0][k])].add(("edge", p, k))
+    for i, (_, incoming) in rec.grads.items():
+        for j, t in enumerate(incoming):
+            if t is not None:
+                found[storage_key(t)].add(("in", i, j))
+    for i, saved in enumerate(rec.saved):
+        for attr, t in saved:
+            found[storage_key(t)].add(("saved", i, attr))
+    return found
 
 
 def reach(count, edges):
@@ -242,23 +287,70 @@ def reach(count, edges):
 # --- The bound.
 
 
-def slot_items(rec, i):
-    """Gradients held in other nodes' slots while node i runs: (parameter items, pending)."""
+class Flow:
+    """A parameter's gradient on its way from `producer`: the tensors it is carried in, through
+    chain nodes (one edge in, one out: TBackward, views) to the parameter's AccumulateGrad. From
+    the producer's run to the step's end one of them, or the parameter's .grad, holds it."""
+
+    def __init__(self, rec, producer, k, node, nr):
+        self.producer, self.nodes, self.tensors = producer, [], [rec.grads[producer][0][k]]
+        self.locations = {("edge", producer, k)}
+        while rec.is_chain(node):
+            self.nodes.append(node)
+            _, k, next_node, next_nr = rec.outgoing[node][0]
+            self.locations |= {("in", node, nr), ("edge", node, k)}
+            self.tensors.append(rec.grads[node][0][k])
+            node, nr = next_node, next_nr
+        self.sink = node
+        self.nbytes = min(Item(t).nbytes if t is not None else 0 for t in self.tensors)
+
+    def exclusive(self, rec):
+        """No tensor outside the flow shares a storage with it: it is counted on its own."""
+        return all(rec.locations[storage_key(t)] <= self.locations
+                   for t in self.tensors if t is not None)
+
+
+def parameter_flows(rec):
+    flows = defaultdict(list)
+    for p, k, c, nr in rec.edges:
+        if not rec.is_chain(p):
+            flow = Flow(rec, p, k, c, nr)
+            if is_parameter_sink(rec.order[flow.sink]):
+                flows[flow.sink].append(flow)
+    return flows
+
+
+def parameter_items(rec, i):
+    """The parameter gradients held while node i runs: one per parameter a flow of which has
+    left a node of B(i) (and does not pass through i, where it is counted as i's gradients)."""
+    items = []
+    for sink, flows in rec.flows.items():
+        fed = [f for f in flows if rec.before[i] >> f.producer & 1 and i not in f.nodes]
+        variable = rec.order[sink].variable
+        if fed and all(f.exclusive(rec) for f in fed):
+            size = min([f.nbytes for f in fed] + [variable.numel() * variable.element_size()])
+            items.append(Item(key=("gradient of", sink), nbytes=size))
+        elif len(fed) == 1 and not fed[0].nodes and fed[0].tensors[0] is not None:
+            # the produced tensor itself, or .grad (stolen from it, or a new copy)
+            items.append(Item(fed[0].tensors[0]))
+    return items
+
+
+def pending_items(rec, i):
+    """Gradients waiting in the slots of nodes that run after node i, fed by nodes of B(i)."""
     slots = defaultdict(list)
     for p, k, c, nr in rec.edges:
-        if c != i and rec.before[i] >> p & 1:
-            slots[(c, nr)].append(rec.grads[p][0][k])
-    params, pending = [], []
+        tensor = rec.grads[p][0][k]
+        if (rec.before[i] >> p & 1 and rec.after[i] >> c & 1 and tensor is not None
+                and not is_parameter_sink(rec.order[c])):  # those: parameter_items
+            slots[(c, nr)].append(tensor)
+    items = []
     for (c, nr), fed in slots.items():
-        sink = is_parameter_sink(rec.order[c])
-        if not sink and not rec.after[i] >> c & 1:
-            continue  # c may run before i: its slot may be empty by then
         if len(fed) == 1:
-            item = Item(fed[0])
-        else:
-            item = Item(key=("sum", c, nr), nbytes=min(Item(t).nbytes for t in fed))
-        (params if sink else pending).append(item)
-    return params, pending
+            items.append(Item(fed[0]))
+        else:  # a sum: new, or made in place in a tensor nobody else holds
+            items.append(Item(key=("sum", c, nr), nbytes=min(Item(t).nbytes for t in fed)))
+    return items
 
 
 def live_at(rec, i):
@@ -267,9 +359,9 @@ def live_at(rec, i):
     needed = rec.needed_outputs(rec.order[i])
     grads = [Item(t) for t in incoming if t is not None]
     grads += [Item(t) for k, t in enumerate(produced) if k in needed and t is not None]
-    params, pending = slot_items(rec, i)
     parts = [("saved", [Item(t) for _, t in rec.saved[i]]), ("gradients in and out", grads),
-             ("parameter gradients", params), ("pending gradients", pending)]
+             ("parameter gradients", parameter_items(rec, i)),
+             ("pending gradients", pending_items(rec, i))]
     breakdown, items, total = {}, [], 0
     for name, part in parts:
         items += part
