@@ -7,6 +7,7 @@
 
 #include <ckpt/memory_tracker.h>
 #include <ckpt/plan/solvers.h>
+#include <ckpt/planned_model.h>
 #include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
 #include <ckpt/sequential.h>
@@ -383,6 +384,63 @@ void add_planned_methods(const std::string& name, const plan::Chain& profile,
   add_predicted_optimum(methods, name, profile, input_bytes, plain_time);
 }
 
+// ckpt::PlannedModel on the same model, whose blocks mark their candidates inside (the MLPs mark
+// none: no rows), at the chain planner's budgets. Its budgets leave out the input, which lives
+// before the step; the step starts from the gradient buffers the workbench keeps.
+void add_model_planned_methods(const std::string& name, Workbench& bench, MemoryTracker& tracker,
+                               int warmup, bool rss, Methods& methods) {
+  const PlannedModelOptions options = PlannedModelOptions().count_parameter_gradients(false);
+  auto loss_of = [model = bench.model, x = bench.x](torch::Tensor& out) {
+    return [model, x, &out]() mutable {
+      out = model->forward(x);
+      return out.square().mean();
+    };
+  };
+  std::optional<MeasuredModel> measured;
+  int64_t min_budget = 0;
+  try {
+    PlannedModel probe(bench.model, Budget::minimum(), options);
+    torch::Tensor out;
+    probe.plan(loss_of(out));
+    measured = probe.measured();
+    min_budget = probe.budget_bytes();
+  } catch (const c10::Error& e) {
+    std::cerr << "ckpt bench: " << name << ": no ckpt_model_planned rows: "
+              << std::string(e.what_without_backtrace()).substr(0, 80) << "\n";
+    return;
+  }
+  for (const auto& [budget, label] : planned_budgets(methods, 0, min_budget)) {
+    BenchRow row;
+    row.model = name;
+    row.method = "ckpt_model_planned";
+    row.budget_bytes = budget;
+    row.setting = "budget=" + mib(budget) + "MiB (" + label + ")";
+    row.peak_bytes = -1;
+    row.step_ms = -1;
+    if (budget < min_budget) {
+      row.note = "infeasible: the smallest feasible budget is " + mib(min_budget) + " MiB (" +
+                 percent(static_cast<double>(min_budget) /
+                         static_cast<double>(methods.front()->row.peak_bytes)) +
+                 " of none)";
+      add_method(methods, row, nullptr);
+      continue;
+    }
+    auto planned = std::make_shared<PlannedModel>(bench.model, Budget::bytes(budget), options);
+    const auto t0 = std::chrono::steady_clock::now();
+    planned->plan(*measured);
+    row.solver_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    row.predicted_peak_bytes = planned->solution().prediction.peak_bytes;
+    row.predicted_overhead = planned->solution().prediction.time / measured->profile.step_time;
+    Method* added = add_method(methods, row, [planned, loss_of](const torch::Tensor&) {
+      torch::Tensor out;  // the chain's output: the workbench's loss is taken from it
+      planned->run(loss_of(out));
+      return out;
+    });
+    try_warm_and_measure(bench, *added, tracker, warmup, rss);
+  }
+}
+
 // Timed steps, interleaved: round r runs every method once, starting at a rotating offset. The
 // heap keeps freed memory (no mmap and page faults per tensor); one untimed round first.
 void time_methods(const std::string& name, Workbench& bench, Methods& methods, int steps) {
@@ -476,6 +534,7 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
   if (profile) {
     add_planned_methods(name, *profile, models::parse_storage_modes(options.storage_modes), bench,
                         tracker, warmup, options.rss, methods);
+    add_model_planned_methods(name, bench, tracker, warmup, options.rss, methods);
   }
   time_methods(name, bench, methods, steps);
 

@@ -8,7 +8,7 @@
 // regions (every candidate checkpointed, every other one, the first half, the second half) against
 // the plan at each one's measured peak.
 //
-//   any_model [--quick] [--repeats N]
+//   any_model [--quick] [--repeats N] [--models unet,seq2seq,resnet,transformer]
 
 #include <ckpt/candidate.h>
 #include <ckpt/memory_tracker.h>
@@ -114,11 +114,13 @@ class HandPlaced final : public ckpt::detail::CandidateRunner {
       : place_(std::move(place)), count_(count) {}
   std::optional<ckpt::CheckpointOptions> begin(const std::string& /*name*/,
                                                const torch::nn::Module* /*module*/,
-                                               std::vector<at::Tensor>& /*inputs*/) override {
+                                               std::vector<at::Tensor>& /*inputs*/,
+                                               ckpt::detail::RegionRequest& /*request*/) override {
     if (place_(next_++, count_)) return ckpt::CheckpointOptions();
     return std::nullopt;
   }
-  void end(std::vector<at::Tensor>& /*outputs*/) override {}
+  void end(std::vector<at::Tensor>& /*outputs*/,
+           const ckpt::detail::RegionRequest& /*request*/) override {}
   void abandon() noexcept override {}
 
  private:
@@ -237,13 +239,19 @@ std::vector<Subject> subjects(bool quick) {
 int main(int argc, char** argv) {
   bool quick = false;
   int repeats = 3;
+  std::string models = "unet,seq2seq,resnet,transformer";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) repeats = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--models") == 0 && i + 1 < argc) models = argv[++i];
   }
   std::printf(
       "| model | budget | measured peak | predicted (measured vs) | within budget | step time "
       "vs plain |\n|---|---|---|---|---|---|\n");
-  for (const Subject& s : subjects(quick)) run_subject(s, std::max(1, repeats));
+  for (const Subject& s : subjects(quick)) {
+    if (("," + models + ",").find("," + s.name + ",") != std::string::npos) {
+      run_subject(s, std::max(1, repeats));
+    }
+  }
   return 0;
 }

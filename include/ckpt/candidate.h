@@ -34,12 +34,15 @@ class CandidateRunner {
   /// A candidate starts with `inputs`: named `name` where `module` is null, after `module`'s path
   /// where `name` is empty, "<module's path>.<name>" where both are given. The runner
   /// may replace the inputs (with tensors that tell it when the backward reaches them). Returns
-  /// the options of the region to run it as, or none to run it plainly.
+  /// the options of the region to run it as, or none to run it plainly; for a region, `request`
+  /// may ask it to drop inputs or to make its outputs recomputable.
   virtual std::optional<CheckpointOptions> begin(const std::string& name,
                                                  const torch::nn::Module* module,
-                                                 std::vector<at::Tensor>& inputs) = 0;
-  /// The candidate returned `outputs`, which the runner may replace likewise.
-  virtual void end(std::vector<at::Tensor>& outputs) = 0;
+                                                 std::vector<at::Tensor>& inputs,
+                                                 RegionRequest& request) = 0;
+  /// The candidate returned `outputs`, which the runner may replace likewise; `request` is the
+  /// one `begin` filled, with the region's answer.
+  virtual void end(std::vector<at::Tensor>& outputs, const RegionRequest& request) = 0;
   /// The candidate raised an exception; `end` won't come.
   virtual void abandon() noexcept = 0;
 };
@@ -103,8 +106,9 @@ auto run_as_candidate(CandidateRunner* runner, const std::string& name,
   std::vector<at::Tensor> tensors;
   collect_tensors(args, tensors);
   std::optional<CheckpointOptions> region;
+  RegionRequest request;
   try {
-    region = runner->begin(name, owner.get(), tensors);
+    region = runner->begin(name, owner.get(), tensors, request);
   } catch (...) {
     runner->abandon();
     throw;
@@ -120,6 +124,7 @@ auto run_as_candidate(CandidateRunner* runner, const std::string& name,
                              auto&... unpacked) mutable {
         return invoke_forward(0, fn, unpacked...);
       };
+      const RegionRequestScope requested(request);
       result.emplace(std::apply(
           [&](auto&... unpacked) { return checkpoint(*region, with_owner, owner, unpacked...); },
           args));
@@ -130,9 +135,13 @@ auto run_as_candidate(CandidateRunner* runner, const std::string& name,
     runner->abandon();
     throw;
   }
+  // What the region dropped is not held here either.
+  const std::vector<at::Tensor> none(tensors.size());
+  TensorCursor cleared(none);
+  replace_tensors(args, cleared);
   tensors.clear();
   collect_tensors(*result, tensors);
-  runner->end(tensors);
+  runner->end(tensors, request);
   TensorCursor out(tensors);
   replace_tensors(*result, out);
   return std::move(*result);

@@ -140,8 +140,11 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
 
   std::vector<at::Tensor> outputs;
   collect_tensors(result, outputs);
-  const std::vector<at::Tensor> connected =
-      region.finish(std::move(outputs), recompute_of(std::move(call)));
+  const std::vector<at::Tensor> connected = region.finish(std::move(outputs), recompute_of(call));
+  if (std::vector<at::Tensor> held = region.held_inputs(); !held.empty()) {
+    TensorCursor in(held);  // the arguments a planner let the region drop: the call drops them too
+    replace_tensors(call->args, in);
+  }
   TensorCursor cursor(connected);
   replace_tensors(result, cursor);
   return result;

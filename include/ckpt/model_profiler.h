@@ -57,7 +57,16 @@ struct ModelProfileOptions {
   TORCH_ARG(bool, count_parameter_gradients) = true;
   /// Replay the RNG in recomputes of the measured modes. Default: true
   TORCH_ARG(bool, preserve_rng_state) = true;
+  /// Also measure the "recomputed" mode (`kRecomputedMode`), where "checkpointed" is among the
+  /// storage modes: the candidate runs checkpointed, and the candidates that take its outputs
+  /// (which must then run "checkpointed") don't keep them, but run it again in their backward to
+  /// get them. Its outputs' memory is free from where the model lets go of them until then.
+  /// Measured in extra steps (usually two), each running some candidates so. Default: true
+  TORCH_ARG(bool, recompute_outputs) = true;
 };
+
+/// The name of the "recomputed" option in a `MeasuredModel` and a plan.
+inline constexpr const char* kRecomputedMode = "recomputed";
 
 /// The measured step: the planner's model, and what the executor checks each step against.
 struct MeasuredModel {

@@ -49,6 +49,10 @@ struct PlannedModelOptions {
   TORCH_ARG(bool, count_parameter_gradients) = true;
   /// Replay each recomputed candidate's RNG. Default: true
   TORCH_ARG(bool, preserve_rng_state) = true;
+  /// Offer the "recomputed" mode (`ModelProfileOptions::recompute_outputs`): a candidate whose
+  /// outputs the candidates that take them don't keep, but compute again in their backward.
+  /// Default: true
+  TORCH_ARG(bool, recompute_outputs) = true;
   /// The exact solver's search limit (`plan::ModelSolverOptions::max_exact_nodes`). Default:
   /// 2,000,000
   TORCH_ARG(int64_t, max_exact_nodes) = 2'000'000;
@@ -109,6 +113,7 @@ class PlannedModel {
     int64_t budget_bytes = 0;
     std::vector<std::optional<CheckpointOptions>> regions;  // per candidate; none: kept
     std::shared_ptr<const detail::CandidateNames> names;    // the model's module paths
+    std::vector<bool> recomputable;                         // per candidate: "recomputed"
   };
   class Runner;
 

@@ -20,6 +20,8 @@ class VersionSnapshot {
   /// Records `tensor` at its current version (an undefined or inference tensor takes a place but
   /// is never checked: it has no version counter).
   void add(const at::Tensor& tensor);
+  /// Stops tracking tensor i (and holding it): it is never checked.
+  void forget(size_t i) { tensors_.at(i) = at::Tensor(); }
 
   /// Raises a c10::Error naming the first tensor whose version changed since it was added:
   /// "`api`: <describe(i)> ... was modified in place after the forward pass ...". `describe`

@@ -2,6 +2,7 @@
 
 #include "autograd/buffer_guard.h"
 #include "autograd/rng_state.h"
+#include "region/recomputed_input.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -70,7 +71,8 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   Runner(const Plan& plan, const detail::CandidateNames& names) : plan_(plan), names_(names) {}
 
   std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
-                                         std::vector<at::Tensor>& inputs) override {
+                                         std::vector<at::Tensor>& inputs,
+                                         detail::RegionRequest& request) override {
     const std::string resolved = names_.resolve(name, module);
     const auto& expected = plan_.measured.candidates;
     if (next_ >= expected.size()) {
@@ -79,9 +81,17 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
     }
     const std::string mismatch = first_mismatch(expected[next_], resolved, inputs);
     if (!mismatch.empty()) throw PlanMismatch(mismatch);
-    return plan_.regions[next_++];
+    const size_t c = next_++;
+    if (plan_.regions[c]) {  // a region drops the outputs of "recomputed" candidates it takes
+      std::vector<int> producers;
+      request.input_sources = recomputable_.sources_for(inputs, producers);
+      request.recomputable_outputs = plan_.recomputable[c];
+    }
+    return plan_.regions[c];
   }
-  void end(std::vector<at::Tensor>& /*outputs*/) override {}
+  void end(std::vector<at::Tensor>& outputs, const detail::RegionRequest& request) override {
+    recomputable_.add(static_cast<int>(next_) - 1, outputs, request);
+  }
   void abandon() noexcept override {}
 
   void finish() const {
@@ -96,6 +106,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   const Plan& plan_;
   const detail::CandidateNames& names_;
   size_t next_ = 0;
+  detail::RecomputableOutputs recomputable_;  // this step's "recomputed" candidates' outputs
 };
 
 PlannedModel::PlannedModel(std::shared_ptr<torch::nn::Module> model, Budget budget,
@@ -140,7 +151,8 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
                          .storage_modes(options_.storage_modes())
                          .selective_policy(options_.selective_policy())
                          .count_parameter_gradients(options_.count_parameter_gradients())
-                         .preserve_rng_state(options_.preserve_rng_state())));
+                         .preserve_rng_state(options_.preserve_rng_state())
+                         .recompute_outputs(options_.recompute_outputs())));
 }
 
 void PlannedModel::plan(MeasuredModel measured) {
@@ -169,19 +181,24 @@ void PlannedModel::plan(MeasuredModel measured) {
             std::move(solution),
             budget,
             {},
-            std::make_shared<const detail::CandidateNames>(*model_)};
+            std::make_shared<const detail::CandidateNames>(*model_),
+            {}};
   const StorageSettings settings{options_.selective_policy()};
   const auto& candidates = next.measured.profile.candidates;  // `profile` was moved from
   for (size_t c = 0; c < candidates.size(); ++c) {
     const std::string& mode = candidates[c].options[next.solution.choice[c]].name;
+    const bool recomputable = mode == kRecomputedMode;  // a checkpointed region, outputs dropped
     std::optional<CheckpointOptions> region;
     if (next.solution.choice[c] != 0) {
-      region = options_.storage_modes().at(mode, "ckpt::PlannedModel").region(settings);
+      region = options_.storage_modes()
+                   .at(recomputable ? "checkpointed" : mode, "ckpt::PlannedModel")
+                   .region(settings);
       TORCH_CHECK(region.has_value(), "ckpt::PlannedModel: the storage mode \"", mode,
                   "\" is off with these options; the measurement offers it.");
       region->preserve_rng_state(options_.preserve_rng_state());
     }
     next.regions.push_back(region);
+    next.recomputable.push_back(recomputable);
   }
   plan_ = std::move(next);
 }

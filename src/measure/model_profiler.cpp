@@ -7,6 +7,7 @@
 #include "autograd/rng_state.h"
 #include "compat/torch_compat.h"
 #include "measure/step_measure.h"
+#include "region/recomputed_input.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -16,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <tuple>
 #include <unordered_set>
@@ -153,21 +155,54 @@ struct StepRecord {
   }
 };
 
+// Steps that measure the "recomputed" option, each running every candidate checkpointed: in
+// each, the candidates not measured so far make their outputs recomputable where none of their
+// own inputs is such an output (running them again must not need another rerun), and every
+// region drops the recomputable outputs it takes.
+struct RecomputeTrial {
+  explicit RecomputeTrial(size_t candidates) : measured(candidates), consumers(candidates) {}
+  std::vector<bool> measured;             // by candidate: recomputable in some step so far
+  std::vector<std::set<int>> consumers;   // by candidate: those that dropped its outputs
+  std::vector<bool> in_step;              // by candidate: recomputable in the current step
+  detail::RecomputableOutputs outputs;    // the current step's
+
+  void start_step() {
+    in_step.assign(measured.size(), false);
+    outputs = detail::RecomputableOutputs();
+  }
+  // At candidate `c`'s start, before the profiler replaces its inputs.
+  void request(int c, const std::vector<at::Tensor>& inputs, detail::RegionRequest& request) {
+    std::vector<int> producers;
+    request.input_sources = outputs.sources_for(inputs, producers);
+    bool from_recomputable = false;
+    for (int p : producers) {
+      if (p < 0) continue;
+      from_recomputable = true;
+      consumers[static_cast<size_t>(p)].insert(c);
+    }
+    if (from_recomputable || static_cast<size_t>(c) >= measured.size() || measured[c]) return;
+    request.recomputable_outputs = true;
+    in_step[c] = measured[c] = true;
+  }
+};
+
 // Runs every candidate of a step in one mode and records the step's events.
 class StepRecorder final : public detail::CandidateRunner {
  public:
   StepRecorder(const detail::CandidateNames& names, std::optional<CheckpointOptions> mode,
-               std::shared_ptr<StepRecord> record)
-      : names_(names), mode_(std::move(mode)), record_(std::move(record)) {}
+               std::shared_ptr<StepRecord> record, RecomputeTrial* trial = nullptr)
+      : names_(names), mode_(std::move(mode)), record_(std::move(record)), trial_(trial) {}
 
   std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
-                                         std::vector<at::Tensor>& inputs) override {
+                                         std::vector<at::Tensor>& inputs,
+                                         detail::RegionRequest& request) override {
     const std::string resolved = names_.resolve(name, module);
     TORCH_CHECK(seen_.insert(resolved).second, "ckpt::candidate: \"", resolved,
                 "\" is reached twice in one step. A candidate is one call: give each call its "
                 "own name (ckpt::candidate(\"name\", fn, args...)), or mark the block that holds "
                 "both calls instead.");
     const int index = add_candidate(resolved, inputs);
+    if (trial_ != nullptr) trial_->request(index, inputs, request);
     record_->record(EventKind::ForwardBegin, index);
     for (auto& t : inputs) {
       if (!t.defined() || !t.requires_grad()) continue;
@@ -180,8 +215,9 @@ class StepRecorder final : public detail::CandidateRunner {
     return mode_;
   }
 
-  void end(std::vector<at::Tensor>& outputs) override {
+  void end(std::vector<at::Tensor>& outputs, const detail::RegionRequest& request) override {
     const int index = current_;
+    if (trial_ != nullptr) trial_->outputs.add(index, outputs, request);
     record_->record(EventKind::ForwardEnd, index);
     {
       const std::lock_guard<std::mutex> lock(record_->mutex);
@@ -214,6 +250,7 @@ class StepRecorder final : public detail::CandidateRunner {
   std::shared_ptr<StepRecord> record_;
   std::unordered_set<std::string> seen_;
   int current_ = -1;
+  RecomputeTrial* trial_;
 };
 
 // The environment of the profiled steps.
@@ -243,7 +280,8 @@ void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder) {
 
 // One step with every candidate in `mode` (none: kept), from the gradients a step starts from.
 std::shared_ptr<StepRecord> record_step(const StepSetup& setup,
-                                        const std::optional<CheckpointOptions>& mode) {
+                                        const std::optional<CheckpointOptions>& mode,
+                                        RecomputeTrial* trial = nullptr) {
   const detail::SwappedGradients grads({setup.model},
                                        setup.count_parameter_gradients
                                            ? detail::SwappedGradients::Start::None
@@ -252,7 +290,7 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup,
   auto record = std::make_shared<StepRecord>();
   record->tracker = setup.tracker;
   record->device = setup.device;
-  StepRecorder recorder(*setup.names, mode, record);
+  StepRecorder recorder(*setup.names, mode, record, trial);
   compat::synchronize(setup.device);
   setup.tracker->reset_peak();
   record->start_bytes = setup.tracker->current_bytes();
@@ -470,7 +508,7 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
   plan::Candidate candidate;
   candidate.name = plain.candidates[c].profiled.name;
   candidate.window_begin = span.forward_end;
-  candidate.options.push_back({"stored", kept.costs.seconds, 0, {}});
+  candidate.options.push_back({"stored", kept.costs.seconds, 0, {}, {}});
   if (span.backward_begin < 0) return candidate;  // no gradient reaches it: nothing to save
   for (const ModeRun& run : modes) {
     const Span mode_span = span_of(*run.step, c);
@@ -479,10 +517,127 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
                                costs_of(*run.step, mode_span, c)};
     if (mode.costs.forward_kept >= kept.costs.forward_kept && mode.costs.host == 0) continue;
     plan::CandidateOption option{run.name, at_least_plain_time(kept.costs, mode.costs, run),
-                                 mode.costs.host, peak_deltas(kept, mode, run.matching)};
+                                 mode.costs.host, peak_deltas(kept, mode, run.matching), {}};
     if (!offered_already(candidate, option)) candidate.options.push_back(std::move(option));
   }
   return candidate;
+}
+
+// A step of the "recomputed" trial and which candidates were recomputable in it.
+struct TrialRun {
+  std::shared_ptr<StepRecord> step;
+  std::vector<int> matching;  // where each plain event is in `step`
+  std::vector<bool> recomputable;
+};
+
+// Whether storage `w` of a step is held in the segment that is `k` in that step (-1: none).
+bool held_in(const WatchedStorage& w, int k) {
+  return k < 0 || w.freed_at < 0 || k <= w.freed_at;
+}
+
+// Per segment of a window (the plain step's segments from `begin`, `length` of them), less the
+// bytes of a candidate's outputs that other candidates take which the trial's step had freed
+// while the checkpointed step held them (in the regions that took them).
+std::vector<int64_t> freed_outputs(const CandidateRecord& checkpointed,
+                                   const std::vector<int>& in_checkpointed,
+                                   const CandidateRecord& trial, const std::vector<int>& in_trial,
+                                   int begin, size_t length) {
+  std::vector<int64_t> freed(length, 0);
+  for (size_t i = 0; i < checkpointed.watched.size() && i < trial.watched.size(); ++i) {
+    const WatchedStorage& kept = checkpointed.watched[i];
+    if (!kept.output || !kept.feeds_candidate) continue;
+    for (size_t j = 0; j < length; ++j) {
+      const int k = begin + static_cast<int>(j);
+      if (in_checkpointed[k] < 0 || in_trial[k] < 0) continue;
+      if (held_in(kept, in_checkpointed[k]) && !held_in(trial.watched[i], in_trial[k])) {
+        freed[j] -= kept.bytes;
+      }
+    }
+  }
+  return freed;
+}
+
+// Candidate `c`'s "recomputed" option, from the trial step it was recomputable in: its own costs
+// as there, its outputs' bytes freed where the takers held them, and on the takers' backward what
+// running it again costs them there (their backward's peak over the checkpointed step's; shared
+// by the options of every producer they ran again at once, which only overstates it) and its
+// forward's time once per taker.
+plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& checkpointed,
+                                        const TrialRun& trial, int c,
+                                        const std::set<int>& takers) {
+  const Span span = span_of(plain, c);
+  const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
+  const Span trial_span = span_of(*trial.step, c);
+  const CandidateInStep mode{trial.step->candidates[c], trial_span,
+                             costs_of(*trial.step, trial_span, c)};
+  std::vector<int64_t> deltas = peak_deltas(kept, mode, trial.matching);
+  const std::vector<int64_t> freed =
+      freed_outputs(checkpointed.step->candidates[c], checkpointed.matching,
+                    trial.step->candidates[c], trial.matching, span.forward_end, deltas.size());
+  for (size_t j = 0; j < deltas.size(); ++j) deltas[j] += freed[j];
+  const CandidateCosts own = costs_of(*checkpointed.step, span_of(*checkpointed.step, c), c);
+  double seconds = std::max(mode.costs.seconds, kept.costs.seconds + kept.costs.forward_seconds);
+  for (int t : takers) {
+    const int64_t rerun =
+        costs_of(*trial.step, span_of(*trial.step, t), t).backward_peak -
+        costs_of(*checkpointed.step, span_of(*checkpointed.step, t), t).backward_peak;
+    const Span taker = span_of(plain, t);
+    for (int k = taker.backward_begin + 1; k <= taker.backward_end; ++k) {
+      const int j = k - span.forward_end;
+      if (j >= 0 && j < static_cast<int>(deltas.size())) deltas[j] += std::max<int64_t>(rerun, 0);
+    }
+    seconds += own.forward_seconds;
+  }
+  return {kRecomputedMode, seconds, 0, std::move(deltas), {}};
+}
+
+// Runs the trial's steps (each with every candidate checkpointed) until every candidate was
+// recomputable in one, or a step finds none left that can be.
+std::vector<TrialRun> run_trials(const StepSetup& setup, const StepRecord& plain,
+                                 const CheckpointOptions& region, const detail::RngStash& rng,
+                                 RecomputeTrial& trial) {
+  constexpr int kMaxSteps = 4;  // two cover a chain; more than four is rare and costly
+  std::vector<TrialRun> runs;
+  for (int s = 0; s < kMaxSteps; ++s) {
+    trial.start_step();
+    rng.restore();
+    auto step = record_step(setup, region, &trial);
+    check_same_candidates(plain, *step, kRecomputedMode);
+    if (std::find(trial.in_step.begin(), trial.in_step.end(), true) == trial.in_step.end()) break;
+    std::vector<int> matching = matching_events(plain, *step);
+    runs.push_back({std::move(step), std::move(matching), trial.in_step});
+    if (std::find(trial.measured.begin(), trial.measured.end(), false) == trial.measured.end())
+      break;
+  }
+  return runs;
+}
+
+// Adds the "recomputed" option to each candidate that a trial step measured and whose outputs
+// some region took and let go of; it excludes every option but "checkpointed" of those takers.
+void add_recomputed_options(plan::ModelProfile& profile, const StepRecord& plain,
+                            const ModeRun& checkpointed, const std::vector<TrialRun>& runs,
+                            const RecomputeTrial& trial) {
+  for (const TrialRun& run : runs) {
+    for (size_t c = 0; c < run.recomputable.size(); ++c) {
+      const std::set<int>& takers = trial.consumers[c];
+      if (!run.recomputable[c] || takers.empty()) continue;
+      plan::Candidate& candidate = profile.candidates[c];
+      if (candidate.options.size() < 2) continue;  // no gradient reaches it
+      plan::CandidateOption option =
+          recomputed_option(plain, checkpointed, run, static_cast<int>(c), takers);
+      if (std::none_of(option.peak_delta.begin(), option.peak_delta.end(),
+                       [](int64_t d) { return d < 0; })) {
+        continue;
+      }
+      for (int t : takers) {
+        const auto& options = profile.candidates[t].options;
+        for (size_t o = 0; o < options.size(); ++o) {
+          if (options[o].name != "checkpointed") option.excludes.push_back({t, static_cast<int>(o)});
+        }
+      }
+      candidate.options.push_back(std::move(option));
+    }
+  }
 }
 
 std::string segment_label(const StepRecord& step, const Event& end) {
@@ -560,7 +715,18 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
     std::vector<int> matching = matching_events(*plain, *step);
     modes.push_back({mode.name, !region->offload(), std::move(step), std::move(matching)});
   }
-  return measured_model(*plain, modes, device);
+  MeasuredModel measured = measured_model(*plain, modes, device);
+  const auto checkpointed = std::find_if(modes.begin(), modes.end(),
+                                         [](const ModeRun& m) { return m.name == "checkpointed"; });
+  if (options.recompute_outputs() && checkpointed != modes.end()) {
+    std::optional<CheckpointOptions> region =
+        options.storage_modes().at("checkpointed", "ckpt::profile_model").region(settings);
+    region->preserve_rng_state(options.preserve_rng_state());
+    RecomputeTrial trial(plain->candidates.size());
+    const std::vector<TrialRun> runs = run_trials(setup, *plain, *region, rng, trial);
+    add_recomputed_options(measured.profile, *plain, *checkpointed, runs, trial);
+  }
+  return measured;
 }
 
 }  // namespace ckpt

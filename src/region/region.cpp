@@ -8,6 +8,7 @@
 #include "compat/torch_compat.h"
 #include "op_record.h"
 #include "outside_writes.h"
+#include "recomputed_input.h"
 #include "region_state.h"
 #include "report_record.h"
 #include "selective.h"
@@ -110,11 +111,8 @@ void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& 
 std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>* replacement,
                                                    DispatchMode* early_stop) const {
   std::vector<at::Tensor> from_copies;
-  if (replacement == nullptr && !input_copies.empty()) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      from_copies.push_back(input_copies.copied(i) ? input_copies.fresh(i, /*with_history=*/true)
-                                                   : inputs[i]);
-    }
+  if (replacement == nullptr && (!input_copies.empty() || !dropped.empty())) {
+    from_copies = arguments(/*with_history=*/true);
     replacement = &from_copies;
   }
   const RecomputeScope scope(rng, autocast, training, modules);
@@ -141,6 +139,36 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
   if (options.debug()) check_same_operators(forward_ops, recompute_ops);
   if (replay) replay->check_all_used();
   return recomputed;
+}
+
+std::vector<at::Tensor> RegionState::arguments(bool with_history) const {
+  const RecomputedValues shared;  // a region several dropped arguments come from runs once
+  std::vector<at::Tensor> result;
+  result.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (i < dropped.size() && dropped[i].source) {
+      result.push_back(with_history ? dropped[i].materialize() : dropped[i].source->value());
+    } else if (input_copies.copied(i)) {
+      result.push_back(input_copies.fresh(i, with_history));
+    } else {
+      result.push_back(inputs[i]);
+    }
+  }
+  return result;
+}
+
+std::vector<at::Tensor> RegionState::recompute_values() const {
+  TORCH_CHECK(!released && recompute,
+              "ckpt::checkpoint: a region's argument was to be computed again from the region "
+              "that returned it, but that region's backward already ran and freed what it "
+              "needs. Run the backward through both regions in one call, or keep the argument "
+              "(don't ask its region to drop it).");
+  const std::vector<at::Tensor> args = arguments(/*with_history=*/false);
+  const RecomputeScope scope(rng, autocast, training, modules);
+  const LabelScope label(child_label(memory_label, "recompute"));
+  const StorageSnapshot outside(outside_state);
+  const at::NoGradGuard no_grad;
+  return recompute(&args);
 }
 
 void RegionState::hand_out(const std::vector<at::Tensor>& outputs) {
@@ -180,6 +208,7 @@ void RegionState::release() {
   recompute = nullptr;
   inputs.clear();
   input_copies.clear();
+  dropped.clear();
   modules.clear();
   training = TrainingModes();
   versions.clear();
@@ -191,7 +220,8 @@ void RegionState::release() {
 
 Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
                std::shared_ptr<CallSite> site)
-    : state_(std::make_shared<RegionState>()), site_(std::move(site)) {
+    : state_(std::make_shared<RegionState>()), site_(std::move(site)),
+      request_(take_region_request()) {
   RegionState& state = *state_;
   // First, so that a factory that throws leaves nothing to undo.
   if (options.context_fn()) {
@@ -416,9 +446,37 @@ std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, Recomput
   state.recompute = std::move(recompute);
   outputs = state.options.use_reentrant() ? finish_reentrant(std::move(outputs))
                                           : finish_non_reentrant(std::move(outputs));
+  if (request_ != nullptr && !state.options.use_reentrant() && !state.kept) apply_request();
   // Its state lives on until the backward only where outputs were handed to its node.
   if (report_) report_->finish(state, !state.handed_out.empty());
   return outputs;
+}
+
+// A planner's request: drop the arguments it has sources for, hand out sources for the outputs.
+// Only where the region's state lives until its backward (some output was connected).
+void Region::apply_request() {
+  RegionState& state = *state_;
+  if (state.connected.empty()) return;
+  const auto& sources = request_->input_sources;
+  for (size_t i = 0; i < sources.size() && i < state.inputs.size(); ++i) {
+    at::Tensor& input = state.inputs[i];
+    if (!sources[i] || !input.defined() || state.input_copies.copied(i)) continue;
+    state.dropped.resize(state.inputs.size());
+    state.dropped[i] = {sources[i], input.requires_grad()
+                                        ? torch::autograd::impl::gradient_edge(input)
+                                        : torch::autograd::Edge()};
+    input = at::Tensor();
+    state.versions.forget(i);
+  }
+  if (!request_->recomputable_outputs) return;
+  request_->output_sources.assign(state.outputs.size(), nullptr);
+  for (size_t slot : state.connected) {
+    request_->output_sources[slot] = std::make_shared<const RecomputeSource>(state_, slot);
+  }
+}
+
+std::vector<at::Tensor> Region::held_inputs() const {
+  return state_->dropped.empty() ? std::vector<at::Tensor>() : state_->inputs;
 }
 
 std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> outputs) {

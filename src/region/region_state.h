@@ -11,6 +11,7 @@
 #include "autograd/version_snapshot.h"
 #include "graph_exec_group.h"
 #include "input_copies.h"
+#include "recomputed_input.h"
 #include "selective.h"
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +43,9 @@ struct RegionState {
   CheckpointOptions options;
   std::vector<at::Tensor> inputs;  // the tensor arguments, in traversal order
   InputCopies input_copies;        // of those the function writes into, before it ran
+  // Those a planner let the region drop (`RegionRequest`), by argument; empty where none. The
+  // recompute computes them again from their sources.
+  std::vector<DroppedInput> dropped;
   ModuleList modules;              // whose buffers the recompute must leave as they were
   TrainingModes training;          // their train()/eval() modes in the forward
   // The inputs (at the start of the forward), then the leaves at the region's border that the
@@ -89,6 +93,12 @@ struct RegionState {
   /// the function (it sees only the calls that reach the kernels).
   std::vector<at::Tensor> run_recompute(const std::vector<at::Tensor>* replacement,
                                         DispatchMode* early_stop = nullptr) const;
+  /// The outputs' values as the forward computed them, without history: the function run again
+  /// under no-grad, as `run_recompute` runs it (what a `RecomputeSource` hands out).
+  std::vector<at::Tensor> recompute_values() const;
+  /// The arguments for a recompute: the held ones, the copies of those the function writes into,
+  /// and the dropped ones computed again (with their gradient edges where `with_history`).
+  std::vector<at::Tensor> arguments(bool with_history) const;
   /// Records the outputs handed to the caller (connected to the region's node, in slot order).
   void hand_out(const std::vector<at::Tensor>& outputs);
   /// At the start of the node's backward: raises the error for a backward through a region whose

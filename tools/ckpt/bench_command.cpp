@@ -142,6 +142,8 @@ std::vector<Chart> bench_charts(const std::vector<bench::BenchRow>& rows) {
               {"checkpoint_sequential, every segment count", "#1f77b4", {}, true, false, false}),
         curve(rows, row.model, "ckpt_planned", false,
               {"PlannedSequential, measured", "#d62728", {}, true, false, false}),
+        curve(rows, row.model, "ckpt_model_planned", false,
+              {"PlannedModel, measured", "#9467bd", {}, true, false, false}),
         curve(rows, row.model, "predicted_optimum", true,
               {"optimum, predicted from the profile", "#2ca02c", {}, false, true}),
     };

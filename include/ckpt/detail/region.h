@@ -87,6 +87,34 @@ class ReleasedGraphError : public c10::Error {
   uint64_t forward_id_;
 };
 
+/// A region's output that its function can compute again (see `RegionRequest`): a region that
+/// takes it may keep this instead of the tensor.
+class RecomputeSource;
+
+/// What a planner asks of the next region made on the calling thread (set by a
+/// `RegionRequestScope`; the region constructed next takes it, so regions inside its function
+/// don't see it). Non-reentrant regions without a selective policy only; others ignore it.
+struct RegionRequest {
+  /// Per tensor argument (traversal order; shorter means null for the rest): where non-null, the
+  /// region does not hold the argument from its forward to its backward, but computes it again
+  /// from this source when its recompute needs it. The argument must be that source's output.
+  std::vector<std::shared_ptr<const RecomputeSource>> input_sources;
+  /// Make the region's outputs recomputable: `output_sources` then gets one source per output
+  /// tensor (null for those that don't require grad).
+  bool recomputable_outputs = false;
+  /// Filled by the region when it finishes.
+  std::vector<std::shared_ptr<const RecomputeSource>> output_sources;
+};
+
+/// Makes `request` the one the next region on the calling thread takes, for its lifetime.
+class RegionRequestScope {
+ public:
+  explicit RegionRequestScope(RegionRequest& request);
+  ~RegionRequestScope();
+  RegionRequestScope(const RegionRequestScope&) = delete;
+  RegionRequestScope& operator=(const RegionRequestScope&) = delete;
+};
+
 struct RegionState;
 class RegionMarker;
 class CachingMode;
@@ -175,10 +203,14 @@ class Region {
   /// Connects the forward's output tensors to the region's backward node, drops the region's
   /// internal graph, and returns the tensors to hand back to the caller, in the same order.
   std::vector<at::Tensor> finish(std::vector<at::Tensor> outputs, RecomputeFn recompute);
+  /// After `finish`: the tensor arguments the region holds, undefined where a `RegionRequest`
+  /// let it drop one (the caller drops its copy too); empty where it dropped none.
+  std::vector<at::Tensor> held_inputs() const;
 
  private:
   std::vector<at::Tensor> finish_non_reentrant(std::vector<at::Tensor> outputs);
   std::vector<at::Tensor> finish_reentrant(std::vector<at::Tensor> outputs);
+  void apply_request();
   void prepare_second_forward();
   bool wrote_into_inputs_unexpectedly();
   void changed_outside_state(std::vector<c10::Storage> changed, const std::string& first);
@@ -188,6 +220,7 @@ class Region {
   std::unique_ptr<RegionMarker> marker_;
   std::function<RegionContext()> forward_context_;  // from `context_fn`, for the forward
   std::unique_ptr<RegionRecord> report_;            // under a ReportScope: what the region keeps
+  RegionRequest* request_ = nullptr;                // a planner's, taken at construction
 };
 
 }  // namespace detail

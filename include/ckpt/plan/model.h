@@ -13,6 +13,12 @@
 namespace ckpt {
 namespace plan {
 
+/// An option of another candidate.
+struct OptionRef {
+  int candidate = 0;  ///< index in ModelProfile::candidates
+  int option = 0;     ///< index in that candidate's options
+};
+
 /// One way a candidate can store what its backward needs.
 struct CandidateOption {
   /// The storage mode's name: "stored" (option 0: the plain forward keeps everything),
@@ -26,6 +32,9 @@ struct CandidateOption {
   /// relative to option 0 (negative where it saves). Segments outside the window are unchanged.
   /// Option 0's deltas are all zero (or empty).
   std::vector<int64_t> peak_delta;
+  /// Options of other candidates this one cannot be chosen with: a choice that picks this option
+  /// and any of these is invalid (the relation is symmetric: listing it on either side is enough).
+  std::vector<OptionRef> excludes;
 };
 
 /// A marked region of the model (`ckpt::candidate`) and its storage options.
