@@ -54,6 +54,17 @@ double total_overflow(const ModelProblem& problem, const ModelState& state,
   return total;
 }
 
+// Whether switches a (already made in `state`) and then b leave the choice valid, where it was
+// before a: only a pair with a or b can be violated.
+bool pair_allowed(const ModelProblem& problem, const ModelState& state, std::pair<int, int> a,
+                  std::pair<int, int> b) {
+  if (!state.allows(problem, b.first, b.second)) return false;
+  for (const auto& [d, p] : problem.candidates[a.first].options[a.second].excludes) {
+    if ((d == b.first ? b.second : state.positions[d]) == p) return false;
+  }
+  return true;
+}
+
 // Where no single switch relieves the overflow, the pair of switches that relieves it most, on
 // profiles with few options (kPairMoves): they cost (options)^2 windows.
 constexpr size_t kPairMoves = 64;
@@ -72,7 +83,9 @@ bool switch_pair(const ModelProblem& problem, ModelState& state, const ModelLimi
     state.change(problem, moves[a].first, moves[a].second);
     const double after = total_overflow(problem, state, limits);
     for (size_t b = 0; b < moves.size(); ++b) {
-      if (moves[b].first == moves[a].first) continue;
+      if (moves[b].first == moves[a].first || !pair_allowed(problem, state, moves[a], moves[b])) {
+        continue;
+      }
       const double left = after - relief(problem, state, limits, moves[b].first, moves[b].second);
       if (left < best) std::tie(best, pick) = std::make_pair(left, std::make_pair(a, b));
     }
@@ -84,27 +97,155 @@ bool switch_pair(const ModelProblem& problem, ModelState& state, const ModelLimi
   return true;
 }
 
+// A switch of candidate c to `position` and, where that option excludes the options of others,
+// theirs (`followers`) to the options they may take that relieve most: the choice stays valid.
+struct Switch {
+  int c = -1;
+  int position = 0;
+  std::vector<std::pair<int, int>> followers;
+  double relief = 0.0;  // of the overflow, as in relief()
+  double cost = 0.0;    // seconds
+};
+
+// Plans the followers of switches against a state, as if the switches planned so far were made
+// (their bytes per segment in `pending_`), without making them.
+class Followers {
+ public:
+  Followers(const ModelProblem& problem, const ModelState& state, const ModelLimits& limits)
+      : problem_(problem), state_(state), limits_(limits), pending_(problem.base.size(), 0) {}
+
+  // Fills s's followers, relief and cost; false where a candidate whose option s excludes has no
+  // other option allowed.
+  bool plan(Switch& s) {
+    s.followers.clear();
+    s.relief = s.cost = 0.0;
+    bool ok = true;
+    for (std::pair<int, int> next{s.c, s.position}; ok;) {
+      s.relief += relief(next.first, next.second);
+      s.cost += option(next.first, next.second).extra - option(next.first).extra;
+      make(next.first, next.second);
+      if (switched_.size() > 1) s.followers.push_back(next);
+      const auto& excludes = problem_.candidates[s.c].options[s.position].excludes;
+      const auto clash = std::find_if(excludes.begin(), excludes.end(),
+                                      [&](const auto& e) { return position(e.first) == e.second; });
+      if (clash == excludes.end()) break;
+      next = {clash->first, best_allowed(clash->first)};
+      ok = next.second >= 0;
+    }
+    clear();
+    return ok;
+  }
+
+ private:
+  int position(int d) const {
+    for (const auto& [e, p] : switched_) {
+      if (e == d) return p;
+    }
+    return state_.positions[d];
+  }
+  const ModelOption& option(int d, int p) const { return problem_.candidates[d].options[p]; }
+  const ModelOption& option(int d) const { return option(d, position(d)); }
+
+  // The position of candidate d allowed with the others' that relieves most; -1 where none is.
+  int best_allowed(int d) const {
+    int best = -1;
+    double most = 0.0;
+    for (int p = 0; p < static_cast<int>(problem_.candidates[d].options.size()); ++p) {
+      const auto& excludes = option(d, p).excludes;
+      if (p == position(d) || std::any_of(excludes.begin(), excludes.end(), [&](const auto& e) {
+            return position(e.first) == e.second;
+          })) {
+        continue;
+      }
+      const double gain = relief(d, p);
+      if (best < 0 || gain > most) std::tie(best, most) = std::make_pair(p, gain);
+    }
+    return best;
+  }
+
+  // relief() with the planned switches made.
+  double relief(int d, int p) const {
+    const ModelCandidate& candidate = problem_.candidates[d];
+    const ModelOption& from = option(d);
+    const ModelOption& to = option(d, p);
+    const int64_t host = state_.host + host_;
+    double relief = overflow(host, limits_.host_budget) -
+                    overflow(host - from.host + to.host, limits_.host_budget);
+    for (int i = 0; i < candidate.length; ++i) {
+      const int64_t load = state_.loads.at(candidate.begin + i) + pending_[candidate.begin + i];
+      relief += overflow(load, limits_.budget) -
+                overflow(load - from.delta[i] + to.delta[i], limits_.budget);
+    }
+    return relief;
+  }
+
+  void make(int d, int p) {
+    const ModelCandidate& candidate = problem_.candidates[d];
+    const ModelOption& from = option(d);
+    const ModelOption& to = option(d, p);
+    host_ += to.host - from.host;
+    for (int i = 0; i < candidate.length; ++i) {
+      pending_[candidate.begin + i] += to.delta[i] - from.delta[i];
+    }
+    switched_.emplace_back(d, p);  // first in position(): a later switch of d is not planned
+  }
+
+  void clear() {
+    for (const auto& [d, p] : switched_) {
+      const ModelCandidate& candidate = problem_.candidates[d];
+      std::fill_n(pending_.begin() + candidate.begin, candidate.length, 0);
+    }
+    switched_.clear();
+    host_ = 0;
+  }
+
+  const ModelProblem& problem_;
+  const ModelState& state_;
+  const ModelLimits& limits_;
+  std::vector<int64_t> pending_;
+  std::vector<std::pair<int, int>> switched_;
+  int64_t host_ = 0;
+};
+
+// The switch that removes the most overflow per second it costs (one that costs no time ranks by
+// relief alone); c < 0 where none removes any.
+Switch best_switch(const ModelProblem& problem, const ModelState& state,
+                   const ModelLimits& limits) {
+  std::tuple<bool, double, double> best{false, 0.0, 0.0};
+  Switch pick, s;
+  Followers followers(problem, state, limits);
+  for (size_t c = 0; c < problem.candidates.size(); ++c) {
+    const ModelCandidate& candidate = problem.candidates[c];
+    for (size_t m = 0; m < candidate.options.size(); ++m) {
+      if (static_cast<int>(m) == state.positions[c]) continue;
+      s.c = static_cast<int>(c);
+      s.position = static_cast<int>(m);
+      if (state.allows(problem, s.c, s.position)) {
+        s.followers.clear();
+        s.relief = relief(problem, state, limits, s.c, s.position);
+        s.cost = candidate.options[m].extra - candidate.options[state.positions[c]].extra;
+      } else if (!followers.plan(s)) {
+        continue;
+      }
+      if (s.relief <= 0.0) continue;
+      const auto score = s.cost <= 0.0 ? std::make_tuple(true, s.relief, -s.cost)
+                                       : std::make_tuple(false, s.relief / s.cost, 0.0);
+      if (pick.c < 0 || score > best) std::tie(best, pick) = std::tie(score, s);
+    }
+  }
+  return pick;
+}
+
 // Switches options until the choice fits; false when no switch reduces the overflow.
 bool repair(const ModelProblem& problem, ModelState& state, const ModelLimits& limits) {
   while (!fits(state, limits)) {
-    // Best: the largest relief per second; a switch that costs no time ranks by relief alone.
-    std::tuple<bool, double, double> best{false, 0.0, 0.0};
-    int best_c = -1, best_m = -1;
-    for (size_t c = 0; c < problem.candidates.size(); ++c) {
-      const ModelCandidate& candidate = problem.candidates[c];
-      for (size_t m = 0; m < candidate.options.size(); ++m) {
-        if (static_cast<int>(m) == state.positions[c]) continue;
-        const double gain = relief(problem, state, limits, c, m);
-        if (gain <= 0.0) continue;
-        const double cost =
-            candidate.options[m].extra - candidate.options[state.positions[c]].extra;
-        const auto score = cost <= 0.0 ? std::make_tuple(true, gain, -cost)
-                                       : std::make_tuple(false, gain / cost, 0.0);
-        if (best_c < 0 || score > best) std::tie(best, best_c, best_m) = std::tie(score, c, m);
-      }
+    const Switch s = best_switch(problem, state, limits);
+    if (s.c < 0) {
+      if (!switch_pair(problem, state, limits)) return false;
+      continue;
     }
-    if (best_c < 0 && !switch_pair(problem, state, limits)) return false;
-    if (best_c >= 0) state.change(problem, best_c, best_m);
+    state.change(problem, s.c, s.position);
+    for (const auto& [d, p] : s.followers) state.change(problem, d, p);
   }
   return true;
 }
@@ -127,6 +268,7 @@ void improve(const ModelProblem& problem, ModelState& state, const ModelLimits& 
       const int was = state.positions[c];
       const std::vector<ModelOption>& options = problem.candidates[c].options;
       if (options[m].extra >= options[was].extra) continue;  // a larger saving came first
+      if (!state.allows(problem, c, m)) continue;
       state.change(problem, c, m);
       if (fits(state, limits)) {
         changed = true;
@@ -154,6 +296,29 @@ std::vector<int> stored(const ModelProblem& problem) {
                          options.begin()));
   }
   return positions;
+}
+
+// Makes a choice valid: while two of its options exclude each other, one that is not "stored"
+// becomes "stored". It ends: no candidate leaves "stored", and two "stored" never exclude.
+void legalize(const ModelProblem& problem, ModelState& state) {
+  if (!problem.has_exclusions) return;
+  const std::vector<int> plain = stored(problem);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t c = 0; c < problem.candidates.size(); ++c) {
+      const int position = state.positions[c];
+      for (const auto& [d, p] : problem.candidates[c].options[position].excludes) {
+        if (state.positions[d] != p) continue;
+        if (position != plain[c]) {
+          state.change(problem, static_cast<int>(c), plain[c]);
+        } else {
+          state.change(problem, d, plain[d]);
+        }
+        changed = true;
+        break;
+      }
+    }
+  }
 }
 
 // No choice peaks lower: each candidate at its smallest delta in every segment at once.
@@ -194,6 +359,7 @@ ModelBest heuristic_fastest(const ModelProblem& problem, const ModelLimits& limi
   for (std::vector<int>& start : starts) {
     if (start.empty()) continue;  // the program found nothing
     ModelState state(problem, std::move(start));
+    legalize(problem, state);
     if (!repair(problem, state, limits)) continue;
     improve(problem, state, limits);
     best.offer(problem.time(state.positions), state.loads.max(), state.positions);
@@ -215,6 +381,7 @@ ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& 
        {dp_choice(problem, limits, /*by_peak=*/true), thriftiest(problem), weights.response()}) {
     if (start.empty()) continue;  // the program found nothing
     ModelState guess(problem, std::move(start));
+    legalize(problem, guess);
     ModelLimits host_only = limits;
     host_only.budget = std::numeric_limits<int64_t>::max();
     if (repair(problem, guess, host_only)) starts.push_back(std::move(guess));
