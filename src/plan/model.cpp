@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "solvers/model_problem.h"
+
 namespace ckpt {
 namespace plan {
 namespace {
@@ -21,11 +23,14 @@ bool valid_time(double seconds) {
   return std::isfinite(seconds) && seconds >= 0.0;
 }
 
+std::string where(const Candidate& candidate, size_t index, size_t o) {
+  return where(candidate, index) + " option " + std::to_string(o) + " ('" +
+         candidate.options[o].name + "')";
+}
+
 void validate_option(const Candidate& candidate, size_t index, size_t o, int segments) {
   const CandidateOption& option = candidate.options[o];
-  const auto what = [&] {
-    return where(candidate, index) + " option " + std::to_string(o) + " ('" + option.name + "')";
-  };
+  const auto what = [&] { return where(candidate, index, o); };
   if (!valid_time(option.time)) {
     throw std::invalid_argument("ckpt::plan::ModelProfile: " + what() + " has time " +
                                 std::to_string(option.time) +
@@ -47,6 +52,42 @@ void validate_option(const Candidate& candidate, size_t index, size_t o, int seg
     throw std::invalid_argument("ckpt::plan::ModelProfile: " + what() +
                                 " is option 0, the stored mode: its deltas and host_bytes must "
                                 "be zero (the other options are measured relative to it)");
+  }
+}
+
+// Option o of candidate `index` excludes only existing options of other candidates, and option 0
+// none: the all-stored choice must stay valid.
+void validate_exclusions(const ModelProfile& profile, size_t index, size_t o) {
+  const Candidate& candidate = profile.candidates[index];
+  const auto what = [&] { return "ckpt::plan::ModelProfile: " + where(candidate, index, o); };
+  if (o == 0 && !candidate.options[0].excludes.empty()) {
+    throw std::invalid_argument(what() +
+                                " is option 0, the stored mode: it must combine with every "
+                                "option, so that storing everything is always a valid choice; "
+                                "list the exclusion on the other option instead");
+  }
+  const int candidates = static_cast<int>(profile.candidates.size());
+  for (const OptionRef& ref : candidate.options[o].excludes) {
+    if (ref.candidate < 0 || ref.candidate >= candidates) {
+      throw std::invalid_argument(what() + " excludes candidate " + std::to_string(ref.candidate) +
+                                  ", but the profile has " + std::to_string(candidates) +
+                                  " candidates; name an index in [0, " +
+                                  std::to_string(candidates) + ")");
+    }
+    if (static_cast<size_t>(ref.candidate) == index) {
+      throw std::invalid_argument(what() +
+                                  " excludes an option of its own candidate; a choice picks one "
+                                  "option per candidate anyway: drop that exclusion");
+    }
+    const Candidate& other = profile.candidates[static_cast<size_t>(ref.candidate)];
+    const int options = static_cast<int>(other.options.size());
+    if (ref.option < 0 || ref.option >= options) {
+      throw std::invalid_argument(what() + " excludes option " + std::to_string(ref.option) +
+                                  " of " + where(other, static_cast<size_t>(ref.candidate)) +
+                                  ", which has " + std::to_string(options) +
+                                  " options; name an index in [0, " + std::to_string(options) +
+                                  ")");
+    }
   }
 }
 
@@ -82,9 +123,35 @@ void check_choice(const ModelProfile& profile, const std::vector<int>& choice) {
                                   std::to_string(options) + ")");
     }
   }
+  if (const auto conflict = detail::first_conflict(profile, choice)) {
+    const size_t c = static_cast<size_t>(conflict->candidate);
+    const size_t d = static_cast<size_t>(conflict->excluded.candidate);
+    throw std::invalid_argument(
+        "ckpt::plan::simulate_model: " +
+        where(profile.candidates[c], c, static_cast<size_t>(conflict->option)) + " excludes " +
+        where(profile.candidates[d], d, static_cast<size_t>(conflict->excluded.option)) +
+        ", but the choice picks both; choose another option for one of them");
+  }
 }
 
 }  // namespace
+
+namespace detail {
+
+std::optional<ModelConflict> first_conflict(const ModelProfile& profile,
+                                            const std::vector<int>& choice) {
+  for (size_t c = 0; c < choice.size(); ++c) {
+    const CandidateOption& option = profile.candidates[c].options[static_cast<size_t>(choice[c])];
+    for (const OptionRef& ref : option.excludes) {
+      if (choice[static_cast<size_t>(ref.candidate)] == ref.option) {
+        return ModelConflict{static_cast<int>(c), choice[c], ref};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
 
 int64_t ModelProfile::plain_peak_bytes() const {
   if (segment_peak_bytes.empty()) return 0;
@@ -104,6 +171,10 @@ void ModelProfile::validate() const {
   }
   const int segments = static_cast<int>(segment_peak_bytes.size());
   for (size_t c = 0; c < candidates.size(); ++c) validate_candidate(candidates[c], c, segments);
+  // After every candidate's own checks: an exclusion may name any of them.
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    for (size_t o = 0; o < candidates[c].options.size(); ++o) validate_exclusions(*this, c, o);
+  }
 }
 
 ModelPrediction simulate_model(const ModelProfile& profile, const std::vector<int>& choice) {

@@ -34,7 +34,7 @@ struct CandidateOption {
   std::vector<int64_t> peak_delta;
   /// Options of other candidates this one cannot be chosen with: a choice that picks this option
   /// and any of these is invalid (the relation is symmetric: listing it on either side is enough).
-  std::vector<OptionRef> excludes;
+  std::vector<OptionRef> excludes{};  // {}: no warning where a brace list stops before it
 };
 
 /// A marked region of the model (`ckpt::candidate`) and its storage options.
@@ -62,8 +62,9 @@ struct ModelProfile {
   /// The plain step's peak: the largest of `segment_peak_bytes` (0 without segments).
   int64_t plain_peak_bytes() const;
   /// Throws std::invalid_argument, saying what is wrong, unless: one label per segment; each
-  /// candidate has options, option 0 with no nonzero delta and no host bytes, every window
-  /// inside the timeline; times finite and not negative; host bytes not negative.
+  /// candidate has options, option 0 with no nonzero delta, no host bytes and no exclusions,
+  /// every window inside the timeline; times finite and not negative; host bytes not negative;
+  /// every exclusion names an existing option of another candidate.
   void validate() const;
 };
 
@@ -80,7 +81,8 @@ struct ModelPrediction {
 };
 
 /// Predicts a choice's step time, peak and host memory. Throws std::invalid_argument when the
-/// choice has the wrong length or an index out of range.
+/// choice has the wrong length, an index out of range, or picks two options that exclude each
+/// other (naming the first such pair).
 ModelPrediction simulate_model(const ModelProfile& profile, const std::vector<int>& choice);
 
 /// Options of `solve_model`.
@@ -103,8 +105,9 @@ struct ModelPlan {
   bool exact = false;
 };
 
-/// The fastest choice whose predicted peak is at most `budget_bytes` and whose host memory is
-/// within `options.host_budget_bytes` (ties: the smaller peak). Exact by branch and bound where
+/// The fastest valid choice (no two options that exclude each other) whose predicted peak is at
+/// most `budget_bytes` and whose host memory is within `options.host_budget_bytes` (ties: the
+/// smaller peak). Exact by branch and bound where
 /// the search stays within `options.max_exact_nodes`; otherwise the best choice of a heuristic.
 ModelPlan solve_model(const ModelProfile& profile, int64_t budget_bytes,
                       const ModelSolverOptions& options = {});
@@ -113,7 +116,7 @@ ModelPlan solve_model(const ModelProfile& profile, int64_t budget_bytes,
 ModelPlan solve_model_brute_force(const ModelProfile& profile, int64_t budget_bytes,
                                   int64_t host_budget_bytes = std::numeric_limits<int64_t>::max());
 
-/// The smallest predicted peak of any choice within the host budget: the smallest feasible
+/// The smallest predicted peak of any valid choice within the host budget: the smallest feasible
 /// budget.
 int64_t min_model_budget(const ModelProfile& profile, const ModelSolverOptions& options = {});
 

@@ -50,6 +50,19 @@ ModelBest lowest_peak(const ModelProblem& problem, ModelLimits limits) {
   return best;
 }
 
+// Takes `choice` (a valid one) into `plan` where it fits and beats it.
+void consider(const ModelProfile& profile, const std::vector<int>& choice, int64_t budget_bytes,
+              int64_t host_budget_bytes, ModelPlan& plan) {
+  const ModelPrediction p = simulate_model(profile, choice);
+  const bool better = !plan.feasible || p.time < plan.prediction.time ||
+                      (p.time == plan.prediction.time && p.peak_bytes < plan.prediction.peak_bytes);
+  if (p.peak_bytes <= budget_bytes && p.host_bytes <= host_budget_bytes && better) {
+    plan.feasible = true;
+    plan.choice = choice;
+    plan.prediction = p;
+  }
+}
+
 }  // namespace
 
 ModelPlan solve_model(const ModelProfile& profile, int64_t budget_bytes,
@@ -83,14 +96,8 @@ ModelPlan solve_model_brute_force(const ModelProfile& profile, int64_t budget_by
   plan.exact = true;
   std::vector<int> choice(profile.candidates.size(), 0);
   for (int64_t n = 0; n < choices; ++n) {
-    const ModelPrediction p = simulate_model(profile, choice);
-    const bool better =
-        !plan.feasible || p.time < plan.prediction.time ||
-        (p.time == plan.prediction.time && p.peak_bytes < plan.prediction.peak_bytes);
-    if (p.peak_bytes <= budget_bytes && p.host_bytes <= host_budget_bytes && better) {
-      plan.feasible = true;
-      plan.choice = choice;
-      plan.prediction = p;
+    if (!detail::first_conflict(profile, choice)) {
+      consider(profile, choice, budget_bytes, host_budget_bytes, plan);
     }
     // The next choice, as an odometer whose first candidate turns fastest.
     for (size_t c = 0; c < choice.size(); ++c) {

@@ -2,10 +2,15 @@
 // state is the bytes the decided candidates add under the windows still to come ("carry").
 // Exact, but for the thinning of its fronts, where windows nest and each option adds a constant
 // plateau under the windows inside its own; elsewhere a guess that model_heuristic.cpp repairs.
+// With exclusions, entries compare only with those whose paths exclude the same options of the
+// candidates still to come (their "signature"), so that none is dropped for one that is denied
+// what it may take.
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "model_problem.h"
@@ -23,6 +28,7 @@ struct Entry {
   int64_t host = 0;
   int parent = -1;
   int position = 0;
+  int signature = 0;  // in its layer's SignatureTable (0: excludes nothing)
 };
 
 // What one option of a candidate does in the program: its peak over the segments it owns (those
@@ -70,27 +76,94 @@ std::vector<std::vector<Move>> moves(const ModelProblem& problem, const std::vec
   return out;
 }
 
-// Keeps the entries no other beats in both carry and value, at most kFrontSize of them: the one
-// of lowest carry, then the fastest of each of kFrontSize carry buckets.
+// Thins [begin, end), entries of one signature by rising carry and falling value, to about `size`
+// of them: the one of lowest carry, then the fastest of each of `size` carry buckets.
+void thin(std::vector<Entry>::const_iterator begin, std::vector<Entry>::const_iterator end,
+          size_t size, std::vector<Entry>& out) {
+  if (static_cast<size_t>(end - begin) <= size) {
+    out.insert(out.end(), begin, end);
+    return;
+  }
+  const double width = static_cast<double>((end - 1)->carry - begin->carry) / size;
+  auto bucket = [&](const Entry& e) {
+    return static_cast<int64_t>(static_cast<double>(e.carry - begin->carry) / width);
+  };
+  out.push_back(*begin);
+  for (auto e = begin + 1; e != end; ++e) {
+    if (e + 1 == end || bucket(*(e + 1)) != bucket(*e)) out.push_back(*e);
+  }
+}
+
+// Keeps the entries no other of the same signature beats in both carry and value, at most about
+// kFrontSize of them, shared evenly by the signatures.
 std::vector<Entry> front(std::vector<Entry> entries) {
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return a.carry < b.carry || (a.carry == b.carry && a.value < b.value);
+    return std::tie(a.signature, a.carry, a.value) < std::tie(b.signature, b.carry, b.value);
   });
   std::vector<Entry> kept;
+  size_t signatures = 0;
   for (const Entry& e : entries) {
-    if (kept.empty() || e.value < kept.back().value) kept.push_back(e);
+    const bool first = kept.empty() || e.signature != kept.back().signature;
+    signatures += first;
+    if (first || e.value < kept.back().value) kept.push_back(e);
   }
   if (kept.size() <= kFrontSize) return kept;
-  const double width = static_cast<double>(kept.back().carry - kept.front().carry) / kFrontSize;
-  std::vector<Entry> thinned{kept.front()};
-  auto bucket = [&](const Entry& e) {
-    return static_cast<int64_t>(static_cast<double>(e.carry - kept.front().carry) / width);
-  };
-  for (size_t i = 1; i < kept.size(); ++i) {
-    if (i + 1 == kept.size() || bucket(kept[i + 1]) != bucket(kept[i])) thinned.push_back(kept[i]);
+  std::vector<Entry> thinned;
+  for (auto begin = kept.cbegin(); begin != kept.cend();) {
+    const auto end = std::find_if(begin, kept.cend(),
+                                  [&](const Entry& e) { return e.signature != begin->signature; });
+    thin(begin, end, std::max<size_t>(1, kFrontSize / signatures), thinned);
+    begin = end;
   }
   return thinned;
 }
+
+// What the options on an entry's path exclude of the candidates still to come: (candidate,
+// position) pairs, sorted. Interned per layer; transitions cached per signature and position.
+class SignatureTable {
+ public:
+  SignatureTable(const ModelProblem& problem, const std::vector<size_t>& rank)
+      : problem_(problem), rank_(rank), last_{{}} {}
+
+  // Starts the layer of candidate c.
+  void begin(int c) {
+    c_ = c;
+    next_.clear();
+    ids_.clear();
+    cache_.assign(last_.size(), std::vector<int>(problem_.candidates[c].options.size(), kUnknown));
+  }
+  // The signature once c takes `position` after an entry of signature s; -1 where s excludes it.
+  int next(int s, int position) {
+    int& id = cache_[s][position];
+    if (id != kUnknown) return id;
+    const Signature& from = last_[s];
+    if (std::binary_search(from.begin(), from.end(), std::make_pair(c_, position))) return id = -1;
+    Signature to;
+    for (const auto& pair : from) {
+      if (pair.first != c_) to.push_back(pair);  // c is decided now
+    }
+    for (const auto& pair : problem_.candidates[c_].options[position].excludes) {
+      if (rank_[pair.first] > rank_[c_]) to.push_back(pair);
+    }
+    std::sort(to.begin(), to.end());
+    to.erase(std::unique(to.begin(), to.end()), to.end());
+    const auto [at, added] = ids_.emplace(to, static_cast<int>(next_.size()));
+    if (added) next_.push_back(to);
+    return id = at->second;
+  }
+  // The layer's signatures become those entries of the next layer come from.
+  void end() { last_.swap(next_); }
+
+ private:
+  using Signature = std::vector<std::pair<int, int>>;
+  static constexpr int kUnknown = -2;
+  const ModelProblem& problem_;
+  const std::vector<size_t>& rank_;
+  int c_ = 0;
+  std::vector<Signature> last_, next_;
+  std::map<Signature, int> ids_;
+  std::vector<std::vector<int>> cache_;
+};
 
 // Which candidate owns each segment: the last in `order` whose window covers it (-1: none).
 std::vector<int> owners(const ModelProblem& problem, const std::vector<int>& order) {
@@ -110,7 +183,11 @@ class Program {
         by_peak_(by_peak),
         order_(forward_order(problem)),
         owner_(owners(problem, order_)),
-        table_(moves(problem, order_, owner_)) {}
+        table_(moves(problem, order_, owner_)),
+        rank_(order_.size()),
+        signatures_(problem, rank_) {
+    for (size_t d = 0; d < order_.size(); ++d) rank_[order_[d]] = d;
+  }
 
   std::vector<int> solve() {
     double fixed = -std::numeric_limits<double>::infinity();  // the peak where no window covers
@@ -129,9 +206,10 @@ class Program {
 
  private:
   // The entries after candidate c from those of the last layer.
-  std::vector<Entry> step(int c) const {
+  std::vector<Entry> step(int c) {
     const ModelCandidate& candidate = problem_.candidates[c];
     std::vector<Entry> next;
+    if (problem_.has_exclusions) signatures_.begin(c);
     for (size_t e = 0; e < layers_.back().size(); ++e) {
       const Entry& from = layers_.back()[e];
       for (size_t m = 0; m < candidate.options.size(); ++m) {
@@ -142,13 +220,17 @@ class Program {
             from.host + option.host > limits_.host_budget) {
           continue;
         }
+        const int signature =
+            problem_.has_exclusions ? signatures_.next(from.signature, static_cast<int>(m)) : 0;
+        if (signature < 0) continue;  // the path excludes this option
         const double value = !by_peak_   ? from.value + option.extra
                              : move.owns ? std::max(from.value, static_cast<double>(peak))
                                          : from.value;
         next.push_back(Entry{from.carry + move.carry, value, from.host + option.host,
-                             static_cast<int>(e), static_cast<int>(m)});
+                             static_cast<int>(e), static_cast<int>(m), signature});
       }
     }
+    if (problem_.has_exclusions) signatures_.end();
     return next;
   }
 
@@ -174,6 +256,8 @@ class Program {
   const std::vector<int> order_;
   const std::vector<int> owner_;
   const std::vector<std::vector<Move>> table_;
+  std::vector<size_t> rank_;  // each candidate's place in order_
+  SignatureTable signatures_;
   std::vector<std::vector<Entry>> layers_;
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <tuple>
@@ -54,6 +55,17 @@ double total_overflow(const ModelProblem& problem, const ModelState& state,
   return total;
 }
 
+// Whether switches a (already made in `state`) and then b leave the choice valid, where it was
+// before a: only a pair with a or b can be violated.
+bool pair_allowed(const ModelProblem& problem, const ModelState& state, std::pair<int, int> a,
+                  std::pair<int, int> b) {
+  if (!state.allows(problem, b.first, b.second)) return false;
+  for (const auto& [d, p] : problem.candidates[a.first].options[a.second].excludes) {
+    if ((d == b.first ? b.second : state.positions[d]) == p) return false;
+  }
+  return true;
+}
+
 // Where no single switch relieves the overflow, the pair of switches that relieves it most, on
 // profiles with few options (kPairMoves): they cost (options)^2 windows.
 constexpr size_t kPairMoves = 64;
@@ -72,7 +84,9 @@ bool switch_pair(const ModelProblem& problem, ModelState& state, const ModelLimi
     state.change(problem, moves[a].first, moves[a].second);
     const double after = total_overflow(problem, state, limits);
     for (size_t b = 0; b < moves.size(); ++b) {
-      if (moves[b].first == moves[a].first) continue;
+      if (moves[b].first == moves[a].first || !pair_allowed(problem, state, moves[a], moves[b])) {
+        continue;
+      }
       const double left = after - relief(problem, state, limits, moves[b].first, moves[b].second);
       if (left < best) std::tie(best, pick) = std::make_pair(left, std::make_pair(a, b));
     }
@@ -84,27 +98,167 @@ bool switch_pair(const ModelProblem& problem, ModelState& state, const ModelLimi
   return true;
 }
 
+// A switch of candidate c to `position` and, where that option excludes the options of others,
+// theirs (`followers`) to the options they may take that relieve most: the choice stays valid.
+struct Switch {
+  int c = -1;
+  int position = 0;
+  std::vector<std::pair<int, int>> followers;
+  double relief = 0.0;  // of the overflow, as in relief()
+  double cost = 0.0;    // seconds
+};
+
+// Plans the followers of switches against a state, as if the switches planned so far were made
+// (their bytes per segment in `pending_`), without making them.
+class Followers {
+ public:
+  Followers(const ModelProblem& problem, const ModelState& state, const ModelLimits& limits)
+      : problem_(problem), state_(state), limits_(limits) {}
+
+  // Fills s's followers, relief and cost; false where a candidate whose option s excludes has no
+  // other option allowed.
+  bool plan(Switch& s) {
+    if (pending_.empty()) pending_.assign(problem_.base.size(), 0);  // only where exclusions are
+    s.followers.clear();
+    s.relief = s.cost = 0.0;
+    bool ok = true;
+    for (std::pair<int, int> next{s.c, s.position}; ok;) {
+      s.relief += relief(next.first, next.second);
+      s.cost += option(next.first, next.second).extra - option(next.first).extra;
+      make(next.first, next.second);
+      if (switched_.size() > 1) s.followers.push_back(next);
+      const auto& excludes = problem_.candidates[s.c].options[s.position].excludes;
+      const auto clash = std::find_if(excludes.begin(), excludes.end(),
+                                      [&](const auto& e) { return position(e.first) == e.second; });
+      if (clash == excludes.end()) break;
+      next = {clash->first, best_allowed(clash->first)};
+      ok = next.second >= 0;
+    }
+    clear();
+    return ok;
+  }
+
+ private:
+  int position(int d) const {
+    for (const auto& [e, p] : switched_) {
+      if (e == d) return p;
+    }
+    return state_.positions[d];
+  }
+  const ModelOption& option(int d, int p) const { return problem_.candidates[d].options[p]; }
+  const ModelOption& option(int d) const { return option(d, position(d)); }
+
+  // The position of candidate d allowed with the others' that relieves most; -1 where none is.
+  int best_allowed(int d) const {
+    int best = -1;
+    double most = 0.0;
+    for (int p = 0; p < static_cast<int>(problem_.candidates[d].options.size()); ++p) {
+      const auto& excludes = option(d, p).excludes;
+      if (p == position(d) || std::any_of(excludes.begin(), excludes.end(), [&](const auto& e) {
+            return position(e.first) == e.second;
+          })) {
+        continue;
+      }
+      const double gain = relief(d, p);
+      if (best < 0 || gain > most) std::tie(best, most) = std::make_pair(p, gain);
+    }
+    return best;
+  }
+
+  // relief() with the planned switches made.
+  double relief(int d, int p) const {
+    const ModelCandidate& candidate = problem_.candidates[d];
+    const ModelOption& from = option(d);
+    const ModelOption& to = option(d, p);
+    const int64_t host = state_.host + host_;
+    double relief = overflow(host, limits_.host_budget) -
+                    overflow(host - from.host + to.host, limits_.host_budget);
+    for (int i = 0; i < candidate.length; ++i) {
+      const int64_t load = state_.loads.at(candidate.begin + i) + pending_[candidate.begin + i];
+      relief += overflow(load, limits_.budget) -
+                overflow(load - from.delta[i] + to.delta[i], limits_.budget);
+    }
+    return relief;
+  }
+
+  void make(int d, int p) {
+    const ModelCandidate& candidate = problem_.candidates[d];
+    const ModelOption& from = option(d);
+    const ModelOption& to = option(d, p);
+    host_ += to.host - from.host;
+    for (int i = 0; i < candidate.length; ++i) {
+      pending_[candidate.begin + i] += to.delta[i] - from.delta[i];
+    }
+    switched_.emplace_back(d, p);  // first in position(): a later switch of d is not planned
+  }
+
+  void clear() {
+    for (const auto& [d, p] : switched_) {
+      const ModelCandidate& candidate = problem_.candidates[d];
+      std::fill_n(pending_.begin() + candidate.begin, candidate.length, 0);
+    }
+    switched_.clear();
+    host_ = 0;
+  }
+
+  const ModelProblem& problem_;
+  const ModelState& state_;
+  const ModelLimits& limits_;
+  std::vector<int64_t> pending_;
+  std::vector<std::pair<int, int>> switched_;
+  int64_t host_ = 0;
+};
+
+// The switch that removes the most overflow per second it costs (one that costs no time ranks by
+// relief alone); c < 0 where none removes any.
+Switch best_switch(const ModelProblem& problem, const ModelState& state,
+                   const ModelLimits& limits) {
+  std::tuple<bool, double, double> best{false, 0.0, 0.0};
+  Switch pick, s;
+  Followers followers(problem, state, limits);
+  for (size_t c = 0; c < problem.candidates.size(); ++c) {
+    const ModelCandidate& candidate = problem.candidates[c];
+    for (size_t m = 0; m < candidate.options.size(); ++m) {
+      if (static_cast<int>(m) == state.positions[c]) continue;
+      s.c = static_cast<int>(c);
+      s.position = static_cast<int>(m);
+      if (state.allows(problem, s.c, s.position)) {
+        s.followers.clear();
+        s.relief = relief(problem, state, limits, s.c, s.position);
+        s.cost = candidate.options[m].extra - candidate.options[state.positions[c]].extra;
+      } else if (relief(problem, state, limits, s.c, s.position) <= 0.0 || !followers.plan(s)) {
+        continue;  // followers are planned for a switch that relieves on its own
+      }
+      if (s.relief <= 0.0) continue;
+      const auto score = s.cost <= 0.0 ? std::make_tuple(true, s.relief, -s.cost)
+                                       : std::make_tuple(false, s.relief / s.cost, 0.0);
+      if (pick.c < 0 || score > best) std::tie(best, pick) = std::tie(score, s);
+    }
+  }
+  return pick;
+}
+
+// Makes switch s and its followers; returns what they were, to undo them in reverse.
+std::vector<std::pair<int, int>> make(const ModelProblem& problem, ModelState& state,
+                                      const Switch& s) {
+  std::vector<std::pair<int, int>> undo{{s.c, state.positions[s.c]}};
+  state.change(problem, s.c, s.position);
+  for (const auto& [d, p] : s.followers) {
+    undo.emplace_back(d, state.positions[d]);
+    state.change(problem, d, p);
+  }
+  return undo;
+}
+
 // Switches options until the choice fits; false when no switch reduces the overflow.
 bool repair(const ModelProblem& problem, ModelState& state, const ModelLimits& limits) {
   while (!fits(state, limits)) {
-    // Best: the largest relief per second; a switch that costs no time ranks by relief alone.
-    std::tuple<bool, double, double> best{false, 0.0, 0.0};
-    int best_c = -1, best_m = -1;
-    for (size_t c = 0; c < problem.candidates.size(); ++c) {
-      const ModelCandidate& candidate = problem.candidates[c];
-      for (size_t m = 0; m < candidate.options.size(); ++m) {
-        if (static_cast<int>(m) == state.positions[c]) continue;
-        const double gain = relief(problem, state, limits, c, m);
-        if (gain <= 0.0) continue;
-        const double cost =
-            candidate.options[m].extra - candidate.options[state.positions[c]].extra;
-        const auto score = cost <= 0.0 ? std::make_tuple(true, gain, -cost)
-                                       : std::make_tuple(false, gain / cost, 0.0);
-        if (best_c < 0 || score > best) std::tie(best, best_c, best_m) = std::tie(score, c, m);
-      }
+    const Switch s = best_switch(problem, state, limits);
+    if (s.c < 0) {
+      if (!switch_pair(problem, state, limits)) return false;
+      continue;
     }
-    if (best_c < 0 && !switch_pair(problem, state, limits)) return false;
-    if (best_c >= 0) state.change(problem, best_c, best_m);
+    make(problem, state, s);
   }
   return true;
 }
@@ -123,15 +277,22 @@ void improve(const ModelProblem& problem, ModelState& state, const ModelLimits& 
     }
     std::stable_sort(moves.begin(), moves.end(),
                      [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+    Followers followers(problem, state, limits);
     for (const auto& [saved, c, m] : moves) {
-      const int was = state.positions[c];
       const std::vector<ModelOption>& options = problem.candidates[c].options;
-      if (options[m].extra >= options[was].extra) continue;  // a larger saving came first
-      state.change(problem, c, m);
+      if (options[m].extra >= options[state.positions[c]].extra)
+        continue;  // a larger saving came first
+      Switch s;
+      s.c = c;
+      s.position = m;
+      // A blocked switch with its followers, where they still save time.
+      if (!state.allows(problem, c, m) && (!followers.plan(s) || s.cost >= 0.0)) continue;
+      const std::vector<std::pair<int, int>> undo = make(problem, state, s);
       if (fits(state, limits)) {
         changed = true;
       } else {
-        state.change(problem, c, was);
+        for (auto it = undo.rbegin(); it != undo.rend(); ++it)
+          state.change(problem, it->first, it->second);
       }
     }
   }
@@ -156,6 +317,38 @@ std::vector<int> stored(const ModelProblem& problem) {
   return positions;
 }
 
+// `positions` made valid: while two options exclude each other, one that is not "stored" takes
+// its allowed option of lowest `score` (c, position), or "stored" where none is allowed. It ends:
+// no candidate leaves "stored", and each other switch leaves fewer excluded pairs.
+std::vector<int> legal(const ModelProblem& problem, std::vector<int> positions,
+                       const std::function<double(int, int)>& score) {
+  if (!problem.has_exclusions) return positions;
+  const std::vector<int> plain = stored(problem);
+  const auto allowed = [&](int c, int p) {
+    const auto& excludes = problem.candidates[c].options[p].excludes;
+    return std::none_of(excludes.begin(), excludes.end(),
+                        [&](const auto& e) { return positions[e.first] == e.second; });
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int c = 0; c < static_cast<int>(positions.size()); ++c) {
+      if (allowed(c, positions[c])) continue;
+      const auto& excludes = problem.candidates[c].options[positions[c]].excludes;
+      const auto clash = std::find_if(excludes.begin(), excludes.end(), [&](const auto& e) {
+        return positions[e.first] == e.second;
+      });
+      const int d = positions[c] != plain[c] ? c : clash->first;  // two "stored" never clash
+      int best = -1;
+      for (int p = 0; p < static_cast<int>(problem.candidates[d].options.size()); ++p) {
+        if (allowed(d, p) && (best < 0 || score(d, p) < score(d, best))) best = p;
+      }
+      positions[d] = best >= 0 ? best : plain[d];
+      changed = true;
+    }
+  }
+  return positions;
+}
+
 // No choice peaks lower: each candidate at its smallest delta in every segment at once.
 int64_t smallest_peak_bound(const ModelProblem& problem) {
   SegmentLoads loads(problem.base);
@@ -166,13 +359,22 @@ int64_t smallest_peak_bound(const ModelProblem& problem) {
 }
 
 // Each candidate at the option whose deltas sum lowest: a start far from the fastest.
+int64_t delta_sum(const ModelOption& option) {
+  return std::accumulate(option.delta.begin(), option.delta.end(), int64_t{0});
+}
+
+// The bytes an option adds over its window, summed: the score of the thriftiest start.
+std::function<double(int, int)> bytes_score(const ModelProblem& problem) {
+  return [&problem](int c, int p) {
+    return static_cast<double>(delta_sum(problem.candidates[c].options[p]));
+  };
+}
+
 std::vector<int> thriftiest(const ModelProblem& problem) {
   std::vector<int> positions;
   for (const ModelCandidate& candidate : problem.candidates) {
     const auto& options = candidate.options;
-    const auto sum = [](const ModelOption& o) {
-      return std::accumulate(o.delta.begin(), o.delta.end(), int64_t{0});
-    };
+    const auto sum = delta_sum;
     positions.push_back(
         static_cast<int>(std::min_element(options.begin(), options.end(),
                                           [&](const ModelOption& a, const ModelOption& b) {
@@ -187,9 +389,11 @@ std::vector<int> thriftiest(const ModelProblem& problem) {
 
 ModelBest heuristic_fastest(const ModelProblem& problem, const ModelLimits& limits) {
   // Repair can stall where no single switch relieves the overflow: three starts, the best kept.
-  std::vector<std::vector<int>> starts{dp_choice(problem, limits, /*by_peak=*/false),
-                                       std::vector<int>(problem.candidates.size(), 0),
-                                       thriftiest(problem)};
+  const auto time = [&](int c, int p) { return problem.candidates[c].options[p].extra; };
+  std::vector<std::vector<int>> starts{
+      dp_choice(problem, limits, /*by_peak=*/false),
+      legal(problem, std::vector<int>(problem.candidates.size(), 0), time),
+      legal(problem, thriftiest(problem), bytes_score(problem))};
   ModelBest best;
   for (std::vector<int>& start : starts) {
     if (start.empty()) continue;  // the program found nothing
@@ -211,8 +415,10 @@ ModelBest improved(const ModelProblem& problem, const ModelLimits& limits,
 ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& limits) {
   const PeakWeights weights(problem);
   std::vector<ModelState> starts{ModelState(problem, stored(problem))};  // holds no host memory
-  for (std::vector<int> start :
-       {dp_choice(problem, limits, /*by_peak=*/true), thriftiest(problem), weights.response()}) {
+  const auto weighted = [&](int c, int p) { return weights.option(c, p); };
+  for (std::vector<int> start : {dp_choice(problem, limits, /*by_peak=*/true),
+                                 legal(problem, thriftiest(problem), bytes_score(problem)),
+                                 legal(problem, weights.response(), weighted)}) {
     if (start.empty()) continue;  // the program found nothing
     ModelState guess(problem, std::move(start));
     ModelLimits host_only = limits;

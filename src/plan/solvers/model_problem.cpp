@@ -53,13 +53,46 @@ ModelCandidate sorted_candidate(const Candidate& candidate) {
   return out;
 }
 
+// Each option's exclusions, listed on both sides, by position in the sorted options.
+void add_exclusions(const ModelProfile& profile, std::vector<ModelCandidate>& candidates) {
+  std::vector<std::vector<int>> position(candidates.size());  // of each profile option index
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    position[c].resize(candidates[c].options.size());
+    for (size_t m = 0; m < candidates[c].options.size(); ++m) {
+      position[c][static_cast<size_t>(candidates[c].options[m].index)] = static_cast<int>(m);
+    }
+  }
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    const std::vector<CandidateOption>& options = profile.candidates[c].options;
+    for (size_t o = 0; o < options.size(); ++o) {
+      const int m = position[c][o];
+      for (const OptionRef& ref : options[o].excludes) {
+        const int n = position[static_cast<size_t>(ref.candidate)][static_cast<size_t>(ref.option)];
+        candidates[c].options[m].excludes.emplace_back(ref.candidate, n);
+        candidates[ref.candidate].options[n].excludes.emplace_back(static_cast<int>(c), m);
+      }
+    }
+  }
+  for (ModelCandidate& candidate : candidates) {
+    for (ModelOption& option : candidate.options) {
+      std::vector<std::pair<int, int>>& list = option.excludes;
+      std::sort(list.begin(), list.end());
+      list.erase(std::unique(list.begin(), list.end()), list.end());
+    }
+  }
+}
+
 }  // namespace
 
 ModelProblem::ModelProblem(const ModelProfile& profile) : base(profile.segment_peak_bytes) {
   profile.validate();
   for (const Candidate& candidate : profile.candidates) {
     candidates.push_back(sorted_candidate(candidate));
+    for (const CandidateOption& option : candidate.options) {
+      has_exclusions = has_exclusions || !option.excludes.empty();
+    }
   }
+  if (has_exclusions) add_exclusions(profile, candidates);
 }
 
 std::vector<int> ModelProblem::choice(const std::vector<int>& positions) const {
@@ -114,6 +147,13 @@ void ModelState::change(const ModelProblem& problem, int c, int position) {
   loads.add(candidate.begin, to.delta, 1);
   host += to.host - from.host;
   positions[static_cast<size_t>(c)] = position;
+}
+
+bool ModelState::allows(const ModelProblem& problem, int c, int position) const {
+  for (const auto& [d, p] : problem.candidates[c].options[position].excludes) {
+    if (positions[d] == p) return false;
+  }
+  return true;
 }
 
 bool ModelBest::offer(double t, int64_t p, const std::vector<int>& at) {

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "ckpt/plan/model.h"
@@ -14,12 +16,26 @@ namespace ckpt {
 namespace plan {
 namespace detail {
 
+// A pair of options a choice picks although the first lists the second in its `excludes`.
+struct ModelConflict {
+  int candidate = 0;
+  int option = 0;
+  OptionRef excluded;
+};
+
+// The first such pair of `choice` (indices in range), by the listing candidate's index; none
+// where the choice is valid. Defined with the simulator (model.cpp), which reports it.
+std::optional<ModelConflict> first_conflict(const ModelProfile& profile,
+                                            const std::vector<int>& choice);
+
 struct ModelOption {
   int index = 0;       // in Candidate::options
   double extra = 0.0;  // seconds over option 0
   int64_t host = 0;
   std::vector<int64_t> delta;   // one per window segment
   std::vector<int64_t> excess;  // delta less the candidate's smallest delta there (>= 0)
+  // The options it cannot be chosen with, listed on either side: (candidate, position).
+  std::vector<std::pair<int, int>> excludes;
 };
 
 struct ModelCandidate {
@@ -37,6 +53,7 @@ struct ModelProblem {
   explicit ModelProblem(const ModelProfile& profile);  // validates it
   std::vector<int64_t> base;                           // segment_peak_bytes
   std::vector<ModelCandidate> candidates;              // in the profile's order
+  bool has_exclusions = false;
   // The profile's option index of each candidate under `positions` (indices into `options`).
   std::vector<int> choice(const std::vector<int>& positions) const;
   // Seconds over the plain step under `positions`, summed in candidate order (one rounding for
@@ -62,6 +79,8 @@ class SegmentLoads {
 struct ModelState {
   ModelState(const ModelProblem& problem, std::vector<int> positions);
   void change(const ModelProblem& problem, int c, int position);  // candidate c to `position`
+  // Whether candidate c may take `position` with the others' positions (no exclusion between).
+  bool allows(const ModelProblem& problem, int c, int position) const;
   std::vector<int> positions;
   SegmentLoads loads;
   int64_t host = 0;

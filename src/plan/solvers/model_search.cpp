@@ -30,7 +30,11 @@ class Search {
         loads_(problem.base),
         fast_(problem.base.size(), 0),
         positions_(problem.candidates.size(), 0),
-        children_(problem.candidates.size()) {
+        children_(problem.candidates.size()),
+        blocked_(problem.candidates.size()) {
+    for (size_t c = 0; c < blocked_.size(); ++c) {
+      blocked_[c].assign(problem.candidates[c].options.size(), 0);
+    }
     // Forward order, outer windows first: the windows that cover most segments decide first.
     order_.resize(problem.candidates.size());
     std::iota(order_.begin(), order_.end(), 0);
@@ -121,7 +125,9 @@ class Search {
       positions_[c] = child.position;
       const double weighted = weighted_;
       if (weights_) weighted_ += weights_->option(c, child.position) - weights_->least(c);
+      block(option, 1);
       visit(depth + 1, child.peak);
+      block(option, -1);
       weighted_ = weighted;
       time_ = time;
       host_ -= option.host;
@@ -146,6 +152,7 @@ class Search {
       if (!by_peak_ && best_.found && time_ + option.extra + rest_extra_[depth + 1] > best_.time) {
         break;
       }
+      if (blocked_[c][m] > 0) continue;  // a decided option excludes it
       if (host_ + option.host + rest_host_[depth + 1] > limits_.host_budget) continue;
       int64_t highest = peak, fastest = 0;
       if (!scan(candidate, option, highest, fastest)) continue;
@@ -244,6 +251,11 @@ class Search {
     return rate * (static_cast<double>(load) - static_cast<double>(limits_.budget));
   }
 
+  // Counts `option`'s exclusions (sign 1, as it is decided) or uncounts them (sign -1).
+  void block(const ModelOption& option, int sign) {
+    for (const auto& [d, p] : option.excludes) blocked_[d][p] += sign;
+  }
+
   static void add(std::vector<int64_t>& to, int begin, const std::vector<int64_t>& values,
                   int sign) {
     for (size_t i = 0; i < values.size(); ++i) to[begin + i] += sign * values[i];
@@ -257,6 +269,7 @@ class Search {
   std::vector<int64_t> fast_;   // what the undecided's fastest options add to loads_
   std::vector<int> positions_;
   std::vector<std::vector<Child>> children_;  // per depth, reused
+  std::vector<std::vector<int>> blocked_;     // per option: how many decided options exclude it
   std::vector<int> order_;
   std::vector<double> rest_extra_;        // the fewest seconds the candidates from a depth on add
   std::vector<int64_t> rest_host_;        // the fewest host bytes they hold
