@@ -164,10 +164,13 @@ struct RecomputeTrial {
   std::vector<bool> measured;             // by candidate: recomputable in some step so far
   std::vector<std::set<int>> consumers;   // by candidate: those that dropped its outputs
   std::vector<bool> in_step;              // by candidate: recomputable in the current step
+  // By candidate, in the current step: the candidates whose outputs it dropped, and their bytes.
+  std::vector<std::vector<std::pair<int, int64_t>>> dropped;
   detail::RecomputableOutputs outputs;    // the current step's
 
   void start_step() {
     in_step.assign(measured.size(), false);
+    dropped.assign(measured.size(), {});
     outputs = detail::RecomputableOutputs();
   }
   // At candidate `c`'s start, before the profiler replaces its inputs.
@@ -175,10 +178,14 @@ struct RecomputeTrial {
     std::vector<int> producers;
     request.input_sources = outputs.sources_for(inputs, producers);
     bool from_recomputable = false;
-    for (int p : producers) {
+    for (size_t i = 0; i < producers.size(); ++i) {
+      const int p = producers[i];
       if (p < 0) continue;
       from_recomputable = true;
       consumers[static_cast<size_t>(p)].insert(c);
+      if (static_cast<size_t>(c) < dropped.size()) {
+        dropped[c].emplace_back(p, detail::storage_bytes(inputs[i]));
+      }
     }
     if (from_recomputable || static_cast<size_t>(c) >= measured.size() || measured[c]) return;
     request.recomputable_outputs = true;
@@ -186,7 +193,8 @@ struct RecomputeTrial {
   }
 };
 
-// Runs every candidate of a step in one mode and records the step's events.
+// Runs every candidate of a step in one mode and records the step's events; with `trial`, a step
+// of the "recomputed" trial.
 class StepRecorder final : public detail::CandidateRunner {
  public:
   StepRecorder(const detail::CandidateNames& names, std::optional<CheckpointOptions> mode,
@@ -395,8 +403,10 @@ std::vector<int> matching_events(const StepRecord& plain, const StepRecord& othe
 }
 
 // What the mode's step holds beyond the plain step of the storages a candidate took or returned:
-// inputs kept longer count, outputs let go sooner count against it, unless another candidate takes
-// them (then its own mode decides). `held(watched, step)` tells whether a storage counts.
+// inputs kept longer count, outputs let go sooner count against it. An output another candidate
+// takes counts too: whatever that candidate's mode, it holds the output at most until its own
+// backward ends, as in the mode's step (where it runs in the mode). `held(watched, step)` tells
+// whether a storage counts.
 template <class Held>
 int64_t held_difference(const CandidateRecord& plain, const CandidateRecord& mode, Held held) {
   int64_t bytes = 0;
@@ -405,7 +415,7 @@ int64_t held_difference(const CandidateRecord& plain, const CandidateRecord& mod
     const int64_t difference =
         (static_cast<int64_t>(held(mode.watched[i], true)) - held(a, false)) * a.bytes;
     if (!a.output && difference > 0) bytes += difference;
-    if (a.output && !a.feeds_candidate && difference < 0) bytes += difference;
+    if (a.output && difference < 0) bytes += difference;
   }
   return bytes;
 }
@@ -502,6 +512,14 @@ double at_least_plain_time(const CandidateCosts& kept, const CandidateCosts& mod
   return std::max(mode.seconds, floor);
 }
 
+// A step of the "recomputed" trial and which candidates were recomputable in it.
+struct TrialRun {
+  std::shared_ptr<StepRecord> step;
+  std::vector<int> matching;  // where each plain event is in `step`
+  std::vector<bool> recomputable;
+  std::vector<std::vector<std::pair<int, int64_t>>> dropped;  // RecomputeTrial::dropped
+};
+
 plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<ModeRun>& modes) {
   const Span span = span_of(plain, c);
   const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
@@ -523,45 +541,11 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
   return candidate;
 }
 
-// A step of the "recomputed" trial and which candidates were recomputable in it.
-struct TrialRun {
-  std::shared_ptr<StepRecord> step;
-  std::vector<int> matching;  // where each plain event is in `step`
-  std::vector<bool> recomputable;
-};
-
-// Whether storage `w` of a step is held in the segment that is `k` in that step (-1: none).
-bool held_in(const WatchedStorage& w, int k) {
-  return k < 0 || w.freed_at < 0 || k <= w.freed_at;
-}
-
-// Per segment of a window (the plain step's segments from `begin`, `length` of them), less the
-// bytes of a candidate's outputs that other candidates take which the trial's step had freed
-// while the checkpointed step held them (in the regions that took them).
-std::vector<int64_t> freed_outputs(const CandidateRecord& checkpointed,
-                                   const std::vector<int>& in_checkpointed,
-                                   const CandidateRecord& trial, const std::vector<int>& in_trial,
-                                   int begin, size_t length) {
-  std::vector<int64_t> freed(length, 0);
-  for (size_t i = 0; i < checkpointed.watched.size() && i < trial.watched.size(); ++i) {
-    const WatchedStorage& kept = checkpointed.watched[i];
-    if (!kept.output || !kept.feeds_candidate) continue;
-    for (size_t j = 0; j < length; ++j) {
-      const int k = begin + static_cast<int>(j);
-      if (in_checkpointed[k] < 0 || in_trial[k] < 0) continue;
-      if (held_in(kept, in_checkpointed[k]) && !held_in(trial.watched[i], in_trial[k])) {
-        freed[j] -= kept.bytes;
-      }
-    }
-  }
-  return freed;
-}
 
 // Candidate `c`'s "recomputed" option, from the trial step it was recomputable in: its own costs
-// as there, its outputs' bytes freed where the takers held them, and on the takers' backward what
-// running it again costs them there (their backward's peak over the checkpointed step's; shared
-// by the options of every producer they ran again at once, which only overstates it) and its
-// forward's time once per taker.
+// as there (its outputs freed where the model let go of them), and on the takers' backward what
+// running it again costs them there (their backward's peak over the checkpointed step's, less
+// the outputs of other candidates they ran again at once) and its forward's time once per taker.
 plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& checkpointed,
                                         const TrialRun& trial, int c,
                                         const std::set<int>& takers) {
@@ -571,16 +555,12 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
   const CandidateInStep mode{trial.step->candidates[c], trial_span,
                              costs_of(*trial.step, trial_span, c)};
   std::vector<int64_t> deltas = peak_deltas(kept, mode, trial.matching);
-  const std::vector<int64_t> freed =
-      freed_outputs(checkpointed.step->candidates[c], checkpointed.matching,
-                    trial.step->candidates[c], trial.matching, span.forward_end, deltas.size());
-  for (size_t j = 0; j < deltas.size(); ++j) deltas[j] += freed[j];
   const CandidateCosts own = costs_of(*checkpointed.step, span_of(*checkpointed.step, c), c);
   double seconds = std::max(mode.costs.seconds, kept.costs.seconds + kept.costs.forward_seconds);
   for (int t : takers) {
-    const int64_t rerun =
-        costs_of(*trial.step, span_of(*trial.step, t), t).backward_peak -
-        costs_of(*checkpointed.step, span_of(*checkpointed.step, t), t).backward_peak;
+    int64_t rerun = costs_of(*trial.step, span_of(*trial.step, t), t).backward_peak -
+                    costs_of(*checkpointed.step, span_of(*checkpointed.step, t), t).backward_peak;
+    for (const auto& [producer, bytes] : trial.dropped[t]) rerun -= producer != c ? bytes : 0;
     const Span taker = span_of(plain, t);
     for (int k = taker.backward_begin + 1; k <= taker.backward_end; ++k) {
       const int j = k - span.forward_end;
@@ -605,7 +585,7 @@ std::vector<TrialRun> run_trials(const StepSetup& setup, const StepRecord& plain
     check_same_candidates(plain, *step, kRecomputedMode);
     if (std::find(trial.in_step.begin(), trial.in_step.end(), true) == trial.in_step.end()) break;
     std::vector<int> matching = matching_events(plain, *step);
-    runs.push_back({std::move(step), std::move(matching), trial.in_step});
+    runs.push_back({std::move(step), std::move(matching), trial.in_step, trial.dropped});
     if (std::find(trial.measured.begin(), trial.measured.end(), false) == trial.measured.end())
       break;
   }
@@ -613,29 +593,34 @@ std::vector<TrialRun> run_trials(const StepSetup& setup, const StepRecord& plain
 }
 
 // Adds the "recomputed" option to each candidate that a trial step measured and whose outputs
-// some region took and let go of; it excludes every option but "checkpointed" of those takers.
+// some region took and let go of. Then each excludes every option but "checkpointed" of its
+// takers (their own "recomputed" included: it would run this one again too).
 void add_recomputed_options(plan::ModelProfile& profile, const StepRecord& plain,
                             const ModeRun& checkpointed, const std::vector<TrialRun>& runs,
                             const RecomputeTrial& trial) {
+  std::vector<int> offered;
   for (const TrialRun& run : runs) {
     for (size_t c = 0; c < run.recomputable.size(); ++c) {
       const std::set<int>& takers = trial.consumers[c];
       if (!run.recomputable[c] || takers.empty()) continue;
-      plan::Candidate& candidate = profile.candidates[c];
-      if (candidate.options.size() < 2) continue;  // no gradient reaches it
+      if (span_of(plain, static_cast<int>(c)).backward_begin < 0) continue;  // no gradient
       plan::CandidateOption option =
           recomputed_option(plain, checkpointed, run, static_cast<int>(c), takers);
       if (std::none_of(option.peak_delta.begin(), option.peak_delta.end(),
                        [](int64_t d) { return d < 0; })) {
         continue;
       }
-      for (int t : takers) {
-        const auto& options = profile.candidates[t].options;
-        for (size_t o = 0; o < options.size(); ++o) {
-          if (options[o].name != "checkpointed") option.excludes.push_back({t, static_cast<int>(o)});
-        }
+      profile.candidates[c].options.push_back(std::move(option));
+      offered.push_back(static_cast<int>(c));
+    }
+  }
+  for (int c : offered) {
+    auto& excludes = profile.candidates[c].options.back().excludes;
+    for (int t : trial.consumers[c]) {
+      const auto& options = profile.candidates[t].options;
+      for (size_t o = 0; o < options.size(); ++o) {
+        if (options[o].name != "checkpointed") excludes.push_back({t, static_cast<int>(o)});
       }
-      candidate.options.push_back(std::move(option));
     }
   }
 }
@@ -715,17 +700,18 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
     std::vector<int> matching = matching_events(*plain, *step);
     modes.push_back({mode.name, !region->offload(), std::move(step), std::move(matching)});
   }
-  MeasuredModel measured = measured_model(*plain, modes, device);
   const auto checkpointed = std::find_if(modes.begin(), modes.end(),
                                          [](const ModeRun& m) { return m.name == "checkpointed"; });
+  RecomputeTrial trial(plain->candidates.size());
+  std::vector<TrialRun> runs;
   if (options.recompute_outputs() && checkpointed != modes.end()) {
     std::optional<CheckpointOptions> region =
         options.storage_modes().at("checkpointed", "ckpt::profile_model").region(settings);
     region->preserve_rng_state(options.preserve_rng_state());
-    RecomputeTrial trial(plain->candidates.size());
-    const std::vector<TrialRun> runs = run_trials(setup, *plain, *region, rng, trial);
-    add_recomputed_options(measured.profile, *plain, *checkpointed, runs, trial);
+    runs = run_trials(setup, *plain, *region, rng, trial);
   }
+  MeasuredModel measured = measured_model(*plain, modes, device);
+  if (!runs.empty()) add_recomputed_options(measured.profile, *plain, *checkpointed, runs, trial);
   return measured;
 }
 
