@@ -236,6 +236,18 @@ Switch best_switch(const ModelProblem& problem, const ModelState& state,
   return pick;
 }
 
+// Makes switch s and its followers; returns what they were, to undo them in reverse.
+std::vector<std::pair<int, int>> make(const ModelProblem& problem, ModelState& state,
+                                      const Switch& s) {
+  std::vector<std::pair<int, int>> undo{{s.c, state.positions[s.c]}};
+  state.change(problem, s.c, s.position);
+  for (const auto& [d, p] : s.followers) {
+    undo.emplace_back(d, state.positions[d]);
+    state.change(problem, d, p);
+  }
+  return undo;
+}
+
 // Switches options until the choice fits; false when no switch reduces the overflow.
 bool repair(const ModelProblem& problem, ModelState& state, const ModelLimits& limits) {
   while (!fits(state, limits)) {
@@ -244,8 +256,7 @@ bool repair(const ModelProblem& problem, ModelState& state, const ModelLimits& l
       if (!switch_pair(problem, state, limits)) return false;
       continue;
     }
-    state.change(problem, s.c, s.position);
-    for (const auto& [d, p] : s.followers) state.change(problem, d, p);
+    make(problem, state, s);
   }
   return true;
 }
@@ -264,16 +275,22 @@ void improve(const ModelProblem& problem, ModelState& state, const ModelLimits& 
     }
     std::stable_sort(moves.begin(), moves.end(),
                      [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+    Followers followers(problem, state, limits);
     for (const auto& [saved, c, m] : moves) {
-      const int was = state.positions[c];
       const std::vector<ModelOption>& options = problem.candidates[c].options;
-      if (options[m].extra >= options[was].extra) continue;  // a larger saving came first
-      if (!state.allows(problem, c, m)) continue;
-      state.change(problem, c, m);
+      if (options[m].extra >= options[state.positions[c]].extra)
+        continue;  // a larger saving came first
+      Switch s;
+      s.c = c;
+      s.position = m;
+      // A blocked switch with its followers, where they still save time.
+      if (!state.allows(problem, c, m) && (!followers.plan(s) || s.cost >= 0.0)) continue;
+      const std::vector<std::pair<int, int>> undo = make(problem, state, s);
       if (fits(state, limits)) {
         changed = true;
       } else {
-        state.change(problem, c, was);
+        for (auto it = undo.rbegin(); it != undo.rend(); ++it)
+          state.change(problem, it->first, it->second);
       }
     }
   }
