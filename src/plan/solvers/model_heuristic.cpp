@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <tuple>
@@ -224,8 +225,8 @@ Switch best_switch(const ModelProblem& problem, const ModelState& state,
         s.followers.clear();
         s.relief = relief(problem, state, limits, s.c, s.position);
         s.cost = candidate.options[m].extra - candidate.options[state.positions[c]].extra;
-      } else if (!followers.plan(s)) {
-        continue;
+      } else if (relief(problem, state, limits, s.c, s.position) <= 0.0 || !followers.plan(s)) {
+        continue;  // followers are planned for a switch that relieves on its own
       }
       if (s.relief <= 0.0) continue;
       const auto score = s.cost <= 0.0 ? std::make_tuple(true, s.relief, -s.cost)
@@ -315,27 +316,36 @@ std::vector<int> stored(const ModelProblem& problem) {
   return positions;
 }
 
-// Makes a choice valid: while two of its options exclude each other, one that is not "stored"
-// becomes "stored". It ends: no candidate leaves "stored", and two "stored" never exclude.
-void legalize(const ModelProblem& problem, ModelState& state) {
-  if (!problem.has_exclusions) return;
+// `positions` made valid: while two options exclude each other, one that is not "stored" takes
+// its allowed option of lowest `score` (c, position), or "stored" where none is allowed. It ends:
+// no candidate leaves "stored", and each other switch leaves fewer excluded pairs.
+std::vector<int> legal(const ModelProblem& problem, std::vector<int> positions,
+                       const std::function<double(int, int)>& score) {
+  if (!problem.has_exclusions) return positions;
   const std::vector<int> plain = stored(problem);
+  const auto allowed = [&](int c, int p) {
+    const auto& excludes = problem.candidates[c].options[p].excludes;
+    return std::none_of(excludes.begin(), excludes.end(),
+                        [&](const auto& e) { return positions[e.first] == e.second; });
+  };
   for (bool changed = true; changed;) {
     changed = false;
-    for (size_t c = 0; c < problem.candidates.size(); ++c) {
-      const int position = state.positions[c];
-      for (const auto& [d, p] : problem.candidates[c].options[position].excludes) {
-        if (state.positions[d] != p) continue;
-        if (position != plain[c]) {
-          state.change(problem, static_cast<int>(c), plain[c]);
-        } else {
-          state.change(problem, d, plain[d]);
-        }
-        changed = true;
-        break;
+    for (int c = 0; c < static_cast<int>(positions.size()); ++c) {
+      if (allowed(c, positions[c])) continue;
+      const auto& excludes = problem.candidates[c].options[positions[c]].excludes;
+      const auto clash = std::find_if(excludes.begin(), excludes.end(), [&](const auto& e) {
+        return positions[e.first] == e.second;
+      });
+      const int d = positions[c] != plain[c] ? c : clash->first;  // two "stored" never clash
+      int best = -1;
+      for (int p = 0; p < static_cast<int>(problem.candidates[d].options.size()); ++p) {
+        if (allowed(d, p) && (best < 0 || score(d, p) < score(d, best))) best = p;
       }
+      positions[d] = best >= 0 ? best : plain[d];
+      changed = true;
     }
   }
+  return positions;
 }
 
 // No choice peaks lower: each candidate at its smallest delta in every segment at once.
@@ -348,13 +358,22 @@ int64_t smallest_peak_bound(const ModelProblem& problem) {
 }
 
 // Each candidate at the option whose deltas sum lowest: a start far from the fastest.
+int64_t delta_sum(const ModelOption& option) {
+  return std::accumulate(option.delta.begin(), option.delta.end(), int64_t{0});
+}
+
+// The bytes an option adds over its window, summed: the score of the thriftiest start.
+std::function<double(int, int)> bytes_score(const ModelProblem& problem) {
+  return [&problem](int c, int p) {
+    return static_cast<double>(delta_sum(problem.candidates[c].options[p]));
+  };
+}
+
 std::vector<int> thriftiest(const ModelProblem& problem) {
   std::vector<int> positions;
   for (const ModelCandidate& candidate : problem.candidates) {
     const auto& options = candidate.options;
-    const auto sum = [](const ModelOption& o) {
-      return std::accumulate(o.delta.begin(), o.delta.end(), int64_t{0});
-    };
+    const auto sum = delta_sum;
     positions.push_back(
         static_cast<int>(std::min_element(options.begin(), options.end(),
                                           [&](const ModelOption& a, const ModelOption& b) {
@@ -369,14 +388,15 @@ std::vector<int> thriftiest(const ModelProblem& problem) {
 
 ModelBest heuristic_fastest(const ModelProblem& problem, const ModelLimits& limits) {
   // Repair can stall where no single switch relieves the overflow: three starts, the best kept.
-  std::vector<std::vector<int>> starts{dp_choice(problem, limits, /*by_peak=*/false),
-                                       std::vector<int>(problem.candidates.size(), 0),
-                                       thriftiest(problem)};
+  const auto time = [&](int c, int p) { return problem.candidates[c].options[p].extra; };
+  std::vector<std::vector<int>> starts{
+      dp_choice(problem, limits, /*by_peak=*/false),
+      legal(problem, std::vector<int>(problem.candidates.size(), 0), time),
+      legal(problem, thriftiest(problem), bytes_score(problem))};
   ModelBest best;
   for (std::vector<int>& start : starts) {
     if (start.empty()) continue;  // the program found nothing
     ModelState state(problem, std::move(start));
-    legalize(problem, state);
     if (!repair(problem, state, limits)) continue;
     improve(problem, state, limits);
     best.offer(problem.time(state.positions), state.loads.max(), state.positions);
@@ -394,11 +414,12 @@ ModelBest improved(const ModelProblem& problem, const ModelLimits& limits,
 ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& limits) {
   const PeakWeights weights(problem);
   std::vector<ModelState> starts{ModelState(problem, stored(problem))};  // holds no host memory
-  for (std::vector<int> start :
-       {dp_choice(problem, limits, /*by_peak=*/true), thriftiest(problem), weights.response()}) {
+  const auto weighted = [&](int c, int p) { return weights.option(c, p); };
+  for (std::vector<int> start : {dp_choice(problem, limits, /*by_peak=*/true),
+                                 legal(problem, thriftiest(problem), bytes_score(problem)),
+                                 legal(problem, weights.response(), weighted)}) {
     if (start.empty()) continue;  // the program found nothing
     ModelState guess(problem, std::move(start));
-    legalize(problem, guess);
     ModelLimits host_only = limits;
     host_only.budget = std::numeric_limits<int64_t>::max();
     if (repair(problem, guess, host_only)) starts.push_back(std::move(guess));
