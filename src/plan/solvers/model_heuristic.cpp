@@ -113,11 +113,12 @@ struct Switch {
 class Followers {
  public:
   Followers(const ModelProblem& problem, const ModelState& state, const ModelLimits& limits)
-      : problem_(problem), state_(state), limits_(limits), pending_(problem.base.size(), 0) {}
+      : problem_(problem), state_(state), limits_(limits) {}
 
   // Fills s's followers, relief and cost; false where a candidate whose option s excludes has no
   // other option allowed.
   bool plan(Switch& s) {
+    if (pending_.empty()) pending_.assign(problem_.base.size(), 0);  // only where exclusions are
     s.followers.clear();
     s.relief = s.cost = 0.0;
     bool ok = true;
