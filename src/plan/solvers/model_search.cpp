@@ -30,10 +30,11 @@ class Search {
         loads_(problem.base),
         fast_(problem.base.size(), 0),
         positions_(problem.candidates.size(), 0),
-        children_(problem.candidates.size()),
-        blocked_(problem.candidates.size()) {
-    for (size_t c = 0; c < blocked_.size(); ++c) {
-      blocked_[c].assign(problem.candidates[c].options.size(), 0);
+        children_(problem.candidates.size()) {
+    if (problem.has_exclusions) {
+      for (const ModelCandidate& candidate : problem.candidates) {
+        blocked_.emplace_back(candidate.options.size(), 0);
+      }
     }
     // Forward order, outer windows first: the windows that cover most segments decide first.
     order_.resize(problem.candidates.size());
@@ -125,9 +126,9 @@ class Search {
       positions_[c] = child.position;
       const double weighted = weighted_;
       if (weights_) weighted_ += weights_->option(c, child.position) - weights_->least(c);
-      block(option, 1);
+      if (!blocked_.empty()) block(option, 1);
       visit(depth + 1, child.peak);
-      block(option, -1);
+      if (!blocked_.empty()) block(option, -1);
       weighted_ = weighted;
       time_ = time;
       host_ -= option.host;
@@ -152,7 +153,7 @@ class Search {
       if (!by_peak_ && best_.found && time_ + option.extra + rest_extra_[depth + 1] > best_.time) {
         break;
       }
-      if (blocked_[c][m] > 0) continue;  // a decided option excludes it
+      if (!blocked_.empty() && blocked_[c][m] > 0) continue;  // a decided option excludes it
       if (host_ + option.host + rest_host_[depth + 1] > limits_.host_budget) continue;
       int64_t highest = peak, fastest = 0;
       if (!scan(candidate, option, highest, fastest)) continue;
@@ -270,6 +271,7 @@ class Search {
   std::vector<int> positions_;
   std::vector<std::vector<Child>> children_;  // per depth, reused
   std::vector<std::vector<int>> blocked_;     // per option: how many decided options exclude it
+                                              // (empty without exclusions)
   std::vector<int> order_;
   std::vector<double> rest_extra_;        // the fewest seconds the candidates from a depth on add
   std::vector<int64_t> rest_host_;        // the fewest host bytes they hold
