@@ -1,12 +1,15 @@
 // What planning any model costs: solve_model and min_model_budget (ckpt/plan/model.h) on
 // 200-candidate profiles of realistic shape, one whose windows nest (a chain of blocks) and one
-// whose windows cross (a U-Net's skips). Google Benchmark 1.7.1 or newer; no LibTorch.
+// whose windows cross (a U-Net's skips); each also with "recomputed" options and their
+// exclusions. Google Benchmark 1.7.1 or newer; no LibTorch.
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/plan/model.h"
@@ -16,6 +19,7 @@ namespace {
 using ckpt::plan::Candidate;
 using ckpt::plan::CandidateOption;
 using ckpt::plan::ModelProfile;
+using ckpt::plan::OptionRef;
 
 constexpr int64_t kMiB = 1 << 20;
 
@@ -97,12 +101,56 @@ ModelProfile unet_profile(int levels) {
   return p;
 }
 
-ModelProfile bench_profile(int64_t kind) {
-  return kind == 0 ? nested_profile(200) : unet_profile(100);
+// "Recomputed" for candidate i, whose outputs its consumer c (a later candidate) recomputes
+// instead of keeping: what checkpointed saves, and c's input (a third of what c's checkpointed
+// saves) under c's window, for one more forward of i.
+CandidateOption recomputed(const Candidate& i, const Candidate& c) {
+  CandidateOption option = i.options[1];
+  option.name = "recomputed";
+  option.time += i.options[0].time / 3;
+  const std::vector<int64_t>& inner = c.options[1].peak_delta;
+  const int64_t input = -inner[1] / 3;
+  for (size_t k = 1; k + 1 < inner.size(); ++k) {
+    const int at = c.window_begin + static_cast<int>(k) - i.window_begin;
+    if (at >= 0 && at < static_cast<int>(option.peak_delta.size())) option.peak_delta[at] -= input;
+  }
+  return option;
+}
+
+// About a third of the candidates get "recomputed", which excludes every option but
+// "checkpointed" (1) of the next 1-3 candidates (its consumers) and "recomputed" of 1-2 earlier
+// ones (its inputs' producers), as ckpt::profile_model offers it.
+ModelProfile with_recomputed(ModelProfile p) {
+  std::mt19937 rng(2028);
+  const int n = static_cast<int>(p.candidates.size());
+  std::vector<int> added(static_cast<size_t>(n), -1);  // the option's index, or -1
+  for (int i = 0; i + 1 < n; ++i) {
+    if (rng() % 3 != 0) continue;
+    CandidateOption option = recomputed(p.candidates[i], p.candidates[i + 1]);
+    const int consumers = 1 + static_cast<int>(rng() % 3);
+    for (int j = i + 1; j < std::min(n, i + 1 + consumers); ++j) {
+      for (int o = 0; o < static_cast<int>(p.candidates[j].options.size()); ++o) {
+        if (o != 1) option.excludes.push_back(OptionRef{j, o});
+      }
+    }
+    for (int j = i - 1, left = 1 + static_cast<int>(rng() % 2); j >= 0 && left > 0; --j) {
+      if (added[j] < 0) continue;
+      option.excludes.push_back(OptionRef{j, added[j]});
+      --left;
+    }
+    added[i] = static_cast<int>(p.candidates[i].options.size());
+    p.candidates[i].options.push_back(option);
+  }
+  return p;
+}
+
+ModelProfile bench_profile(int64_t kind, int64_t exclusions) {
+  ModelProfile p = kind == 0 ? nested_profile(200) : unet_profile(100);
+  return exclusions ? with_recomputed(std::move(p)) : p;
 }
 
 void BM_SolveModel(benchmark::State& state) {
-  const ModelProfile profile = bench_profile(state.range(0));
+  const ModelProfile profile = bench_profile(state.range(0), state.range(1));
   const int64_t lowest = ckpt::plan::min_model_budget(profile);
   const int64_t budget = lowest + (profile.plain_peak_bytes() - lowest) / 2;
   ckpt::plan::ModelPlan plan;
@@ -115,10 +163,13 @@ void BM_SolveModel(benchmark::State& state) {
   state.counters["peak_%_of_plain"] =
       100.0 * static_cast<double>(plan.prediction.peak_bytes) / profile.plain_peak_bytes();
 }
-BENCHMARK(BM_SolveModel)->ArgNames({"unet"})->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SolveModel)
+    ->ArgNames({"unet", "exclusions"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 
 void BM_MinModelBudget(benchmark::State& state) {
-  const ModelProfile profile = bench_profile(state.range(0));
+  const ModelProfile profile = bench_profile(state.range(0), state.range(1));
   int64_t lowest = 0;
   for (auto _ : state) {
     lowest = ckpt::plan::min_model_budget(profile);
@@ -127,7 +178,10 @@ void BM_MinModelBudget(benchmark::State& state) {
   state.counters["min_%_of_plain"] =
       100.0 * static_cast<double>(lowest) / profile.plain_peak_bytes();
 }
-BENCHMARK(BM_MinModelBudget)->ArgNames({"unet"})->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MinModelBudget)
+    ->ArgNames({"unet", "exclusions"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
