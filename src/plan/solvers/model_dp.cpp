@@ -223,11 +223,6 @@ class Program {
   // The next layer: each signature's front, thinned to an even share of kFrontSize where they
   // hold more; signature_ records each entry's signature.
   std::vector<Entry> layer(std::vector<std::vector<Entry>> groups) {
-    if (groups.size() == 1) {
-      std::vector<Entry> out = thinned(pareto(std::move(groups[0])), kFrontSize);
-      signature_.assign(out.size(), 0);
-      return out;
-    }
     size_t total = 0, fronts = 0;
     for (std::vector<Entry>& group : groups) {
       group = pareto(std::move(group));
@@ -235,13 +230,15 @@ class Program {
       fronts += !group.empty();
     }
     const size_t share = total <= kFrontSize ? total : std::max<size_t>(1, kFrontSize / fronts);
-    std::vector<Entry> out;
     signature_.clear();
     for (size_t s = 0; s < groups.size(); ++s) {
-      const std::vector<Entry> kept = thinned(std::move(groups[s]), share);
-      out.insert(out.end(), kept.begin(), kept.end());
-      signature_.insert(signature_.end(), kept.size(), static_cast<int>(s));
+      groups[s] = thinned(std::move(groups[s]), share);
+      signature_.insert(signature_.end(), groups[s].size(), static_cast<int>(s));
     }
+    if (groups.size() == 1) return std::move(groups[0]);
+    std::vector<Entry> out;
+    for (const std::vector<Entry>& group : groups)
+      out.insert(out.end(), group.begin(), group.end());
     return out;
   }
 
