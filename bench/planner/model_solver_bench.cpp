@@ -102,14 +102,14 @@ ModelProfile unet_profile(int levels) {
 }
 
 // "Recomputed" for candidate i, whose outputs its consumer c (a later candidate) recomputes
-// instead of keeping: what checkpointed saves, and c's input (a third of what c's checkpointed
-// saves) under c's window, for one more forward of i.
+// instead of keeping: what checkpointed saves, and c's input (a third of the most c's
+// checkpointed saves) under c's window, for one more forward of i.
 CandidateOption recomputed(const Candidate& i, const Candidate& c) {
   CandidateOption option = i.options[1];
   option.name = "recomputed";
   option.time += i.options[0].time / 3;
   const std::vector<int64_t>& inner = c.options[1].peak_delta;
-  const int64_t input = -inner[1] / 3;
+  const int64_t input = -*std::min_element(inner.begin(), inner.end()) / 3;
   for (size_t k = 1; k + 1 < inner.size(); ++k) {
     const int at = c.window_begin + static_cast<int>(k) - i.window_begin;
     if (at >= 0 && at < static_cast<int>(option.peak_delta.size())) option.peak_delta[at] -= input;

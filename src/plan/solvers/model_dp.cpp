@@ -28,7 +28,6 @@ struct Entry {
   int64_t host = 0;
   int parent = -1;
   int position = 0;
-  int signature = 0;  // in its layer's SignatureTable (0: excludes nothing)
 };
 
 // What one option of a candidate does in the program: its peak over the segments it owns (those
@@ -76,44 +75,29 @@ std::vector<std::vector<Move>> moves(const ModelProblem& problem, const std::vec
   return out;
 }
 
-// Thins [begin, end), entries of one signature by rising carry and falling value, to about `size`
-// of them: the one of lowest carry, then the fastest of each of `size` carry buckets.
-void thin(std::vector<Entry>::const_iterator begin, std::vector<Entry>::const_iterator end,
-          size_t size, std::vector<Entry>& out) {
-  if (static_cast<size_t>(end - begin) <= size) {
-    out.insert(out.end(), begin, end);
-    return;
-  }
-  const double width = static_cast<double>((end - 1)->carry - begin->carry) / size;
-  auto bucket = [&](const Entry& e) {
-    return static_cast<int64_t>(static_cast<double>(e.carry - begin->carry) / width);
-  };
-  out.push_back(*begin);
-  for (auto e = begin + 1; e != end; ++e) {
-    if (e + 1 == end || bucket(*(e + 1)) != bucket(*e)) out.push_back(*e);
-  }
-}
-
-// Keeps the entries no other of the same signature beats in both carry and value, at most about
-// kFrontSize of them, shared evenly by the signatures.
-std::vector<Entry> front(std::vector<Entry> entries) {
+// Keeps the entries no other beats in both carry and value, by rising carry.
+std::vector<Entry> pareto(std::vector<Entry> entries) {
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return std::tie(a.signature, a.carry, a.value) < std::tie(b.signature, b.carry, b.value);
+    return a.carry < b.carry || (a.carry == b.carry && a.value < b.value);
   });
   std::vector<Entry> kept;
-  size_t signatures = 0;
   for (const Entry& e : entries) {
-    const bool first = kept.empty() || e.signature != kept.back().signature;
-    signatures += first;
-    if (first || e.value < kept.back().value) kept.push_back(e);
+    if (kept.empty() || e.value < kept.back().value) kept.push_back(e);
   }
-  if (kept.size() <= kFrontSize) return kept;
-  std::vector<Entry> thinned;
-  for (auto begin = kept.cbegin(); begin != kept.cend();) {
-    const auto end = std::find_if(begin, kept.cend(),
-                                  [&](const Entry& e) { return e.signature != begin->signature; });
-    thin(begin, end, std::max<size_t>(1, kFrontSize / signatures), thinned);
-    begin = end;
+  return kept;
+}
+
+// At most about `size` entries of a front: the one of lowest carry, then the fastest of each of
+// `size` equal carry ranges.
+std::vector<Entry> thinned(std::vector<Entry> kept, size_t size) {
+  if (kept.size() <= size) return kept;
+  const double width = static_cast<double>(kept.back().carry - kept.front().carry) / size;
+  std::vector<Entry> thinned{kept.front()};
+  auto bucket = [&](const Entry& e) {
+    return static_cast<int64_t>(static_cast<double>(e.carry - kept.front().carry) / width);
+  };
+  for (size_t i = 1; i < kept.size(); ++i) {
+    if (i + 1 == kept.size() || bucket(kept[i + 1]) != bucket(kept[i])) thinned.push_back(kept[i]);
   }
   return thinned;
 }
@@ -196,19 +180,20 @@ class Program {
     }
     if (!by_peak_ && fixed > static_cast<double>(limits_.budget)) return {};
     layers_.assign(1, {Entry{0, by_peak_ ? fixed : 0.0}});
+    signature_.assign(1, 0);
     for (int c : order_) {
-      std::vector<Entry> next = step(c);
-      if (next.empty()) return {};
-      layers_.push_back(front(std::move(next)));
+      layers_.push_back(layer(step(c)));
+      if (layers_.back().empty()) return {};
     }
     return trace();
   }
 
  private:
-  // The entries after candidate c from those of the last layer.
-  std::vector<Entry> step(int c) {
+  // The entries after candidate c from those of the last layer, by signature (with exclusions;
+  // one group without).
+  std::vector<std::vector<Entry>> step(int c) {
     const ModelCandidate& candidate = problem_.candidates[c];
-    std::vector<Entry> next;
+    std::vector<std::vector<Entry>> next(1);
     if (problem_.has_exclusions) signatures_.begin(c);
     for (size_t e = 0; e < layers_.back().size(); ++e) {
       const Entry& from = layers_.back()[e];
@@ -221,17 +206,40 @@ class Program {
           continue;
         }
         const int signature =
-            problem_.has_exclusions ? signatures_.next(from.signature, static_cast<int>(m)) : 0;
+            problem_.has_exclusions ? signatures_.next(signature_[e], static_cast<int>(m)) : 0;
         if (signature < 0) continue;  // the path excludes this option
+        if (static_cast<size_t>(signature) >= next.size()) next.resize(signature + 1);
         const double value = !by_peak_   ? from.value + option.extra
                              : move.owns ? std::max(from.value, static_cast<double>(peak))
                                          : from.value;
-        next.push_back(Entry{from.carry + move.carry, value, from.host + option.host,
-                             static_cast<int>(e), static_cast<int>(m), signature});
+        next[signature].push_back(Entry{from.carry + move.carry, value, from.host + option.host,
+                                        static_cast<int>(e), static_cast<int>(m)});
       }
     }
     if (problem_.has_exclusions) signatures_.end();
     return next;
+  }
+
+  // The next layer: each signature's front, thinned to an even share of kFrontSize where they
+  // hold more; signature_ records each entry's signature.
+  std::vector<Entry> layer(std::vector<std::vector<Entry>> groups) {
+    size_t total = 0, fronts = 0;
+    for (std::vector<Entry>& group : groups) {
+      group = pareto(std::move(group));
+      total += group.size();
+      fronts += !group.empty();
+    }
+    const size_t share = total <= kFrontSize ? total : std::max<size_t>(1, kFrontSize / fronts);
+    signature_.clear();
+    for (size_t s = 0; s < groups.size(); ++s) {
+      groups[s] = thinned(std::move(groups[s]), share);
+      signature_.insert(signature_.end(), groups[s].size(), static_cast<int>(s));
+    }
+    if (groups.size() == 1) return std::move(groups[0]);
+    std::vector<Entry> out;
+    for (const std::vector<Entry>& group : groups)
+      out.insert(out.end(), group.begin(), group.end());
+    return out;
   }
 
   // The positions of the best last entry, traced back through its parents.
@@ -258,6 +266,7 @@ class Program {
   const std::vector<std::vector<Move>> table_;
   std::vector<size_t> rank_;  // each candidate's place in order_
   SignatureTable signatures_;
+  std::vector<int> signature_;  // of each entry of the last layer, with exclusions
   std::vector<std::vector<Entry>> layers_;
 };
 

@@ -30,11 +30,7 @@ class Search {
         loads_(problem.base),
         fast_(problem.base.size(), 0),
         positions_(problem.candidates.size(), 0),
-        children_(problem.candidates.size()),
-        blocked_(problem.candidates.size()) {
-    for (size_t c = 0; c < blocked_.size(); ++c) {
-      blocked_[c].assign(problem.candidates[c].options.size(), 0);
-    }
+        children_(problem.candidates.size()) {
     // Forward order, outer windows first: the windows that cover most segments decide first.
     order_.resize(problem.candidates.size());
     std::iota(order_.begin(), order_.end(), 0);
@@ -63,6 +59,7 @@ class Search {
       weights_ = std::make_unique<PeakWeights>(problem);
       weighted_ = weights_->bound();
     }
+    if (problem.has_exclusions) track_exclusions();
   }
 
   // The knapsack bounds of the segments that overflow the budget most with every candidate at
@@ -77,6 +74,18 @@ class Search {
     std::partial_sort(overflow.begin(), overflow.begin() + count, overflow.end(), std::greater<>());
     for (size_t i = 0; i < count; ++i) bounds_.emplace_back(problem_, overflow[i].second);
     decided_.assign(problem_.candidates.size(), 0);
+  }
+
+  // Exclusions: counts per option, and each candidate's place in the order (to tell the decided);
+  // with the weights, each candidate's least weighted delta over the options it still has.
+  void track_exclusions() {
+    rank_.resize(order_.size());
+    for (size_t d = 0; d < order_.size(); ++d) rank_[order_[d]] = d;
+    for (const ModelCandidate& candidate : problem_.candidates) {
+      blocked_.emplace_back(candidate.options.size(), 0);
+    }
+    dead_.assign(order_.size(), 0);
+    for (size_t c = 0; weights_ && c < order_.size(); ++c) least_.push_back(weights_->least(c));
   }
 
   // Whether the search finished within the node limit.
@@ -124,10 +133,10 @@ class Search {
       host_ += option.host;
       positions_[c] = child.position;
       const double weighted = weighted_;
-      if (weights_) weighted_ += weights_->option(c, child.position) - weights_->least(c);
-      block(option, 1);
-      visit(depth + 1, child.peak);
-      block(option, -1);
+      if (weights_) weighted_ += weights_->option(c, child.position) - least(c);
+      if (!blocked_.empty()) block(option, 1, depth);
+      if (dead_count_ == 0) visit(depth + 1, child.peak);  // else a candidate has no option left
+      if (!blocked_.empty()) block(option, -1, depth);
       weighted_ = weighted;
       time_ = time;
       host_ -= option.host;
@@ -152,7 +161,7 @@ class Search {
       if (!by_peak_ && best_.found && time_ + option.extra + rest_extra_[depth + 1] > best_.time) {
         break;
       }
-      if (blocked_[c][m] > 0) continue;  // a decided option excludes it
+      if (!blocked_.empty() && blocked_[c][m] > 0) continue;  // a decided option excludes it
       if (host_ + option.host + rest_host_[depth + 1] > limits_.host_budget) continue;
       int64_t highest = peak, fastest = 0;
       if (!scan(candidate, option, highest, fastest)) continue;
@@ -226,7 +235,7 @@ class Search {
   // int64 without weights). Less a margin for the rounding of the weighted sums.
   int64_t weighted_bound(int c, int position) const {
     if (!weights_) return std::numeric_limits<int64_t>::min();
-    const double bound = weighted_ + weights_->option(c, position) - weights_->least(c);
+    const double bound = weighted_ + weights_->option(c, position) - least(c);
     return static_cast<int64_t>(std::ceil(bound - 1e-9 * std::fabs(bound) - 1e-6));
   }
 
@@ -251,10 +260,34 @@ class Search {
     return rate * (static_cast<double>(load) - static_cast<double>(limits_.budget));
   }
 
-  // Counts `option`'s exclusions (sign 1, as it is decided) or uncounts them (sign -1).
-  void block(const ModelOption& option, int sign) {
-    for (const auto& [d, p] : option.excludes) blocked_[d][p] += sign;
+  // Counts the exclusions of `option` (sign 1, as it is decided at `depth`) or uncounts them
+  // (sign -1), and rescores the undecided candidates whose options that opens or closes.
+  void block(const ModelOption& option, int sign, size_t depth) {
+    for (const auto& [d, p] : option.excludes) {
+      const bool was = blocked_[d][p] > 0;
+      blocked_[d][p] += sign;
+      if (rank_[d] > depth && was != (blocked_[d][p] > 0)) rescore(d);
+    }
   }
+
+  // Whether candidate d has options left (dead_), and its least weighted delta over them.
+  void rescore(int d) {
+    double least = std::numeric_limits<double>::infinity();
+    bool open = false;
+    for (size_t p = 0; p < blocked_[d].size(); ++p) {
+      if (blocked_[d][p] > 0) continue;
+      open = true;
+      if (weights_) least = std::min(least, weights_->option(d, static_cast<int>(p)));
+    }
+    dead_count_ += (open ? 0 : 1) - dead_[d];
+    dead_[d] = open ? 0 : 1;
+    if (!open || !weights_) return;  // a dead candidate keeps its last score: its node is cut
+    weighted_ += least - least_[d];
+    least_[d] = least;
+  }
+
+  // Candidate c's least weighted delta: over its options left, where exclusions are tracked.
+  double least(int c) const { return least_.empty() ? weights_->least(c) : least_[c]; }
 
   static void add(std::vector<int64_t>& to, int begin, const std::vector<int64_t>& values,
                   int sign) {
@@ -269,7 +302,6 @@ class Search {
   std::vector<int64_t> fast_;   // what the undecided's fastest options add to loads_
   std::vector<int> positions_;
   std::vector<std::vector<Child>> children_;  // per depth, reused
-  std::vector<std::vector<int>> blocked_;     // per option: how many decided options exclude it
   std::vector<int> order_;
   std::vector<double> rest_extra_;        // the fewest seconds the candidates from a depth on add
   std::vector<int64_t> rest_host_;        // the fewest host bytes they hold
@@ -282,6 +314,14 @@ class Search {
   int64_t host_ = 0;
   int64_t nodes_ = 0;
   bool aborted_ = false;
+  // Exclusions (all empty without them): per option, how many decided options exclude it; per
+  // candidate, its depth in order_, whether every option is excluded, its least weighted delta
+  // left (peak only).
+  std::vector<std::vector<int>> blocked_;
+  std::vector<size_t> rank_;
+  std::vector<int> dead_;
+  int dead_count_ = 0;
+  std::vector<double> least_;
 };
 
 }  // namespace
