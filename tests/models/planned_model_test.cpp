@@ -154,13 +154,14 @@ torch::Tensor unet_loss(ckpt::models::UNet& model) {
 }
 
 // The prediction may be conservative by the skip tensors here: a storage one candidate returns
-// and another takes counts as held as long as either could hold it (docs/memory-model.md, "Any
-// model"), and with the encoder blocks checkpointed and the decoder blocks kept neither does. The
-// three skips are 7.7% of the quick U-Net's planned peaks; a larger gap fails.
+// and another takes counts as held until the taker's backward, as where the taker runs as a
+// region (docs/memory-model.md, "Any model"); where the taker runs plainly and its operators
+// don't save it (a decoder's concatenation), the real step frees it sooner. That is 9.9% of the
+// quick U-Net's peak at its smallest budget; a larger gap fails.
 TEST_F(PlannedModelTest, UNetRunsLikeThePlainStep) {
   unet_sample();  // made before any step is measured
   expect_planned_like_plain_at_every_budget<ckpt::models::UNet>(
-      [] { return ckpt::models::make_unet(small_unet()); }, unet_loss, /*tolerance=*/0.08);
+      [] { return ckpt::models::make_unet(small_unet()); }, unet_loss, /*tolerance=*/0.11);
 }
 
 TEST_F(PlannedModelTest, EncoderDecoderRunsLikeThePlainStep) {
@@ -181,6 +182,58 @@ TEST_F(PlannedModelTest, ResNetCutInsideItsBlocksRunsLikeThePlainStep) {
   expect_planned_like_plain_at_every_budget<torch::nn::Sequential>(
       [&] { return ckpt::models::build_model(config); },
       [&](torch::nn::Sequential& model) { return model->forward(input).pow(2).mean(); });
+}
+
+// "recomputed": the regions that take a candidate's outputs drop them and run it again in their
+// backward. It lowers the smallest budget, the plan that uses it never pairs it with a mode of a
+// taker that would keep the outputs anyway, and the step stays the plain one to the bit, within
+// the budget.
+TEST_F(PlannedModelTest, RecomputedOutputsLowerTheSmallestBudget) {
+  auto config = ckpt::models::model_config("resnet", /*quick=*/true);
+  config.image = 64;
+  config.blocks_per_stage = 4;  // enough blocks between the stem and the loss to matter
+  const torch::Tensor input = ckpt::models::make_input(config);
+  auto make = [&] { return ckpt::models::build_model(config); };
+  auto loss_of = [&](torch::nn::Sequential& model) { return model->forward(input).pow(2).mean(); };
+  auto smallest = [&](bool recompute) {
+    auto model = make();
+    ckpt::PlannedModel planned(model, ckpt::Budget::minimum(),
+                               ckpt::PlannedModelOptions().recompute_outputs(recompute));
+    planned.plan([&] { return loss_of(model); });
+    int recomputed = 0;
+    for (const auto& c : planned.measured().candidates) {
+      recomputed += planned.mode_of(c.name) == ckpt::kRecomputedMode;
+    }
+    EXPECT_EQ(recomputed > 0, recompute) << planned.summary();
+    return planned.budget_bytes();
+  };
+  const int64_t without = smallest(false), with = smallest(true);
+  EXPECT_LT(static_cast<double>(with), 0.9 * static_cast<double>(without));
+  expect_planned_like_plain<torch::nn::Sequential>(make(), make(), loss_of,
+                                                   ckpt::Budget::minimum(), 0.02);
+}
+
+// The options "recomputed" excludes: every option but "checkpointed" of each candidate that takes
+// its outputs (here the next block's convolutions).
+TEST_F(PlannedModelTest, RecomputedExcludesWhatWouldKeepItsOutputs) {
+  auto config = ckpt::models::model_config("resnet", /*quick=*/true);
+  auto model = ckpt::models::build_model(config);
+  const torch::Tensor input = ckpt::models::make_input(config);
+  const ckpt::MeasuredModel measured =
+      ckpt::profile_model(model.ptr(), [&] { return model->forward(input).pow(2).mean(); });
+  int offered = 0;
+  for (const auto& candidate : measured.profile.candidates) {
+    for (const auto& option : candidate.options) {
+      if (option.name != ckpt::kRecomputedMode) continue;
+      ++offered;
+      EXPECT_FALSE(option.excludes.empty()) << candidate.name;
+      for (const auto& ref : option.excludes) {
+        const auto& taker = measured.profile.candidates.at(ref.candidate);
+        EXPECT_NE(taker.options.at(ref.option).name, "checkpointed") << candidate.name;
+      }
+    }
+  }
+  EXPECT_GT(offered, 0);
 }
 
 }  // namespace
