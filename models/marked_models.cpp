@@ -25,17 +25,9 @@ DownImpl::DownImpl(int64_t in, int64_t out)
     : conv1_(register_module("conv1", ConvBnRelu(in, out))),
       conv2_(register_module("conv2", ConvBnRelu(out, out))) {}
 
-// Each convolution a candidate; the second returns the pooled features too, so that the pool
-// (which saves the features for its backward) is inside it and a planner can drop the features.
 std::tuple<at::Tensor, at::Tensor> DownImpl::forward(const at::Tensor& x) {
-  at::Tensor h = ckpt::candidate(conv1_, x);
-  return ckpt::candidate(
-      *this, "conv2",
-      [this](const at::Tensor& in) {
-        at::Tensor features = conv2_(in);
-        return std::make_tuple(features, torch::max_pool2d(features, 2));
-      },
-      h);
+  at::Tensor features = conv2_(conv1_(x));
+  return {features, torch::max_pool2d(features, 2)};
 }
 
 BottomImpl::BottomImpl(int64_t in, int64_t out)
@@ -43,7 +35,7 @@ BottomImpl::BottomImpl(int64_t in, int64_t out)
       conv2_(register_module("conv2", ConvBnRelu(out, out))) {}
 
 at::Tensor BottomImpl::forward(const at::Tensor& x) {
-  return ckpt::candidate(conv2_, ckpt::candidate(conv1_, x));
+  return conv2_(conv1_(x));
 }
 
 UpImpl::UpImpl(int64_t in, int64_t out)
@@ -52,14 +44,8 @@ UpImpl::UpImpl(int64_t in, int64_t out)
       conv1_(register_module("conv1", ConvBnRelu(2 * out, out))),
       conv2_(register_module("conv2", ConvBnRelu(out, out))) {}
 
-// The upsampling and each convolution a candidate; the first takes the skip and concatenates
-// inside, so that the concatenation (twice the skip's size) is never kept.
 at::Tensor UpImpl::forward(const at::Tensor& x, const at::Tensor& skip) {
-  at::Tensor h = ckpt::candidate(
-      *this, "conv1",
-      [this](const at::Tensor& up, const at::Tensor& s) { return conv1_(torch::cat({up, s}, 1)); },
-      ckpt::candidate(up_, x), skip);
-  return ckpt::candidate(conv2_, h);
+  return conv2_(conv1_(torch::cat({up_(x), skip}, 1)));
 }
 
 UNetImpl::UNetImpl(const UNetConfig& c) {
@@ -80,21 +66,22 @@ UNetImpl::UNetImpl(const UNetConfig& c) {
   register_module("out", out_);
 }
 
-// The candidates are inside the blocks (each convolution, and the upsampling), one line each:
-// an encoder block's second returns two tensors, a decoder block's first takes two. The skips
-// stay alive from their encoder block to their decoder block, outside every candidate, unless
-// the plan has the candidate that made them compute them again ("recomputed").
+// Each block is a candidate, marked in one line where the forward calls it: an encoder block
+// returns two tensors, a decoder block takes two. The skips stay alive from their encoder block
+// to their decoder block, outside every candidate, unless the plan recomputes the encoder block's
+// outputs ("recomputed"). (Finer candidates, each convolution, are predicted less exactly: a
+// skip's lifetime then depends on more pairs of modes, docs/memory-model.md "Any model".)
 at::Tensor UNetImpl::forward(const at::Tensor& x) {
   std::vector<at::Tensor> skips;
   at::Tensor h = x;
   for (size_t i = 0; i < downs_->size(); ++i) {
-    auto [skip, pooled] = downs_->ptr<DownImpl>(i)->forward(h);
+    auto [skip, pooled] = ckpt::candidate(downs_->ptr<DownImpl>(i), h);
     skips.push_back(skip);
     h = pooled;
   }
-  h = bottom_(h);
+  h = ckpt::candidate(bottom_, h);
   for (size_t i = 0; i < ups_->size(); ++i) {
-    h = ups_->ptr<UpImpl>(i)->forward(h, skips[skips.size() - 1 - i]);
+    h = ckpt::candidate(ups_->ptr<UpImpl>(i), h, skips[skips.size() - 1 - i]);
   }
   return out_(h);
 }

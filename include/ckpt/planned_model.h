@@ -53,6 +53,11 @@ struct PlannedModelOptions {
   /// outputs the candidates that take them don't keep, but compute again in their backward.
   /// Default: true
   TORCH_ARG(bool, recompute_outputs) = true;
+  /// The share of the budget a plan leaves free: it is solved for `(1 - headroom)` times the
+  /// budget (the smallest feasible budget grows to match). The measured peak has come out a few
+  /// KiB above the prediction (0.02% on the bench U-Net, bench/results.md "Any model"); this keeps
+  /// such errors inside the budget. Must be in [0, 0.5). Default: 0.0025
+  TORCH_ARG(double, headroom) = 0.0025;
   /// The exact solver's search limit (`plan::ModelSolverOptions::max_exact_nodes`). Default:
   /// 2,000,000
   TORCH_ARG(int64_t, max_exact_nodes) = 2'000'000;

@@ -7,6 +7,8 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <sstream>
 #include <stdexcept>
@@ -60,6 +62,43 @@ std::optional<at::Tensor> run_or_put_back(const std::shared_ptr<torch::nn::Modul
   }
   rng.restore();
   return std::nullopt;
+}
+
+// The budget a plan is for, and what it is solved for: `headroom` of it left free.
+struct PlanBudget {
+  int64_t bytes = 0;
+  int64_t smallest = 0;  // the smallest feasible budget, headroom included
+  int64_t solved_for = 0;
+};
+
+PlanBudget plan_budget(const plan::ModelProfile& profile, const plan::ModelSolverOptions& solver,
+                       const Budget& requested, const PlannedModelOptions& options) {
+  const double headroom = options.headroom();
+  TORCH_CHECK(headroom >= 0.0 && headroom < 0.5,
+              "ckpt::PlannedModel: headroom must be in [0, 0.5), a share of the budget to leave "
+              "free; got ",
+              headroom, ".");
+  const int64_t smallest_peak = plan::min_model_budget(profile, solver);
+  const int64_t plain_peak = profile.plain_peak_bytes();  // measured: no headroom needed
+  PlanBudget budget;
+  budget.smallest = std::min(
+      static_cast<int64_t>(std::ceil(static_cast<double>(smallest_peak) / (1.0 - headroom))),
+      std::max(plain_peak, smallest_peak));
+  budget.bytes = requested.resolve(plain_peak, budget.smallest);
+  if (budget.bytes < budget.smallest) {
+    const std::string message = c10::str(
+        "ckpt::PlannedModel: no choice of storage modes fits in a budget of ", budget.bytes,
+        " bytes; the smallest feasible budget for this model is ", budget.smallest,
+        " bytes (the plain step's peak is ", plain_peak,
+        "). Raise the budget, ask for it with Budget::minimum() (\"min\"), mark more or smaller "
+        "candidates, or set PlannedModelOptions().fall_back_to_minimum(true).");
+    if (!options.fall_back_to_minimum()) throw InfeasibleBudget(message, budget.smallest);
+    TORCH_WARN(message, " Planning for ", budget.smallest, " bytes instead.");
+    budget.bytes = budget.smallest;
+  }
+  const auto usable = static_cast<int64_t>(static_cast<double>(budget.bytes) * (1.0 - headroom));
+  budget.solved_for = budget.bytes >= plain_peak ? budget.bytes : std::max(usable, smallest_peak);
+  return budget;
 }
 
 }  // namespace
@@ -160,26 +199,14 @@ void PlannedModel::plan(MeasuredModel measured) {
   plan::ModelSolverOptions solver;
   solver.host_budget_bytes = options_.host_budget_bytes();
   solver.max_exact_nodes = options_.max_exact_nodes();
-  const int64_t smallest = plan::min_model_budget(profile, solver);
-  int64_t budget = budget_.resolve(profile.plain_peak_bytes(), smallest);
-  if (budget < smallest) {
-    const std::string message = c10::str(
-        "ckpt::PlannedModel: no choice of storage modes fits in a budget of ", budget,
-        " bytes; the smallest feasible budget for this model is ", smallest,
-        " bytes (the plain step's peak is ", profile.plain_peak_bytes(),
-        "). Raise the budget, ask for it with Budget::minimum() (\"min\"), mark more or smaller "
-        "candidates, or set PlannedModelOptions().fall_back_to_minimum(true).");
-    if (!options_.fall_back_to_minimum()) throw InfeasibleBudget(message, smallest);
-    TORCH_WARN(message, " Planning for ", smallest, " bytes instead.");
-    budget = smallest;
-  }
-  plan::ModelPlan solution = plan::solve_model(profile, budget, solver);
-  TORCH_CHECK(solution.feasible, "ckpt::PlannedModel: the solver found no choice within ", budget,
-              " bytes although its smallest feasible budget is ", smallest,
-              "; please report this with the model.");
+  const PlanBudget budget = plan_budget(profile, solver, budget_, options_);
+  plan::ModelPlan solution = plan::solve_model(profile, budget.solved_for, solver);
+  TORCH_CHECK(solution.feasible, "ckpt::PlannedModel: the solver found no choice within ",
+              budget.solved_for, " bytes although its smallest feasible budget is ",
+              budget.smallest, "; please report this with the model.");
   Plan next{std::move(measured),
             std::move(solution),
-            budget,
+            budget.bytes,
             {},
             std::make_shared<const detail::CandidateNames>(*model_),
             {}};

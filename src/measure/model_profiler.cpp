@@ -164,13 +164,10 @@ struct RecomputeTrial {
   std::vector<bool> measured;             // by candidate: recomputable in some step so far
   std::vector<std::set<int>> consumers;   // by candidate: those that dropped its outputs
   std::vector<bool> in_step;              // by candidate: recomputable in the current step
-  // By candidate, in the current step: the candidates whose outputs it dropped, and their bytes.
-  std::vector<std::vector<std::pair<int, int64_t>>> dropped;
   detail::RecomputableOutputs outputs;    // the current step's
 
   void start_step() {
     in_step.assign(measured.size(), false);
-    dropped.assign(measured.size(), {});
     outputs = detail::RecomputableOutputs();
   }
   // At candidate `c`'s start, before the profiler replaces its inputs.
@@ -178,14 +175,10 @@ struct RecomputeTrial {
     std::vector<int> producers;
     request.input_sources = outputs.sources_for(inputs, producers);
     bool from_recomputable = false;
-    for (size_t i = 0; i < producers.size(); ++i) {
-      const int p = producers[i];
+    for (int p : producers) {
       if (p < 0) continue;
       from_recomputable = true;
       consumers[static_cast<size_t>(p)].insert(c);
-      if (static_cast<size_t>(c) < dropped.size()) {
-        dropped[c].emplace_back(p, detail::storage_bytes(inputs[i]));
-      }
     }
     if (from_recomputable || static_cast<size_t>(c) >= measured.size() || measured[c]) return;
     request.recomputable_outputs = true;
@@ -517,7 +510,6 @@ struct TrialRun {
   std::shared_ptr<StepRecord> step;
   std::vector<int> matching;  // where each plain event is in `step`
   std::vector<bool> recomputable;
-  std::vector<std::vector<std::pair<int, int64_t>>> dropped;  // RecomputeTrial::dropped
 };
 
 plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<ModeRun>& modes) {
@@ -544,8 +536,9 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
 
 // Candidate `c`'s "recomputed" option, from the trial step it was recomputable in: its own costs
 // as there (its outputs freed where the model let go of them), and on the takers' backward what
-// running it again costs them there (their backward's peak over the checkpointed step's, less
-// the outputs of other candidates they ran again at once) and its forward's time once per taker.
+// running it again costs them there (their backward's peak over the checkpointed step's: where a
+// taker ran several candidates again at once, each is charged with all of it, which only
+// overstates) and its forward's time once per taker.
 plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& checkpointed,
                                         const TrialRun& trial, int c,
                                         const std::set<int>& takers) {
@@ -558,9 +551,9 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
   const CandidateCosts own = costs_of(*checkpointed.step, span_of(*checkpointed.step, c), c);
   double seconds = std::max(mode.costs.seconds, kept.costs.seconds + kept.costs.forward_seconds);
   for (int t : takers) {
-    int64_t rerun = costs_of(*trial.step, span_of(*trial.step, t), t).backward_peak -
-                    costs_of(*checkpointed.step, span_of(*checkpointed.step, t), t).backward_peak;
-    for (const auto& [producer, bytes] : trial.dropped[t]) rerun -= producer != c ? bytes : 0;
+    const int64_t rerun =
+        costs_of(*trial.step, span_of(*trial.step, t), t).backward_peak -
+        costs_of(*checkpointed.step, span_of(*checkpointed.step, t), t).backward_peak;
     const Span taker = span_of(plain, t);
     for (int k = taker.backward_begin + 1; k <= taker.backward_end; ++k) {
       const int j = k - span.forward_end;
@@ -585,7 +578,7 @@ std::vector<TrialRun> run_trials(const StepSetup& setup, const StepRecord& plain
     check_same_candidates(plain, *step, kRecomputedMode);
     if (std::find(trial.in_step.begin(), trial.in_step.end(), true) == trial.in_step.end()) break;
     std::vector<int> matching = matching_events(plain, *step);
-    runs.push_back({std::move(step), std::move(matching), trial.in_step, trial.dropped});
+    runs.push_back({std::move(step), std::move(matching), trial.in_step});
     if (std::find(trial.measured.begin(), trial.measured.end(), false) == trial.measured.end())
       break;
   }
