@@ -12,6 +12,7 @@
 #include "marked_models.h"
 #include "support/support.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
@@ -315,6 +316,31 @@ TEST_F(PlannedModelErrorTest, ABudgetBelowTheSmallestRaisesWithIt) {
   ckpt::PlannedModel at_smallest(model, ckpt::Budget::bytes(smallest));
   at_smallest.plan(loss_fn);
   EXPECT_LE(at_smallest.solution().prediction.peak_bytes, smallest);
+}
+
+// A plan leaves `headroom` of its budget free, below the plain peak; the smallest feasible budget
+// grows to match. A headroom outside [0, 0.5) is an error.
+TEST_F(PlannedModelTest, APlanLeavesItsHeadroomFree) {
+  auto config = ckpt::models::model_config("resnet", /*quick=*/true);
+  auto model = ckpt::models::build_model(config);
+  const torch::Tensor input = ckpt::models::make_input(config);
+  const LossFn loss = [&] { return model->forward(input).pow(2).mean(); };
+  const ckpt::MeasuredModel measured = ckpt::profile_model(model.ptr(), loss);
+  const int64_t smallest_peak = ckpt::plan::min_model_budget(measured.profile);
+  for (const double headroom : {0.0, 0.0025, 0.1}) {
+    ckpt::PlannedModel planned(model, ckpt::Budget::minimum(),
+                               ckpt::PlannedModelOptions().headroom(headroom));
+    planned.plan(measured);
+    EXPECT_EQ(planned.budget_bytes(), static_cast<int64_t>(std::ceil(
+                                          static_cast<double>(smallest_peak) / (1 - headroom))));
+    EXPECT_LE(static_cast<double>(planned.solution().prediction.peak_bytes),
+              (1 - headroom) * static_cast<double>(planned.budget_bytes()) + 1);
+  }
+  for (const double bad : {-0.1, 0.5}) {
+    ckpt::PlannedModel planned(model, ckpt::Budget::minimum(),
+                               ckpt::PlannedModelOptions().headroom(bad));
+    CKPT_EXPECT_THROWS_WITH(planned.plan(measured), "headroom must be in [0, 0.5)");
+  }
 }
 
 TEST_F(PlannedModelErrorTest, ALargerInputIsRefusedWithTheStateAsItWas) {
