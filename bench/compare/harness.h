@@ -16,10 +16,10 @@ struct BenchOptions {
   int steps = 15;                   // timed steps per method (after warm-up)
   int warmup = 3;
   int threads = 1;
-  bool python = true;   // also run torch.utils.checkpoint (skipped if unavailable)
-  bool planned = true;  // also run PlannedSequential and PlannedModel at the peaks of
-                        // checkpoint_sequential
-  bool quick = false;   // small sizes, few steps: for tests
+  bool python = true;             // also run torch.utils.checkpoint (skipped if unavailable)
+  bool planned = true;            // also run PlannedSequential and PlannedModel at the peaks of
+                                  // checkpoint_sequential
+  bool quick = false;             // small sizes, few steps: for tests
   std::string python_executable;  // empty: CKPT_PYTHON at build time, else /usr/bin/python3
   std::string python_script;      // empty: bench/compare/torch_checkpoint.py of the source tree
   bool rss = true;                // also measure each step's RSS high-water mark (Linux)
@@ -35,8 +35,8 @@ struct BenchOptions {
 
 struct BenchRow {
   std::string model;
-  std::string method;  // "none", "ckpt_sequential", "python_sequential", "ckpt_planned",
-                       // "ckpt_model_planned", ...
+  std::string method;      // "none", "ckpt_sequential", "python_sequential", "ckpt_planned",
+                           // "ckpt_model_planned", ...
   std::string setting;     // "segments=4", "budget=12.3MiB", ...
   int64_t peak_bytes = 0;  // activation peak of one step (counting allocator, or RSS for Python)
   int64_t predicted_peak_bytes = -1;  // planned rows: the simulator's prediction

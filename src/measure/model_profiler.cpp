@@ -161,10 +161,10 @@ struct StepRecord {
 // region drops the recomputable outputs it takes.
 struct RecomputeTrial {
   explicit RecomputeTrial(size_t candidates) : measured(candidates), consumers(candidates) {}
-  std::vector<bool> measured;             // by candidate: recomputable in some step so far
-  std::vector<std::set<int>> consumers;   // by candidate: those that dropped its outputs
-  std::vector<bool> in_step;              // by candidate: recomputable in the current step
-  detail::RecomputableOutputs outputs;    // the current step's
+  std::vector<bool> measured;            // by candidate: recomputable in some step so far
+  std::vector<std::set<int>> consumers;  // by candidate: those that dropped its outputs
+  std::vector<bool> in_step;             // by candidate: recomputable in the current step
+  detail::RecomputableOutputs outputs;   // the current step's
 
   void start_step() {
     in_step.assign(measured.size(), false);
@@ -526,13 +526,15 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     const CandidateInStep mode{run.step->candidates[c], mode_span,
                                costs_of(*run.step, mode_span, c)};
     if (mode.costs.forward_kept >= kept.costs.forward_kept && mode.costs.host == 0) continue;
-    plan::CandidateOption option{run.name, at_least_plain_time(kept.costs, mode.costs, run),
-                                 mode.costs.host, peak_deltas(kept, mode, run.matching), {}};
+    plan::CandidateOption option{run.name,
+                                 at_least_plain_time(kept.costs, mode.costs, run),
+                                 mode.costs.host,
+                                 peak_deltas(kept, mode, run.matching),
+                                 {}};
     if (!offered_already(candidate, option)) candidate.options.push_back(std::move(option));
   }
   return candidate;
 }
-
 
 // Candidate `c`'s "recomputed" option, from the trial step it was recomputable in: its own costs
 // as there (its outputs freed where the model let go of them), and on the takers' backward what
@@ -540,8 +542,7 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
 // taker ran several candidates again at once, each is charged with all of it, which only
 // overstates) and its forward's time once per taker.
 plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& checkpointed,
-                                        const TrialRun& trial, int c,
-                                        const std::set<int>& takers) {
+                                        const TrialRun& trial, int c, const std::set<int>& takers) {
   const Span span = span_of(plain, c);
   const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
   const Span trial_span = span_of(*trial.step, c);

@@ -56,7 +56,10 @@ void RecomputableOutputs::add(int producer, const std::vector<at::Tensor>& outpu
   for (size_t i = 0; i < outputs.size() && i < request.output_sources.size(); ++i) {
     if (!request.output_sources[i] || !outputs[i].defined()) continue;
     c10::TensorImpl* impl = outputs[i].unsafeGetTensorImpl();
-    entries_.insert_or_assign(impl, Entry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(outputs[i].getIntrusivePtr()), request.output_sources[i], producer});
+    entries_.insert_or_assign(
+        impl, Entry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                        outputs[i].getIntrusivePtr()),
+                    request.output_sources[i], producer});
   }
 }
 
@@ -68,7 +71,8 @@ std::vector<std::shared_ptr<const RecomputeSource>> RecomputableOutputs::sources
     if (!inputs[i].defined()) continue;
     const auto found = entries_.find(inputs[i].unsafeGetTensorImpl());
     // The address is the tensor's only while the tensor recorded there lives.
-    if (found == entries_.end() || found->second.tensor.lock().get() != inputs[i].unsafeGetTensorImpl())
+    if (found == entries_.end() ||
+        found->second.tensor.lock().get() != inputs[i].unsafeGetTensorImpl())
       continue;
     sources[i] = found->second.source;
     producers[i] = found->second.producer;

@@ -220,7 +220,8 @@ void RegionState::release() {
 
 Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
                std::shared_ptr<CallSite> site)
-    : state_(std::make_shared<RegionState>()), site_(std::move(site)),
+    : state_(std::make_shared<RegionState>()),
+      site_(std::move(site)),
       request_(take_region_request()) {
   RegionState& state = *state_;
   // First, so that a factory that throws leaves nothing to undo.

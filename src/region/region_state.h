@@ -46,8 +46,8 @@ struct RegionState {
   // Those a planner let the region drop (`RegionRequest`), by argument; empty where none. The
   // recompute computes them again from their sources.
   std::vector<DroppedInput> dropped;
-  ModuleList modules;              // whose buffers the recompute must leave as they were
-  TrainingModes training;          // their train()/eval() modes in the forward
+  ModuleList modules;      // whose buffers the recompute must leave as they were
+  TrainingModes training;  // their train()/eval() modes in the forward
   // The inputs (at the start of the forward), then the leaves at the region's border that the
   // recomputation reads again: parameters, captured or owned by modules (at its end).
   VersionSnapshot versions;

@@ -210,8 +210,8 @@ TEST_F(PlannedModelTest, RecomputedOutputsLowerTheSmallestBudget) {
   };
   const int64_t without = smallest(false), with = smallest(true);
   EXPECT_LT(static_cast<double>(with), 0.9 * static_cast<double>(without));
-  expect_planned_like_plain<torch::nn::Sequential>(make(), make(), loss_of,
-                                                   ckpt::Budget::minimum(), 0.02);
+  expect_planned_like_plain<torch::nn::Sequential>(make(), make(), loss_of, ckpt::Budget::minimum(),
+                                                   0.02);
 }
 
 // The options "recomputed" excludes: every option but "checkpointed" of each candidate that takes
@@ -331,8 +331,8 @@ TEST_F(PlannedModelTest, APlanLeavesItsHeadroomFree) {
     ckpt::PlannedModel planned(model, ckpt::Budget::minimum(),
                                ckpt::PlannedModelOptions().headroom(headroom));
     planned.plan(measured);
-    EXPECT_EQ(planned.budget_bytes(), static_cast<int64_t>(std::ceil(
-                                          static_cast<double>(smallest_peak) / (1 - headroom))));
+    EXPECT_EQ(planned.budget_bytes(),
+              static_cast<int64_t>(std::ceil(static_cast<double>(smallest_peak) / (1 - headroom))));
     EXPECT_LE(static_cast<double>(planned.solution().prediction.peak_bytes),
               (1 - headroom) * static_cast<double>(planned.budget_bytes()) + 1);
   }
