@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 
@@ -20,6 +21,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -45,6 +47,26 @@ class CandidateRunner {
   virtual void end(std::vector<at::Tensor>& outputs, const RegionRequest& request) = 0;
   /// The candidate raised an exception; `end` won't come.
   virtual void abandon() noexcept = 0;
+};
+
+/// The recomputable outputs of one step's regions (`RegionRequest::output_sources`), found again
+/// by the tensors later regions take: what a planner's runner asks those regions to drop.
+class RecomputableOutputs {
+ public:
+  /// Records the sources `request` got for `outputs`, returned by candidate `producer`.
+  void add(int producer, const std::vector<at::Tensor>& outputs, const RegionRequest& request);
+  /// For each of `inputs`, the source of the recomputable output it is (null where none); the
+  /// candidate each comes from goes to `producers` (-1 where none).
+  std::vector<std::shared_ptr<const RecomputeSource>> sources_for(
+      const std::vector<at::Tensor>& inputs, std::vector<int>& producers) const;
+
+ private:
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> tensor;
+    std::shared_ptr<const RecomputeSource> source;
+    int producer = -1;
+  };
+  std::unordered_map<const c10::TensorImpl*, Entry> entries_;
 };
 
 /// The runner of the calling thread, or nullptr.

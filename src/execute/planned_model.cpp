@@ -2,7 +2,6 @@
 
 #include "autograd/buffer_guard.h"
 #include "autograd/rng_state.h"
-#include "region/recomputed_input.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>

@@ -7,7 +7,6 @@
 #include "autograd/rng_state.h"
 #include "compat/torch_compat.h"
 #include "measure/step_measure.h"
-#include "region/recomputed_input.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>

@@ -51,35 +51,6 @@ at::Tensor DroppedInput::materialize() const {
   return argument;
 }
 
-void RecomputableOutputs::add(int producer, const std::vector<at::Tensor>& outputs,
-                              const RegionRequest& request) {
-  for (size_t i = 0; i < outputs.size() && i < request.output_sources.size(); ++i) {
-    if (!request.output_sources[i] || !outputs[i].defined()) continue;
-    c10::TensorImpl* impl = outputs[i].unsafeGetTensorImpl();
-    entries_.insert_or_assign(
-        impl, Entry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-                        outputs[i].getIntrusivePtr()),
-                    request.output_sources[i], producer});
-  }
-}
-
-std::vector<std::shared_ptr<const RecomputeSource>> RecomputableOutputs::sources_for(
-    const std::vector<at::Tensor>& inputs, std::vector<int>& producers) const {
-  std::vector<std::shared_ptr<const RecomputeSource>> sources(inputs.size());
-  producers.assign(inputs.size(), -1);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) continue;
-    const auto found = entries_.find(inputs[i].unsafeGetTensorImpl());
-    // The address is the tensor's only while the tensor recorded there lives.
-    if (found == entries_.end() ||
-        found->second.tensor.lock().get() != inputs[i].unsafeGetTensorImpl())
-      continue;
-    sources[i] = found->second.source;
-    producers[i] = found->second.producer;
-  }
-  return sources;
-}
-
 RecomputedValues::RecomputedValues() : previous_(std::exchange(current_values, this)) {}
 
 RecomputedValues::~RecomputedValues() {

@@ -8,7 +8,6 @@
 #include <ckpt/detail/region.h>
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/edge.h>
 
 #include <cstddef>
@@ -61,26 +60,6 @@ class RecomputedValues {
  private:
   RecomputedValues* previous_;
   std::unordered_map<const RegionState*, std::vector<at::Tensor>> values_;
-};
-
-/// The recomputable outputs of one step's regions (`RegionRequest::output_sources`), found again
-/// by the tensors later regions take: what a planner's runner asks those regions to drop.
-class RecomputableOutputs {
- public:
-  /// Records the sources `request` got for `outputs`, returned by candidate `producer`.
-  void add(int producer, const std::vector<at::Tensor>& outputs, const RegionRequest& request);
-  /// For each of `inputs`, the source of the recomputable output it is (null where none); the
-  /// candidate each comes from goes to `producers` (-1 where none).
-  std::vector<std::shared_ptr<const RecomputeSource>> sources_for(
-      const std::vector<at::Tensor>& inputs, std::vector<int>& producers) const;
-
- private:
-  struct Entry {
-    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> tensor;
-    std::shared_ptr<const RecomputeSource> source;
-    int producer = -1;
-  };
-  std::unordered_map<const c10::TensorImpl*, Entry> entries_;
 };
 
 /// The request the calling thread's next region takes (nullptr: none); it is taken.
