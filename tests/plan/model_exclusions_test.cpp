@@ -83,6 +83,23 @@ TEST(ModelExclusionsTest, HandExample) {
   EXPECT_FALSE(solve_model(p, 189).feasible);
 }
 
+// Without segments (memory never binds): a's faster option needs b off "stored", and b's slow
+// option costs less than a's saves, so the fastest choice takes both; the heuristic too.
+TEST(ModelExclusionsTest, ChoosesAnOptionWithTheOneItForces) {
+  ModelProfile p;
+  p.candidates.push_back(
+      Candidate{"a", 0, {{"stored", 2.0, 0, {}}, {"fast", 1.0, 0, {}, {OptionRef{1, 0}}}}});
+  p.candidates.push_back(
+      Candidate{"b", 0, {{"stored", 1.0, 0, {}}, {"slow", 1.5, 0, {}}, {"slower", 3.0, 0, {}}}});
+  for (int64_t nodes : {int64_t{0}, int64_t{2'000'000}}) {
+    ModelSolverOptions options;
+    options.max_exact_nodes = nodes;
+    EXPECT_EQ(solve_model(p, 0, options).choice, (std::vector<int>{1, 1})) << nodes << " nodes";
+    EXPECT_EQ(min_model_budget(p, options), 0);
+  }
+  EXPECT_EQ(solve_model_brute_force(p, 0).choice, (std::vector<int>{1, 1}));
+}
+
 // ~~~ Random profiles with exclusions ~~~
 
 // "Recomputed", as the profiler offers it: on about a third of the candidates (those with a

@@ -107,12 +107,13 @@ struct ModelPlan {
 
 /// The fastest valid choice (no two options that exclude each other) whose predicted peak is at
 /// most `budget_bytes` and whose host memory is within `options.host_budget_bytes` (ties: the
-/// smaller peak). Exact by branch and bound where
-/// the search stays within `options.max_exact_nodes`; otherwise the best choice of a heuristic.
+/// smaller peak). Exact by branch and bound where the search stays within
+/// `options.max_exact_nodes`; otherwise the best choice of a heuristic.
 ModelPlan solve_model(const ModelProfile& profile, int64_t budget_bytes,
                       const ModelSolverOptions& options = {});
 
-/// Every choice tried, for tests (the oracle). Throws std::invalid_argument beyond 2^20 choices.
+/// Every valid choice tried, for tests (the oracle). Throws std::invalid_argument beyond 2^20
+/// choices.
 ModelPlan solve_model_brute_force(const ModelProfile& profile, int64_t budget_bytes,
                                   int64_t host_budget_bytes = std::numeric_limits<int64_t>::max());
 

@@ -237,8 +237,9 @@ class Program {
     }
     if (groups.size() == 1) return std::move(groups[0]);
     std::vector<Entry> out;
-    for (const std::vector<Entry>& group : groups)
+    for (const std::vector<Entry>& group : groups) {
       out.insert(out.end(), group.begin(), group.end());
+    }
     return out;
   }
 

@@ -189,7 +189,8 @@ class Followers {
     for (int i = 0; i < candidate.length; ++i) {
       pending_[candidate.begin + i] += to.delta[i] - from.delta[i];
     }
-    switched_.emplace_back(d, p);  // first in position(): a later switch of d is not planned
+    // Each candidate once: a follower's new option is allowed with s's, so it never clashes.
+    switched_.emplace_back(d, p);
   }
 
   void clear() {
@@ -250,6 +251,12 @@ std::vector<std::pair<int, int>> make(const ModelProblem& problem, ModelState& s
   return undo;
 }
 
+// Puts back what make() returned.
+void undo(const ModelProblem& problem, ModelState& state,
+          const std::vector<std::pair<int, int>>& was) {
+  for (auto it = was.rbegin(); it != was.rend(); ++it) state.change(problem, it->first, it->second);
+}
+
 // Switches options until the choice fits; false when no switch reduces the overflow.
 bool repair(const ModelProblem& problem, ModelState& state, const ModelLimits& limits) {
   while (!fits(state, limits)) {
@@ -280,19 +287,17 @@ void improve(const ModelProblem& problem, ModelState& state, const ModelLimits& 
     Followers followers(problem, state, limits);
     for (const auto& [saved, c, m] : moves) {
       const std::vector<ModelOption>& options = problem.candidates[c].options;
-      if (options[m].extra >= options[state.positions[c]].extra)
-        continue;  // a larger saving came first
+      // A larger saving came first; a blocked switch goes with its followers if they still save.
+      if (options[m].extra >= options[state.positions[c]].extra) continue;
       Switch s;
       s.c = c;
       s.position = m;
-      // A blocked switch with its followers, where they still save time.
       if (!state.allows(problem, c, m) && (!followers.plan(s) || s.cost >= 0.0)) continue;
-      const std::vector<std::pair<int, int>> undo = make(problem, state, s);
+      const std::vector<std::pair<int, int>> was = make(problem, state, s);
       if (fits(state, limits)) {
         changed = true;
       } else {
-        for (auto it = undo.rbegin(); it != undo.rend(); ++it)
-          state.change(problem, it->first, it->second);
+        undo(problem, state, was);
       }
     }
   }
@@ -358,27 +363,27 @@ int64_t smallest_peak_bound(const ModelProblem& problem) {
   return loads.max();
 }
 
-// Each candidate at the option whose deltas sum lowest: a start far from the fastest.
+// The bytes an option adds over its window, summed.
 int64_t delta_sum(const ModelOption& option) {
   return std::accumulate(option.delta.begin(), option.delta.end(), int64_t{0});
 }
 
-// The bytes an option adds over its window, summed: the score of the thriftiest start.
+// delta_sum as a score for legal(): the thriftiest start's aim.
 std::function<double(int, int)> bytes_score(const ModelProblem& problem) {
   return [&problem](int c, int p) {
     return static_cast<double>(delta_sum(problem.candidates[c].options[p]));
   };
 }
 
+// Each candidate at the option whose deltas sum lowest: a start far from the fastest.
 std::vector<int> thriftiest(const ModelProblem& problem) {
   std::vector<int> positions;
   for (const ModelCandidate& candidate : problem.candidates) {
     const auto& options = candidate.options;
-    const auto sum = delta_sum;
     positions.push_back(
         static_cast<int>(std::min_element(options.begin(), options.end(),
                                           [&](const ModelOption& a, const ModelOption& b) {
-                                            return sum(a) < sum(b);
+                                            return delta_sum(a) < delta_sum(b);
                                           }) -
                          options.begin()));
   }

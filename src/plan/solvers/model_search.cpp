@@ -20,6 +20,63 @@ namespace {
 
 constexpr size_t kCriticalSegments = 2;
 
+// What the decided options exclude: per option, how many decided options exclude it; per
+// undecided candidate, whether it has options left and, with segment weights, its least weighted
+// delta over them (a tighter bound than over all of its options).
+class Excluded {
+ public:
+  Excluded(const ModelProblem& problem, const std::vector<int>& order, const PeakWeights* weights)
+      : weights_(weights), rank_(order.size()), dead_(order.size(), 0) {
+    for (size_t d = 0; d < order.size(); ++d) rank_[order[d]] = d;
+    for (const ModelCandidate& candidate : problem.candidates) {
+      count_.emplace_back(candidate.options.size(), 0);
+    }
+    for (size_t c = 0; weights && c < order.size(); ++c) least_.push_back(weights->least(c));
+  }
+
+  bool blocked(int c, int position) const { return count_[c][position] > 0; }
+  // Whether an undecided candidate has every option excluded: no completion is valid.
+  bool dead() const { return dead_count_ > 0; }
+  double least(int c) const { return least_[c]; }
+
+  // Counts the exclusions of `option` (sign 1, as it is decided at `depth`) or uncounts them
+  // (sign -1), rescoring the undecided candidates whose options that closes or opens. Returns
+  // how much their least weighted deltas rose.
+  double block(const ModelOption& option, int sign, size_t depth) {
+    double rise = 0.0;
+    for (const auto& [d, p] : option.excludes) {
+      const bool was = count_[d][p] > 0;
+      count_[d][p] += sign;
+      if (rank_[d] > depth && was != (count_[d][p] > 0)) rise += rescore(d);
+    }
+    return rise;
+  }
+
+ private:
+  double rescore(int d) {
+    double least = std::numeric_limits<double>::infinity();
+    bool open = false;
+    for (size_t p = 0; p < count_[d].size(); ++p) {
+      if (count_[d][p] > 0) continue;
+      open = true;
+      if (weights_) least = std::min(least, weights_->option(d, static_cast<int>(p)));
+    }
+    dead_count_ += (open ? 0 : 1) - dead_[d];
+    dead_[d] = open ? 0 : 1;
+    if (!open || !weights_) return 0.0;  // a dead candidate keeps its last score: its node is cut
+    const double rise = least - least_[d];
+    least_[d] = least;
+    return rise;
+  }
+
+  const PeakWeights* weights_;
+  std::vector<size_t> rank_;  // per candidate: its depth in the order (to tell the decided)
+  std::vector<std::vector<int>> count_;
+  std::vector<int> dead_;
+  int dead_count_ = 0;
+  std::vector<double> least_;  // with weights
+};
+
 class Search {
  public:
   Search(const ModelProblem& problem, const ModelLimits& limits, bool by_peak, ModelBest& best)
@@ -59,7 +116,8 @@ class Search {
       weights_ = std::make_unique<PeakWeights>(problem);
       weighted_ = weights_->bound();
     }
-    if (problem.has_exclusions) track_exclusions();
+    if (problem.has_exclusions)
+      excluded_ = std::make_unique<Excluded>(problem, order_, weights_.get());
   }
 
   // The knapsack bounds of the segments that overflow the budget most with every candidate at
@@ -74,18 +132,6 @@ class Search {
     std::partial_sort(overflow.begin(), overflow.begin() + count, overflow.end(), std::greater<>());
     for (size_t i = 0; i < count; ++i) bounds_.emplace_back(problem_, overflow[i].second);
     decided_.assign(problem_.candidates.size(), 0);
-  }
-
-  // Exclusions: counts per option, and each candidate's place in the order (to tell the decided);
-  // with the weights, each candidate's least weighted delta over the options it still has.
-  void track_exclusions() {
-    rank_.resize(order_.size());
-    for (size_t d = 0; d < order_.size(); ++d) rank_[order_[d]] = d;
-    for (const ModelCandidate& candidate : problem_.candidates) {
-      blocked_.emplace_back(candidate.options.size(), 0);
-    }
-    dead_.assign(order_.size(), 0);
-    for (size_t c = 0; weights_ && c < order_.size(); ++c) least_.push_back(weights_->least(c));
   }
 
   // Whether the search finished within the node limit.
@@ -134,9 +180,9 @@ class Search {
       positions_[c] = child.position;
       const double weighted = weighted_;
       if (weights_) weighted_ += weights_->option(c, child.position) - least(c);
-      if (!blocked_.empty()) block(option, 1, depth);
-      if (dead_count_ == 0) visit(depth + 1, child.peak);  // else a candidate has no option left
-      if (!blocked_.empty()) block(option, -1, depth);
+      if (excluded_) weighted_ += excluded_->block(option, 1, depth);
+      if (!excluded_ || !excluded_->dead()) visit(depth + 1, child.peak);
+      if (excluded_) excluded_->block(option, -1, depth);  // weighted_ is put back below
       weighted_ = weighted;
       time_ = time;
       host_ -= option.host;
@@ -161,7 +207,7 @@ class Search {
       if (!by_peak_ && best_.found && time_ + option.extra + rest_extra_[depth + 1] > best_.time) {
         break;
       }
-      if (!blocked_.empty() && blocked_[c][m] > 0) continue;  // a decided option excludes it
+      if (excluded_ && excluded_->blocked(c, static_cast<int>(m))) continue;
       if (host_ + option.host + rest_host_[depth + 1] > limits_.host_budget) continue;
       int64_t highest = peak, fastest = 0;
       if (!scan(candidate, option, highest, fastest)) continue;
@@ -260,34 +306,8 @@ class Search {
     return rate * (static_cast<double>(load) - static_cast<double>(limits_.budget));
   }
 
-  // Counts the exclusions of `option` (sign 1, as it is decided at `depth`) or uncounts them
-  // (sign -1), and rescores the undecided candidates whose options that opens or closes.
-  void block(const ModelOption& option, int sign, size_t depth) {
-    for (const auto& [d, p] : option.excludes) {
-      const bool was = blocked_[d][p] > 0;
-      blocked_[d][p] += sign;
-      if (rank_[d] > depth && was != (blocked_[d][p] > 0)) rescore(d);
-    }
-  }
-
-  // Whether candidate d has options left (dead_), and its least weighted delta over them.
-  void rescore(int d) {
-    double least = std::numeric_limits<double>::infinity();
-    bool open = false;
-    for (size_t p = 0; p < blocked_[d].size(); ++p) {
-      if (blocked_[d][p] > 0) continue;
-      open = true;
-      if (weights_) least = std::min(least, weights_->option(d, static_cast<int>(p)));
-    }
-    dead_count_ += (open ? 0 : 1) - dead_[d];
-    dead_[d] = open ? 0 : 1;
-    if (!open || !weights_) return;  // a dead candidate keeps its last score: its node is cut
-    weighted_ += least - least_[d];
-    least_[d] = least;
-  }
-
-  // Candidate c's least weighted delta: over its options left, where exclusions are tracked.
-  double least(int c) const { return least_.empty() ? weights_->least(c) : least_[c]; }
+  // Candidate c's least weighted delta: over the options it has left, where exclusions are.
+  double least(int c) const { return excluded_ ? excluded_->least(c) : weights_->least(c); }
 
   static void add(std::vector<int64_t>& to, int begin, const std::vector<int64_t>& values,
                   int sign) {
@@ -314,14 +334,7 @@ class Search {
   int64_t host_ = 0;
   int64_t nodes_ = 0;
   bool aborted_ = false;
-  // Exclusions (all empty without them): per option, how many decided options exclude it; per
-  // candidate, its depth in order_, whether every option is excluded, its least weighted delta
-  // left (peak only).
-  std::vector<std::vector<int>> blocked_;
-  std::vector<size_t> rank_;
-  std::vector<int> dead_;
-  int dead_count_ = 0;
-  std::vector<double> least_;
+  std::unique_ptr<Excluded> excluded_;  // where the profile has exclusions
 };
 
 }  // namespace
