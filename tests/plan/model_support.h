@@ -163,6 +163,22 @@ inline int64_t brute_force_min_peak(const ModelProfile& p, int64_t host_budget) 
   return lowest;
 }
 
+// min_model_budget equals the brute-force minimum on `trials` profiles from `make(trial)`, and the
+// heuristic alone misses it on some (so that the profiles test the search).
+inline void expect_min_budget_matches_brute_force(int trials,
+                                                  const std::function<ModelProfile(int)>& make) {
+  int heuristic_missed = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    const ModelProfile p = make(trial);
+    const int64_t lowest = brute_force_min_peak(p, kUnlimited);
+    EXPECT_EQ(min_model_budget(p), lowest) << "trial " << trial;
+    ModelSolverOptions heuristic;
+    heuristic.max_exact_nodes = 0;
+    heuristic_missed += min_model_budget(p, heuristic) > lowest;
+  }
+  EXPECT_GT(heuristic_missed, 0) << "the profiles are too easy to test the search";
+}
+
 inline int64_t total_host(const ModelProfile& p) {
   int64_t total = 0;
   for (const Candidate& c : p.candidates) {
