@@ -551,10 +551,11 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
   const CandidateCosts own = costs_of(*checkpointed.step, span_of(*checkpointed.step, c), c);
   double seconds = std::max(mode.costs.seconds, kept.costs.seconds + kept.costs.forward_seconds);
   for (int t : takers) {
+    const Span taker = span_of(plain, t);
+    if (taker.backward_begin < 0) continue;  // no backward: nothing runs it again
     const int64_t rerun =
         costs_of(*trial.step, span_of(*trial.step, t), t).backward_peak -
         costs_of(*checkpointed.step, span_of(*checkpointed.step, t), t).backward_peak;
-    const Span taker = span_of(plain, t);
     for (int k = taker.backward_begin + 1; k <= taker.backward_end; ++k) {
       const int j = k - span.forward_end;
       if (j >= 0 && j < static_cast<int>(deltas.size())) deltas[j] += std::max<int64_t>(rerun, 0);
