@@ -101,10 +101,7 @@ class Down(nn.Module):
         self.conv1, self.conv2 = ConvBnRelu(cin, cout), ConvBnRelu(cout, cout)
 
     def forward(self, x):
-        return candidate(self._conv2, candidate(self.conv1, x))
-
-    def _conv2(self, h):
-        features = self.conv2(h)
+        features = self.conv2(self.conv1(x))
         return features, F.max_pool2d(features, 2)
 
 
@@ -114,7 +111,7 @@ class Bottom(nn.Module):
         self.conv1, self.conv2 = ConvBnRelu(cin, cout), ConvBnRelu(cout, cout)
 
     def forward(self, x):
-        return candidate(self.conv2, candidate(self.conv1, x))
+        return self.conv2(self.conv1(x))
 
 
 class Up(nn.Module):
@@ -124,11 +121,7 @@ class Up(nn.Module):
         self.conv1, self.conv2 = ConvBnRelu(2 * cout, cout), ConvBnRelu(cout, cout)
 
     def forward(self, x, skip):
-        h = candidate(self._conv1, candidate(self.up, x), skip)
-        return candidate(self.conv2, h)
-
-    def _conv1(self, up, skip):
-        return self.conv1(torch.cat([up, skip], 1))
+        return self.conv2(self.conv1(torch.cat([self.up(x), skip], 1)))
 
 
 class UNet(nn.Module):
@@ -149,11 +142,11 @@ class UNet(nn.Module):
     def forward(self, x):
         skips, h = [], x
         for down in self.downs:
-            skip, h = down(h)
+            skip, h = candidate(down, h)
             skips.append(skip)
-        h = self.bottom(h)
+        h = candidate(self.bottom, h)
         for i, up in enumerate(self.ups):
-            h = up(h, skips[-1 - i])
+            h = candidate(up, h, skips[-1 - i])
         return self.out(h)
 
 

@@ -285,24 +285,34 @@ std::vector<std::pair<int64_t, std::string>> planned_budgets(const Methods& meth
   return budgets;
 }
 
+// A planner's row for one budget (which counts `input_bytes`, the input the peaks leave out);
+// below `min_budget` its note says that the budget is infeasible, and what the smallest is.
+BenchRow planner_row(const Methods& methods, const std::string& name, const std::string& method,
+                     int64_t budget, const std::string& label, int64_t input_bytes,
+                     int64_t min_budget) {
+  BenchRow row;
+  row.model = name;
+  row.method = method;
+  row.budget_bytes = budget;
+  row.setting = "budget=" + mib(budget - input_bytes) + "MiB (" + label + ")";
+  row.peak_bytes = -1;
+  row.step_ms = -1;
+  if (budget >= min_budget) return row;
+  const int64_t none_peak = methods.front()->row.peak_bytes;
+  row.note =
+      "infeasible: the smallest feasible budget is " + mib(min_budget - input_bytes) + " MiB (" +
+      percent(static_cast<double>(min_budget - input_bytes) / static_cast<double>(none_peak)) +
+      " of none)";
+  return row;
+}
+
 // A PlannedSequential method for one budget, or a row that says why there is none.
 void add_planned_method(Methods& methods, const std::string& name, torch::nn::Sequential model,
                         const plan::Chain& profile, const StorageModes& modes, int64_t budget,
                         const std::string& label, int64_t input_bytes, int64_t min_budget,
                         double plain_time) {
-  BenchRow row;
-  row.model = name;
-  row.method = "ckpt_planned";
-  row.budget_bytes = budget;
-  row.setting = "budget=" + mib(budget - input_bytes) + "MiB (" + label + ")";
-  row.peak_bytes = -1;
-  row.step_ms = -1;
-  const int64_t none_peak = methods.front()->row.peak_bytes;
+  BenchRow row = planner_row(methods, name, "ckpt_planned", budget, label, input_bytes, min_budget);
   if (budget < min_budget) {
-    row.note =
-        "infeasible: the smallest feasible budget is " + mib(min_budget - input_bytes) + " MiB (" +
-        percent(static_cast<double>(min_budget - input_bytes) / static_cast<double>(none_peak)) +
-        " of none)";
     add_method(methods, row, nullptr);
     return;
   }
@@ -410,18 +420,8 @@ void add_model_planned_methods(const std::string& name, Workbench& bench, Memory
     return;
   }
   for (const auto& [budget, label] : planned_budgets(methods, 0, min_budget)) {
-    BenchRow row;
-    row.model = name;
-    row.method = "ckpt_model_planned";
-    row.budget_bytes = budget;
-    row.setting = "budget=" + mib(budget) + "MiB (" + label + ")";
-    row.peak_bytes = -1;
-    row.step_ms = -1;
+    BenchRow row = planner_row(methods, name, "ckpt_model_planned", budget, label, 0, min_budget);
     if (budget < min_budget) {
-      row.note = "infeasible: the smallest feasible budget is " + mib(min_budget) + " MiB (" +
-                 percent(static_cast<double>(min_budget) /
-                         static_cast<double>(methods.front()->row.peak_bytes)) +
-                 " of none)";
       add_method(methods, row, nullptr);
       continue;
     }

@@ -82,8 +82,8 @@ struct MeasuredModel {
 /// run for it) as the planner's timeline: an untimed plain step that finds the candidates, a plain
 /// step in which every candidate keeps everything, one step per storage mode in which every
 /// candidate runs in that mode, and, for the "recomputed" option, usually two more with every
-/// candidate checkpointed and some recomputing their outputs. Each records, at every candidate's forward and backward
-/// boundaries, the live bytes, the peak since the last boundary and the time
+/// candidate checkpointed and some recomputing their outputs. Each records, at every candidate's
+/// forward and backward boundaries, the live bytes, the peak since the last boundary and the time
 /// (docs/memory-model.md, "Any model"). The parameters' gradients, the buffers (BatchNorm
 /// statistics) and the RNG state are left as they were. Errors: a candidate reached twice in one
 /// step, a module candidate outside `model`, no candidate at all, steps whose candidates differ,

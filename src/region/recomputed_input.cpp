@@ -38,7 +38,7 @@ at::Tensor RecomputeSource::value() const {
   }
   std::vector<at::Tensor> values = region_->recompute_values();
   at::Tensor result = values.at(output_);
-  if (current_values != nullptr) RecomputedValues::add(region_.get(), std::move(values));
+  RecomputedValues::add(region_.get(), std::move(values));
   return result;
 }
 

@@ -177,24 +177,10 @@ std::vector<int64_t> tight_budgets(std::mt19937& rng, int64_t lowest, int64_t pl
   return out;
 }
 
-// Exact solve == brute force (time, peak, validity, budgets) and min_model_budget == the lowest
-// valid peak, over host budgets none, a third and all.
+// The solvers against the brute force on profiles with exclusions, at budgets near the lowest.
 void sweep_with_exclusions(const std::function<ModelProfile(std::mt19937&, int, int)>& make,
                            unsigned seed) {
-  std::mt19937 rng(seed);
-  for (int trial = 0; trial < 80; ++trial) {
-    const int n = 1 + trial % 9;
-    const ModelProfile p = make(rng, n, n > 7 ? 3 : 4);
-    for (int64_t host : {kUnlimited, total_host(p) / 3, int64_t{0}}) {
-      const int64_t lowest = brute_force_min_peak(p, host);
-      ModelSolverOptions options;
-      options.host_budget_bytes = host;
-      EXPECT_EQ(min_model_budget(p, options), lowest) << "trial " << trial << " host " << host;
-      for (int64_t budget : tight_budgets(rng, lowest, p.plain_peak_bytes())) {
-        expect_same_as_brute_force(p, budget, host);
-      }
-    }
-  }
+  sweep_against_brute_force(make, seed, Sweep{80, 9, tight_budgets});
 }
 
 TEST(ModelExclusionsTest, MatchesBruteForceWithRecomputedOptions) {

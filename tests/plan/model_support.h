@@ -219,6 +219,35 @@ inline void expect_same_as_brute_force(const ModelProfile& p, int64_t budget, in
   EXPECT_EQ(plan.prediction.peak_bytes, oracle.prediction.peak_bytes) << "ties: the lower peak";
 }
 
+// The shape of a random sweep: `trials` profiles of 1 to `max_n` candidates (4 options each, 3
+// above `max_n - 2`), each at the budgets `budgets(rng, lowest, plain)` picks.
+struct Sweep {
+  int trials = 60;
+  int max_n = 10;
+  std::function<std::vector<int64_t>(std::mt19937&, int64_t, int64_t)> budgets;
+};
+
+// Exact solve == brute force (time, peak, validity, budgets) and min_model_budget == the lowest
+// valid peak, over host budgets none, a third and all.
+inline void sweep_against_brute_force(
+    const std::function<ModelProfile(std::mt19937&, int, int)>& make, unsigned seed,
+    const Sweep& sweep) {
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < sweep.trials; ++trial) {
+    const int n = 1 + trial % sweep.max_n;
+    const ModelProfile p = make(rng, n, n > sweep.max_n - 2 ? 3 : 4);
+    for (int64_t host : {kUnlimited, total_host(p) / 3, int64_t{0}}) {
+      const int64_t lowest = brute_force_min_peak(p, host);
+      ModelSolverOptions options;
+      options.host_budget_bytes = host;
+      EXPECT_EQ(min_model_budget(p, options), lowest) << "trial " << trial << " host " << host;
+      for (int64_t budget : sweep.budgets(rng, lowest, p.plain_peak_bytes())) {
+        expect_same_as_brute_force(p, budget, host);
+      }
+    }
+  }
+}
+
 }  // namespace test
 }  // namespace plan
 }  // namespace ckpt

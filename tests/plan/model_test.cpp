@@ -180,35 +180,16 @@ TEST(ModelSolverTest, BruteForceRefusesMoreThanTwoToTheTwentyChoices) {
 
 // ~~~ Random profiles (model_support.h) ~~~
 
-void sweep_against_brute_force(const std::function<ModelProfile(std::mt19937&, int, int)>& make,
-                               unsigned seed) {
-  std::mt19937 rng(seed);
-  for (int trial = 0; trial < 60; ++trial) {
-    const int n = 1 + trial % 10;
-    const ModelProfile p = make(rng, n, n > 8 ? 3 : 4);
-    const int64_t all_host = total_host(p);
-    for (int64_t host : {kUnlimited, all_host / 3, int64_t{0}}) {
-      const int64_t lowest = brute_force_min_peak(p, host);
-      ModelSolverOptions options;
-      options.host_budget_bytes = host;
-      EXPECT_EQ(min_model_budget(p, options), lowest) << "trial " << trial << " host " << host;
-      for (int64_t budget : budgets(rng, lowest, p.plain_peak_bytes())) {
-        expect_same_as_brute_force(p, budget, host);
-      }
-    }
-  }
-}
-
 TEST(ModelSolverTest, MatchesBruteForceOnNestedWindows) {
   sweep_against_brute_force(
       [](std::mt19937& rng, int n, int options) {
         return nested_profile(rng, n, options, n % 2 ? 0.2 : 0.0);
       },
-      1);
+      1, Sweep{60, 10, budgets});
 }
 
 TEST(ModelSolverTest, MatchesBruteForceOnArbitraryWindows) {
-  sweep_against_brute_force(arbitrary_profile, 2);
+  sweep_against_brute_force(arbitrary_profile, 2, Sweep{60, 10, budgets});
 }
 
 // More candidates, two options each: where the heuristic alone misses the lowest peak, the
