@@ -100,6 +100,15 @@ PlanBudget plan_budget(const plan::ModelProfile& profile, const plan::ModelSolve
   return budget;
 }
 
+// What the solver proved of its plan.
+std::string proven(const plan::ModelPlan& solution) {
+  if (solution.exact) return "the fastest plan that fits";
+  if (!std::isfinite(solution.gap)) return "the heuristic's plan (no bound on how far from best)";
+  std::ostringstream out;
+  out << "at most " << std::setprecision(2) << solution.gap * 100 << "% slower than the fastest";
+  return out.str();
+}
+
 }  // namespace
 
 // Runs each candidate of a step in its planned mode, checking that the step reaches the
@@ -198,6 +207,7 @@ void PlannedModel::plan(MeasuredModel measured) {
   plan::ModelSolverOptions solver;
   solver.host_budget_bytes = options_.host_budget_bytes();
   solver.max_exact_nodes = options_.max_exact_nodes();
+  solver.relative_gap = options_.relative_gap();
   const PlanBudget budget = plan_budget(profile, solver, budget_, options_);
   plan::ModelPlan solution = plan::solve_model(profile, budget.solved_for, solver);
   TORCH_CHECK(solution.feasible, "ckpt::PlannedModel: the solver found no choice within ",
@@ -265,7 +275,7 @@ std::string PlannedModel::summary() const {
   out << "budget " << plan.budget_bytes << " bytes of a plain peak of "
       << plan.measured.profile.plain_peak_bytes() << "; predicted peak " << prediction.peak_bytes
       << ", step " << std::setprecision(3) << prediction.time * 1e3 << " ms (plain "
-      << plan.measured.profile.step_time * 1e3 << " ms)\n";
+      << plan.measured.profile.step_time * 1e3 << " ms); " << proven(plan.solution) << "\n";
   const auto& candidates = plan.measured.profile.candidates;
   for (size_t c = 0; c < candidates.size(); ++c) {
     out << "  " << std::left << std::setw(24) << candidates[c].name << " "

@@ -161,6 +161,11 @@ TEST(ModelSolverTest, RejectsBadOptions) {
   options = ModelSolverOptions();
   options.max_exact_nodes = -2;
   EXPECT_THROWS_WITH(solve_model(hand_profile(), 300, options), "max_exact_nodes -2");
+  for (double gap : {-0.01, 1.0, std::nan("")}) {
+    options = ModelSolverOptions();
+    options.relative_gap = gap;
+    EXPECT_THROWS_WITH(solve_model(hand_profile(), 300, options), "is outside [0, 1)");
+  }
   ModelProfile bad = hand_profile();
   bad.candidates[0].options.clear();
   EXPECT_THROWS_WITH(solve_model(bad, 300), "has no options");
@@ -273,6 +278,48 @@ TEST(ModelSolverTest, HeuristicIsWithinOnePercentOnNestedProfiles) {
   EXPECT_GT(compared, 150);
   std::cout << "heuristic vs exact on " << compared << " nested profiles: worst gap " << worst * 100
             << "%\n";
+}
+
+// Whatever the node limit, what a plan says it proved holds against the brute force: exact
+// means the fastest, and a finite gap g means at most (1 + g) times the fastest step. The
+// searches within the gap are reached (the exact one stops at its limit, the second finishes).
+TEST(ModelSolverTest, ProvenGapHoldsAgainstBruteForce) {
+  std::mt19937 rng(8);
+  int within_gap = 0, bounded = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const int n = 5 + trial % 4;
+    const ModelProfile p =
+        trial % 2 ? arbitrary_profile(rng, n, 4) : nested_profile(rng, n, 4, 0.2);
+    const int64_t lowest = brute_force_min_peak(p, kUnlimited);
+    for (int64_t budget : budgets(rng, lowest, p.plain_peak_bytes())) {
+      const ModelPlan oracle = solve_model_brute_force(p, budget);
+      for (int64_t nodes : {0, 2, 8, 30, 25'000}) {
+        for (double gap : {0.01, 0.3}) {
+          ModelSolverOptions options;
+          options.max_exact_nodes = nodes;
+          options.relative_gap = gap;
+          const ModelPlan plan = solve_model(p, budget, options);
+          const std::string at = "trial " + std::to_string(trial) + " budget " +
+                                 std::to_string(budget) + " nodes " + std::to_string(nodes);
+          if (!plan.feasible) continue;  // the heuristic may miss where the search can't help
+          if (nodes == 0) {
+            EXPECT_TRUE(std::isinf(plan.gap)) << at;
+          }
+          if (plan.exact) {
+            EXPECT_EQ(plan.gap, 0.0) << at;
+            EXPECT_EQ(plan.prediction.time, oracle.prediction.time) << at;
+          }
+          if (!std::isfinite(plan.gap)) continue;
+          ++bounded;
+          within_gap += !plan.exact && plan.gap > 0.0;
+          EXPECT_LE(plan.prediction.time, (1.0 + plan.gap) * oracle.prediction.time * (1 + 1e-12))
+              << at << " gap " << plan.gap;
+        }
+      }
+    }
+  }
+  EXPECT_GT(within_gap, 0) << "no plan was bounded by the search within the gap";
+  std::cout << bounded << " plans with a proven gap, " << within_gap << " not exact\n";
 }
 
 // On windows that do not nest (a U-Net's skips), the heuristic still finds a choice where one

@@ -89,9 +89,14 @@ ModelPrediction simulate_model(const ModelProfile& profile, const std::vector<in
 struct ModelSolverOptions {
   /// Host memory the chosen options may hold at once. Default: unlimited
   int64_t host_budget_bytes = std::numeric_limits<int64_t>::max();
-  /// Search nodes the exact branch and bound may visit before the solver returns the best choice
-  /// of its heuristic instead (then `ModelPlan::exact` is false).
-  int64_t max_exact_nodes = 2'000'000;
+  /// Search nodes each branch and bound may visit: the exact search, then (where that one stops
+  /// at the limit) the search within `relative_gap`. Beyond them the solver answers the best
+  /// choice found (then `ModelPlan::exact` is false). 0: the heuristic alone.
+  int64_t max_exact_nodes = 25'000;
+  /// How much slower than the fastest choice that fits the answer may be, as a share of the step
+  /// time, where the exact search stops at its node limit: the second search cuts every branch
+  /// that cannot beat its best by more than this. Default: 1%
+  double relative_gap = 0.01;
 };
 
 /// A solved choice.
@@ -103,12 +108,16 @@ struct ModelPlan {
   ModelPrediction prediction;
   /// Whether the choice is proven the fastest that fits.
   bool exact = false;
+  /// Proven: the choice's step time is at most (1 + gap) times the fastest that fits. 0 where
+  /// exact; infinity where no search bounded it (`max_exact_nodes` 0, or nothing fits).
+  double gap = std::numeric_limits<double>::infinity();
 };
 
 /// The fastest valid choice (no two options that exclude each other) whose predicted peak is at
 /// most `budget_bytes` and whose host memory is within `options.host_budget_bytes` (ties: the
 /// smaller peak). Exact by branch and bound where the search stays within
-/// `options.max_exact_nodes`; otherwise the best choice of a heuristic.
+/// `options.max_exact_nodes`; otherwise within `options.relative_gap` of it where a second search
+/// proves that (`ModelPlan::gap` says what was proven), else the best choice found.
 ModelPlan solve_model(const ModelProfile& profile, int64_t budget_bytes,
                       const ModelSolverOptions& options = {});
 

@@ -1,6 +1,8 @@
 // The solvers of the model of any network: solve_model (branch and bound seeded by a heuristic),
 // min_model_budget, and the brute force the tests hold them to. docs/memory-model.md, "Any model".
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -28,14 +30,20 @@ ModelLimits limits_of(const char* function, int64_t budget, const ModelSolverOpt
                                 std::to_string(options.max_exact_nodes) +
                                 " is negative; give 0 to use the heuristic alone");
   }
-  return ModelLimits{budget, options.host_budget_bytes, options.max_exact_nodes};
+  if (!(options.relative_gap >= 0.0 && options.relative_gap < 1.0)) {
+    throw std::invalid_argument(std::string("ckpt::plan::") + function + ": relative_gap " +
+                                std::to_string(options.relative_gap) +
+                                " is outside [0, 1); give 0.01 to accept 1% over the fastest");
+  }
+  return ModelLimits{budget, options.host_budget_bytes, options.max_exact_nodes, 0.0};
 }
 
 ModelPlan plan_of(const ModelProfile& profile, const ModelProblem& problem, const ModelBest& best,
-                  bool exact) {
+                  bool exact, double gap) {
   ModelPlan plan;
   plan.exact = exact;
   if (!best.found) return plan;
+  plan.gap = gap;
   plan.feasible = true;
   plan.choice = problem.choice(best.positions);
   plan.prediction = simulate_model(profile, plan.choice);
@@ -48,6 +56,14 @@ ModelBest lowest_peak(const ModelProblem& problem, ModelLimits limits) {
   ModelBest best = detail::heuristic_lowest_peak(problem, limits);
   detail::search_lowest_peak(problem, limits, best);
   return best;
+}
+
+// What a root bound of `bound` extra seconds proves of `best` (found): its step is at most
+// (1 + gap) times the fastest's. Infinity without a bound.
+double proven_gap(const ModelProblem& problem, const ModelBest& best, double bound) {
+  const double least_step = problem.step_time + bound;
+  if (!std::isfinite(bound) || least_step <= 0.0) return std::numeric_limits<double>::infinity();
+  return std::max(0.0, (problem.step_time + best.time) / least_step - 1.0);
 }
 
 // Takes `choice` (a valid one) into `plan` where it fits and beats it.
@@ -67,17 +83,28 @@ void consider(const ModelProfile& profile, const std::vector<int>& choice, int64
 
 ModelPlan solve_model(const ModelProfile& profile, int64_t budget_bytes,
                       const ModelSolverOptions& options) {
-  const ModelLimits limits = limits_of("solve_model", budget_bytes, options);
+  const ModelLimits limits = limits_of("solve_model", budget_bytes, options);  // gap 0 first
   const ModelProblem problem(profile);
   ModelBest best = detail::heuristic_fastest(problem, limits);
-  const bool exact = detail::search_fastest(problem, limits, best);
-  if (!exact && !best.found) {
+  if (!best.found) {
     // The heuristic can miss a choice that fits where the budget is tight; min_model_budget's
-    // search (the same, so any budget it returns is solved) finds one if any fits this budget.
+    // search (the same, so any budget it returns is solved) finds one if any fits this budget,
+    // and the searches below start from it.
     const ModelBest lowest = lowest_peak(problem, limits);
     if (lowest.peak <= budget_bytes) best = detail::improved(problem, limits, lowest.positions);
   }
-  return plan_of(profile, problem, best, exact);
+  detail::SearchOutcome outcome = detail::search_fastest(problem, limits, best);
+  if (outcome.finished) return plan_of(profile, problem, best, /*exact=*/true, 0.0);
+  ModelLimits within = limits;
+  within.gap = options.relative_gap;
+  if (within.gap > 0.0) {
+    const detail::SearchOutcome second = detail::search_fastest(problem, within, best);
+    if (second.finished) {
+      const double gap = std::min(within.gap, proven_gap(problem, best, outcome.bound));
+      return plan_of(profile, problem, best, false, gap);
+    }
+  }
+  return plan_of(profile, problem, best, false, proven_gap(problem, best, outcome.bound));
 }
 
 ModelPlan solve_model_brute_force(const ModelProfile& profile, int64_t budget_bytes,

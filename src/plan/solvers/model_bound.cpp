@@ -84,19 +84,56 @@ double SegmentBound::cost(int64_t overflow) const {
   return seconds_[s - 1] + slope * static_cast<double>(overflow - bytes_[s - 1]);
 }
 
-constexpr double kClip = 2.0, kRate = 0.2;
-
-PeakWeights::PeakWeights(const ModelProblem& problem)
+SeparableBound::SeparableBound(const ModelProblem& problem)
     : problem_(problem),
       option_(problem.candidates.size()),
       least_(problem.candidates.size()),
       response_(problem.candidates.size(), 0) {
-  const size_t segments = problem.base.size();
-  if (segments == 0) {
-    for (size_t c = 0; c < least_.size(); ++c)
-      option_[c].assign(problem.candidates[c].options.size(), 0.0);
-    return;  // every bound 0, the peak of no segments
+  for (size_t c = 0; c < option_.size(); ++c)
+    option_[c].assign(problem.candidates[c].options.size(), 0.0);
+}
+
+template <typename Term>
+double SeparableBound::evaluate(double constant, Term term, std::vector<int64_t>& loads) {
+  loads = problem_.base;
+  double value = constant, magnitude = std::fabs(constant);
+  for (size_t c = 0; c < problem_.candidates.size(); ++c) {
+    const ModelCandidate& candidate = problem_.candidates[c];
+    for (size_t m = 0; m < candidate.options.size(); ++m) {
+      option_[c][m] = term(c, m);
+    }
+    const size_t m = static_cast<size_t>(std::min_element(option_[c].begin(), option_[c].end()) -
+                                         option_[c].begin());
+    least_[c] = option_[c][m];
+    response_[c] = static_cast<int>(m);
+    value += least_[c];
+    magnitude += std::fabs(least_[c]);
+    const ModelOption& response = candidate.options[m];
+    for (int i = 0; i < candidate.length; ++i) loads[candidate.begin + i] += response.delta[i];
   }
+  slack_ = 1e-9 * magnitude + 1e-12;
+  return value;
+}
+
+namespace {
+
+// w . d over a candidate's window.
+double dot(const std::vector<double>& weights, const ModelCandidate& candidate,
+           const ModelOption& option) {
+  double sum = 0.0;
+  for (int i = 0; i < candidate.length; ++i) {
+    sum += weights[candidate.begin + i] * static_cast<double>(option.delta[i]);
+  }
+  return sum;
+}
+
+}  // namespace
+
+constexpr double kClip = 2.0, kRate = 0.2;
+
+PeakWeights::PeakWeights(const ModelProblem& problem) : SeparableBound(problem) {
+  const size_t segments = problem.base.size();
+  if (segments == 0) return;  // every bound 0, the peak of no segments
   constexpr int kWeightRounds = 300;
   std::vector<double> weights(segments, 1.0 / static_cast<double>(segments)), best = weights;
   std::vector<double> score(segments, 0.0);
@@ -121,28 +158,104 @@ PeakWeights::PeakWeights(const ModelProblem& problem)
 }
 
 double PeakWeights::evaluate(const std::vector<double>& weights, std::vector<int64_t>& loads) {
-  loads = problem_.base;
-  double value = 0.0;
-  for (size_t k = 0; k < loads.size(); ++k) value += weights[k] * static_cast<double>(loads[k]);
-  for (size_t c = 0; c < problem_.candidates.size(); ++c) {
-    const ModelCandidate& candidate = problem_.candidates[c];
-    option_[c].clear();
-    for (const ModelOption& option : candidate.options) {
-      double dot = 0.0;
-      for (int i = 0; i < candidate.length; ++i) {
-        dot += weights[candidate.begin + i] * static_cast<double>(option.delta[i]);
-      }
-      option_[c].push_back(dot);
-    }
-    const size_t m = static_cast<size_t>(std::min_element(option_[c].begin(), option_[c].end()) -
-                                         option_[c].begin());
-    least_[c] = option_[c][m];
-    response_[c] = static_cast<int>(m);
-    value += least_[c];
-    const ModelOption& response = candidate.options[m];
-    for (int i = 0; i < candidate.length; ++i) loads[candidate.begin + i] += response.delta[i];
+  double constant = 0.0;
+  for (size_t k = 0; k < weights.size(); ++k) {
+    constant += weights[k] * static_cast<double>(problem_.base[k]);
   }
-  return value;
+  return SeparableBound::evaluate(
+      constant,
+      [&](size_t c, size_t m) {
+        const ModelCandidate& candidate = problem_.candidates[c];
+        return dot(weights, candidate, candidate.options[m]);
+      },
+      loads);
+}
+
+TimeMultipliers::TimeMultipliers(const ModelProblem& problem, int64_t budget, double target)
+    : SeparableBound(problem),
+      budget_(budget),
+      unit_(std::max(1.0, static_cast<double>(budget))),
+      pairs_of_(problem.candidates.size()) {
+  for (size_t c = 0; c < problem.candidates.size(); ++c) {
+    pairs_of_[c].resize(problem.candidates[c].options.size());
+  }
+  for (size_t c = 0; c < problem.candidates.size(); ++c) {
+    const ModelCandidate& candidate = problem.candidates[c];
+    for (size_t m = 0; m < candidate.options.size(); ++m) {
+      for (const auto& [d, q] : candidate.options[m].excludes) {
+        if (d < static_cast<int>(c)) continue;  // listed on both sides: counted once, from c
+        pairs_of_[c][m].push_back(pairs_.size());
+        pairs_of_[d][q].push_back(pairs_.size());
+        pairs_.push_back(Pair{static_cast<int>(c), static_cast<int>(m), d, q});
+      }
+    }
+  }
+  const size_t segments = problem.base.size();
+  std::vector<double> multipliers(segments + pairs_.size(), 0.0), best = multipliers;
+  std::vector<double> slopes(multipliers.size());
+  std::vector<int64_t> loads;
+  double highest = evaluate(multipliers, loads);
+  if (problem.candidates.empty() || !std::isfinite(target)) return;  // no multipliers
+  // Polyak's steps toward the target, halved after kPatience rounds without a better bound.
+  constexpr int kRounds = 200, kPatience = 10;
+  double scale = 2.0;
+  double value = highest;  // of `multipliers`, whose best responses load `loads`
+  for (int round = 0, stale = 0; round < kRounds && highest < target; ++round) {
+    subgradient(loads, slopes);
+    double norm = 0.0;
+    for (size_t k = 0; k < slopes.size(); ++k) {
+      if (multipliers[k] > 0.0 || slopes[k] > 0.0) norm += slopes[k] * slopes[k];
+    }
+    if (norm == 0.0) break;  // the responses fit, valid, and every multiplier at rest: optimal
+    const double step = scale * (target - value) / norm;
+    for (size_t k = 0; k < slopes.size(); ++k) {
+      multipliers[k] = std::max(0.0, multipliers[k] + step * slopes[k]);
+    }
+    value = evaluate(multipliers, loads);
+    if (value > highest) {
+      std::tie(highest, best) = std::make_pair(value, multipliers);
+      stale = 0;
+    } else if (++stale == kPatience) {
+      scale /= 2;
+      stale = 0;
+    }
+  }
+  bound_ = evaluate(best, loads);
+}
+
+void TimeMultipliers::subgradient(const std::vector<int64_t>& loads,
+                                  std::vector<double>& slopes) const {
+  for (size_t k = 0; k < loads.size(); ++k) {
+    slopes[k] = static_cast<double>(loads[k] - budget_) / unit_;
+  }
+  for (size_t p = 0; p < pairs_.size(); ++p) {
+    const Pair& pair = pairs_[p];
+    slopes[loads.size() + p] =
+        (response_[pair.c] == pair.m ? 1.0 : 0.0) + (response_[pair.d] == pair.q ? 1.0 : 0.0) - 1.0;
+  }
+}
+
+double TimeMultipliers::evaluate(const std::vector<double>& multipliers,
+                                 std::vector<int64_t>& loads) {
+  const size_t segments = problem_.base.size();
+  double constant = 0.0;
+  for (size_t k = 0; k < segments; ++k) {
+    constant += multipliers[k] * static_cast<double>(problem_.base[k] - budget_) / unit_;
+  }
+  for (size_t p = 0; p < pairs_.size(); ++p) constant -= multipliers[segments + p];
+  return SeparableBound::evaluate(
+      constant,
+      [&](size_t c, size_t m) {
+        const ModelCandidate& candidate = problem_.candidates[c];
+        double term = candidate.options[m].extra;
+        for (int i = 0; i < candidate.length; ++i) {
+          term += multipliers[candidate.begin + i] *
+                  static_cast<double>(candidate.options[m].delta[i]) / unit_;
+        }
+        for (size_t p : pairs_of_[c][m]) term += multipliers[segments + p];
+        return term;
+      },
+      loads);
 }
 
 }  // namespace detail

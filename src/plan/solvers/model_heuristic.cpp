@@ -440,7 +440,9 @@ ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& 
       smallest_peak_bound(problem),
       static_cast<int64_t>(std::ceil(weights.bound() - 1e-9 * std::fabs(weights.bound()) - 1e-6)));
   int64_t high = best.loads.max();
-  while (low < high) {
+  // To a ten-thousandth of the peak: the failing targets, which try every start, are the costly
+  // ones, and the search that follows closes what is left where it can.
+  while (high - low > std::max<int64_t>(0, high / 10'000)) {
     ModelLimits target = limits;
     target.budget = low + (high - low) / 2;
     low = target.budget + 1;  // unless a start reaches it

@@ -84,7 +84,8 @@ void add_exclusions(const ModelProfile& profile, std::vector<ModelCandidate>& ca
 
 }  // namespace
 
-ModelProblem::ModelProblem(const ModelProfile& profile) : base(profile.segment_peak_bytes) {
+ModelProblem::ModelProblem(const ModelProfile& profile)
+    : base(profile.segment_peak_bytes), step_time(profile.step_time) {
   profile.validate();
   for (const Candidate& candidate : profile.candidates) {
     candidates.push_back(sorted_candidate(candidate));

@@ -52,6 +52,7 @@ struct ModelCandidate {
 struct ModelProblem {
   explicit ModelProblem(const ModelProfile& profile);  // validates it
   std::vector<int64_t> base;                           // segment_peak_bytes
+  double step_time = 0.0;                              // the plain step's seconds
   std::vector<ModelCandidate> candidates;              // in the profile's order
   bool has_exclusions = false;
   // The profile's option index of each candidate under `positions` (indices into `options`).
@@ -96,11 +97,21 @@ struct ModelBest {
   bool offer(double t, int64_t p, const std::vector<int>& at);
 };
 
-// Limits of a search: device budget, host budget, node limit.
+// Limits of a search: device budget, host budget, node limit, and the fastest search's
+// tolerance: a node is cut unless its completions may beat the best step by more than `gap` of
+// the best's step time (0: exact).
 struct ModelLimits {
   int64_t budget = std::numeric_limits<int64_t>::max();
   int64_t host_budget = std::numeric_limits<int64_t>::max();
   int64_t max_nodes = 0;
+  double gap = 0.0;
+};
+
+// How a search ended: whether it finished within the node limit, and the lowest extra seconds
+// (or peak) that its root's bounds allow any choice (infinity where it never expanded the root).
+struct SearchOutcome {
+  bool finished = false;
+  double bound = std::numeric_limits<double>::infinity();
 };
 
 // The dynamic program's positions (model_dp.cpp): fastest within the budgets, or of the lowest
@@ -116,11 +127,12 @@ ModelBest heuristic_lowest_peak(const ModelProblem& problem, const ModelLimits& 
 ModelBest improved(const ModelProblem& problem, const ModelLimits& limits,
                    std::vector<int> positions);
 
-// Branch and bound (model_search.cpp), starting from `incumbent`. Returns whether it finished
-// within limits.max_nodes (then `incumbent` is the optimum, or not found where none fits).
-bool search_fastest(const ModelProblem& problem, const ModelLimits& limits, ModelBest& incumbent);
-bool search_lowest_peak(const ModelProblem& problem, const ModelLimits& limits,
-                        ModelBest& incumbent);
+// Branch and bound (model_search.cpp), starting from `incumbent`. Where it finishes within
+// limits.max_nodes, `incumbent` is the optimum (within limits.gap), or not found where none fits.
+SearchOutcome search_fastest(const ModelProblem& problem, const ModelLimits& limits,
+                             ModelBest& incumbent);
+SearchOutcome search_lowest_peak(const ModelProblem& problem, const ModelLimits& limits,
+                                 ModelBest& incumbent);
 
 }  // namespace detail
 }  // namespace plan

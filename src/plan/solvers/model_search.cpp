@@ -25,7 +25,8 @@ constexpr size_t kCriticalSegments = 2;
 // delta over them (a tighter bound than over all of its options).
 class Excluded {
  public:
-  Excluded(const ModelProblem& problem, const std::vector<int>& order, const PeakWeights* weights)
+  Excluded(const ModelProblem& problem, const std::vector<int>& order,
+           const SeparableBound* weights)
       : weights_(weights), rank_(order.size()), dead_(order.size(), 0) {
     for (size_t d = 0; d < order.size(); ++d) rank_[order[d]] = d;
     for (const ModelCandidate& candidate : problem.candidates) {
@@ -69,7 +70,7 @@ class Excluded {
     return rise;
   }
 
-  const PeakWeights* weights_;
+  const SeparableBound* weights_;
   std::vector<size_t> rank_;  // per candidate: its depth in the order (to tell the decided)
   std::vector<std::vector<int>> count_;
   std::vector<int> dead_;
@@ -112,10 +113,11 @@ class Search {
       add(fast_, candidate.begin, candidate.options[0].excess, 1);
     }
     if (!by_peak) critical_bounds();
-    if (by_peak && !order_.empty()) {
-      weights_ = std::make_unique<PeakWeights>(problem);
-      weighted_ = weights_->bound();
+    if (by_peak && !order_.empty()) weights_ = std::make_unique<PeakWeights>(problem);
+    if (!by_peak && !order_.empty() && best_.found) {
+      weights_ = std::make_unique<TimeMultipliers>(problem, limits.budget, best_.time);
     }
+    if (weights_) weighted_ = weights_->bound();
     if (problem.has_exclusions)
       excluded_ = std::make_unique<Excluded>(problem, order_, weights_.get());
   }
@@ -134,12 +136,11 @@ class Search {
     decided_.assign(problem_.candidates.size(), 0);
   }
 
-  // Whether the search finished within the node limit.
-  bool run() {
+  SearchOutcome run() {
     const int64_t peak = loads_.empty() ? 0 : *std::max_element(loads_.begin(), loads_.end());
-    if (peak > limits_.budget || rest_host_[0] > limits_.host_budget) return true;
+    if (peak > limits_.budget || rest_host_[0] > limits_.host_budget) return {true, root_bound_};
     visit(0, peak);
-    return !aborted_;
+    return {!aborted_, root_bound_};
   }
 
  private:
@@ -204,7 +205,9 @@ class Search {
     for (size_t m = 0; m < candidate.options.size(); ++m) {
       const ModelOption& option = candidate.options[m];
       // Options come by time: once one cannot beat the best, none after it can.
-      if (!by_peak_ && best_.found && time_ + option.extra + rest_extra_[depth + 1] > best_.time) {
+      const double least_time = time_ + option.extra + rest_extra_[depth + 1];
+      if (!by_peak_ && best_.found && least_time > time_to_beat()) {
+        if (depth == 0) root_bound_ = std::min(root_bound_, least_time);
         break;
       }
       if (excluded_ && excluded_->blocked(c, static_cast<int>(m))) continue;
@@ -212,12 +215,15 @@ class Search {
       int64_t highest = peak, fastest = 0;
       if (!scan(candidate, option, highest, fastest)) continue;
       // The bounds' rounding must not prune a completion of equal time (ties go to the peak).
-      const double time = time_ + option.extra + rest_extra_[depth + 1] +
-                          (by_peak_ ? 0.0
-                                    : std::max(recompute_cost(fastest, rest_rate_[depth + 1]),
-                                               knapsack(option, c)) *
-                                          (1.0 - 1e-9));
-      const int64_t least = std::max(highest, weighted_bound(c, static_cast<int>(m)));
+      const double time =
+          by_peak_ ? 0.0
+                   : std::max(least_time + std::max(recompute_cost(fastest, rest_rate_[depth + 1]),
+                                                    knapsack(option, c)) *
+                                               (1.0 - 1e-9),
+                              separable(c, static_cast<int>(m)));
+      const int64_t least =
+          by_peak_ ? std::max(highest, weighted_bound(c, static_cast<int>(m))) : highest;
+      if (depth == 0) root_bound_ = std::min(root_bound_, by_peak_ ? least : time);
       if (promising(time, least))
         children.push_back(Child{highest, least, time, static_cast<int>(m)});
     }
@@ -233,7 +239,14 @@ class Search {
     if (peak > limits_.budget) return false;
     if (!best_.found) return true;
     if (by_peak_) return peak < best_.peak;
+    if (limits_.gap > 0.0) return time < time_to_beat();
     return time < best_.time || (time == best_.time && peak < best_.peak);
+  }
+
+  // The extra seconds a completion must stay below to beat the best by more than the gap.
+  double time_to_beat() const {
+    if (limits_.gap == 0.0) return best_.time;
+    return (problem_.step_time + best_.time) / (1.0 + limits_.gap) - problem_.step_time;
   }
 
   void offer(int64_t peak) {
@@ -277,12 +290,16 @@ class Search {
     return true;
   }
 
-  // The lowest peak the segment weights allow once candidate c takes `position` (the lowest
-  // int64 without weights). Less a margin for the rounding of the weighted sums.
+  // The separable bound (the lowest peak the segment weights allow, or the fewest extra seconds
+  // the multipliers allow) once candidate c takes `position`, less a margin for its rounding;
+  // the lowest double without one.
+  double separable(int c, int position) const {
+    if (!weights_) return std::numeric_limits<double>::lowest();
+    return weighted_ + weights_->option(c, position) - least(c) - weights_->slack();
+  }
   int64_t weighted_bound(int c, int position) const {
     if (!weights_) return std::numeric_limits<int64_t>::min();
-    const double bound = weighted_ + weights_->option(c, position) - least(c);
-    return static_cast<int64_t>(std::ceil(bound - 1e-9 * std::fabs(bound) - 1e-6));
+    return static_cast<int64_t>(std::ceil(separable(c, position) - 1e-6));
   }
 
   // The largest knapsack bound once candidate c takes `option`.
@@ -323,28 +340,30 @@ class Search {
   std::vector<int> positions_;
   std::vector<std::vector<Child>> children_;  // per depth, reused
   std::vector<int> order_;
-  std::vector<double> rest_extra_;        // the fewest seconds the candidates from a depth on add
-  std::vector<int64_t> rest_host_;        // the fewest host bytes they hold
-  std::vector<double> rest_rate_;         // the fewest seconds per byte saved among them
-  std::vector<SegmentBound> bounds_;      // of the critical segments (time only)
-  std::vector<char> decided_;             // per candidate, while bounds_ are kept
-  std::unique_ptr<PeakWeights> weights_;  // the peak's bound by segment weights (peak only)
-  double weighted_ = 0.0;                 // that bound with the decided candidates as decided
+  std::vector<double> rest_extra_;    // the fewest seconds the candidates from a depth on add
+  std::vector<int64_t> rest_host_;    // the fewest host bytes they hold
+  std::vector<double> rest_rate_;     // the fewest seconds per byte saved among them
+  std::vector<SegmentBound> bounds_;  // of the critical segments (time only)
+  std::vector<char> decided_;         // per candidate, while bounds_ are kept
+  std::unique_ptr<SeparableBound> weights_;  // PeakWeights, or TimeMultipliers (with a best)
+  double weighted_ = 0.0;                    // that bound with the decided candidates as decided
   double time_ = 0.0;
   int64_t host_ = 0;
   int64_t nodes_ = 0;
   bool aborted_ = false;
-  std::unique_ptr<Excluded> excluded_;  // where the profile has exclusions
+  double root_bound_ = std::numeric_limits<double>::infinity();  // the root's least child bound
+  std::unique_ptr<Excluded> excluded_;                           // where the profile has exclusions
 };
 
 }  // namespace
 
-bool search_fastest(const ModelProblem& problem, const ModelLimits& limits, ModelBest& incumbent) {
+SearchOutcome search_fastest(const ModelProblem& problem, const ModelLimits& limits,
+                             ModelBest& incumbent) {
   return Search(problem, limits, /*by_peak=*/false, incumbent).run();
 }
 
-bool search_lowest_peak(const ModelProblem& problem, const ModelLimits& limits,
-                        ModelBest& incumbent) {
+SearchOutcome search_lowest_peak(const ModelProblem& problem, const ModelLimits& limits,
+                                 ModelBest& incumbent) {
   return Search(problem, limits, /*by_peak=*/true, incumbent).run();
 }
 
