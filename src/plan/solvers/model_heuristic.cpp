@@ -41,6 +41,41 @@ double relief(const ModelProblem& problem, const ModelState& state, const ModelL
   return relief;
 }
 
+// The segments whose load passes the budget, in order.
+std::vector<int> overflowing(const ModelProblem& problem, const ModelState& state,
+                             const ModelLimits& limits) {
+  std::vector<int> out;
+  for (int k = 0; k < static_cast<int>(problem.base.size()); ++k) {
+    if (state.loads.at(k) > limits.budget) out.push_back(k);
+  }
+  return out;
+}
+
+// relief(), reading only the segments where it can be nonzero: where the switch adds bytes
+// (ModelCandidate::rises), and those of `over` (the overflowing segments) in the window.
+double relief(const ModelProblem& problem, const ModelState& state, const ModelLimits& limits,
+              const std::vector<int>& over, int c, int position) {
+  const ModelCandidate& candidate = problem.candidates[c];
+  const int at = state.positions[c];
+  const ModelOption& from = candidate.options[at];
+  const ModelOption& to = candidate.options[position];
+  double relief = overflow(state.host, limits.host_budget) -
+                  overflow(state.host - from.host + to.host, limits.host_budget);
+  const auto change = [&](int i) {
+    const int64_t load = state.loads.at(candidate.begin + i);
+    return overflow(load, limits.budget) -
+           overflow(load - from.delta[i] + to.delta[i], limits.budget);
+  };
+  for (int i : candidate.rises[at * candidate.options.size() + position]) relief += change(i);
+  const auto first = std::lower_bound(over.begin(), over.end(), candidate.begin);
+  const auto last = std::lower_bound(first, over.end(), candidate.begin + candidate.length);
+  for (auto k = first; k != last; ++k) {
+    const int i = *k - candidate.begin;
+    if (to.delta[i] <= from.delta[i]) relief += change(i);  // the others are rises
+  }
+  return relief;
+}
+
 bool fits(const ModelState& state, const ModelLimits& limits) {
   return state.loads.max() <= limits.budget && state.host <= limits.host_budget;
 }
@@ -217,6 +252,7 @@ Switch best_switch(const ModelProblem& problem, const ModelState& state,
   std::tuple<bool, double, double> best{false, 0.0, 0.0};
   Switch pick, s;
   Followers followers(problem, state, limits);
+  const std::vector<int> over = overflowing(problem, state, limits);
   for (size_t c = 0; c < problem.candidates.size(); ++c) {
     const ModelCandidate& candidate = problem.candidates[c];
     for (size_t m = 0; m < candidate.options.size(); ++m) {
@@ -225,9 +261,10 @@ Switch best_switch(const ModelProblem& problem, const ModelState& state,
       s.position = static_cast<int>(m);
       if (state.allows(problem, s.c, s.position)) {
         s.followers.clear();
-        s.relief = relief(problem, state, limits, s.c, s.position);
+        s.relief = relief(problem, state, limits, over, s.c, s.position);
         s.cost = candidate.options[m].extra - candidate.options[state.positions[c]].extra;
-      } else if (relief(problem, state, limits, s.c, s.position) <= 0.0 || !followers.plan(s)) {
+      } else if (relief(problem, state, limits, over, s.c, s.position) <= 0.0 ||
+                 !followers.plan(s)) {
         continue;  // followers are planned for a switch that relieves on its own
       }
       if (s.relief <= 0.0) continue;

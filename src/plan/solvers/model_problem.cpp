@@ -50,6 +50,14 @@ ModelCandidate sorted_candidate(const Candidate& candidate) {
     return std::tie(a.extra, a.host, a.index) < std::tie(b.extra, b.host, b.index);
   });
   out.rate = rate(out);
+  for (const ModelOption& from : out.options) {
+    for (const ModelOption& to : out.options) {
+      std::vector<int>& rises = out.rises.emplace_back();
+      for (int i = 0; i < out.length; ++i) {
+        if (to.delta[i] > from.delta[i]) rises.push_back(i);
+      }
+    }
+  }
   return out;
 }
 

@@ -43,6 +43,9 @@ struct ModelCandidate {
   int length = 0;                    // of the window: the longest peak_delta of its options
   std::vector<ModelOption> options;  // by time, then host, then index
   std::vector<int64_t> min_delta;    // per window segment, over the options
+  // Per pair of positions (from * options + to): the window offsets where `to` adds bytes over
+  // `from`. Elsewhere that switch adds no overflow.
+  std::vector<std::vector<int>> rises;
   int64_t min_host = 0;
   // The fewest seconds per byte any option saves against options[0], the fastest, in any segment
   // of the window (infinity where none saves).
