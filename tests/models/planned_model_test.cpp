@@ -320,7 +320,7 @@ TEST_F(PlannedModelErrorTest, ABudgetBelowTheSmallestRaisesWithIt) {
 }
 
 // A plan leaves `headroom` of its budget free, below the plain peak; the smallest feasible budget
-// grows to match. A headroom outside [0, 0.5) is an error.
+// grows to match. A headroom outside [0, 0.5) is an error, as is a relative gap outside [0, 1).
 TEST_F(PlannedModelTest, APlanLeavesItsHeadroomFree) {
   auto config = ckpt::models::model_config("resnet", /*quick=*/true);
   auto model = ckpt::models::build_model(config);
@@ -342,6 +342,16 @@ TEST_F(PlannedModelTest, APlanLeavesItsHeadroomFree) {
                                ckpt::PlannedModelOptions().headroom(bad));
     CKPT_EXPECT_THROWS_WITH(planned.plan(measured), "headroom must be in [0, 0.5)");
   }
+  ckpt::PlannedModel gapped(model, ckpt::Budget::minimum(),
+                            ckpt::PlannedModelOptions().relative_gap(1.5));
+  CKPT_EXPECT_THROWS_WITH(gapped.plan(measured), "relative_gap 1.5");
+  // The quick ResNet's search is small: the plan is proven the fastest, and the summary says so.
+  ckpt::PlannedModel exact(model, ckpt::Budget::minimum());
+  exact.plan(measured);
+  EXPECT_TRUE(exact.solution().exact);
+  EXPECT_EQ(exact.solution().gap, 0.0);
+  EXPECT_NE(exact.summary().find("the fastest plan that fits"), std::string::npos)
+      << exact.summary();
 }
 
 TEST_F(PlannedModelErrorTest, ALargerInputIsRefusedWithTheStateAsItWas) {
