@@ -97,6 +97,8 @@ void run_budget(const Subject& s, const ckpt::MeasuredModel& measured, const Ste
   const Step step = measure(
       *s.model, [&] { return planned.run(s.loss); }, repeats);
   const int64_t predicted = planned.solution().prediction.peak_bytes;
+  std::fprintf(stderr, "%s at %s: exact %d, proven within %g of the fastest\n", s.name.c_str(),
+               budget.c_str(), planned.solution().exact ? 1 : 0, planned.solution().gap);
   std::printf("| %s | %s (%.1f%%) | %.2f MiB | %.2f MiB (%+.2f%%) | %s | %.2fx |\n", s.name.c_str(),
               budget.c_str(), 100.0 * planned.budget_bytes() / planned.plain_peak_bytes(),
               mib(step.peak_bytes), mib(predicted),

@@ -58,8 +58,8 @@ struct PlannedModelOptions {
   /// KiB above the prediction (0.02% on the bench U-Net, bench/results.md "Any model"); this keeps
   /// such errors inside the budget. Must be in [0, 0.5). Default: 0.0025
   TORCH_ARG(double, headroom) = 0.0025;
-  /// The solver's search limit (`plan::ModelSolverOptions::max_exact_nodes`). Default: 100,000
-  TORCH_ARG(int64_t, max_exact_nodes) = 100'000;
+  /// The solver's search limit (`plan::ModelSolverOptions::max_exact_nodes`). Default: 25,000
+  TORCH_ARG(int64_t, max_exact_nodes) = 25'000;
   /// How much slower than the fastest plan a plan may be where the exact search stops at its
   /// limit (`plan::ModelSolverOptions::relative_gap`). Default: 0.01
   TORCH_ARG(double, relative_gap) = 0.01;
