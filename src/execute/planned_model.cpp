@@ -77,6 +77,15 @@ PlanBudget plan_budget(const plan::ModelProfile& profile, const plan::ModelSolve
               "ckpt::PlannedModel: headroom must be in [0, 0.5), a share of the budget to leave "
               "free; got ",
               headroom, ".");
+  TORCH_CHECK(options.relative_gap() >= 0.0 && options.relative_gap() < 1.0,
+              "ckpt::PlannedModel: relative_gap must be in [0, 1), the share of the step time a "
+              "plan may be slower than the fastest where the exact search stops at its node "
+              "limit; got ",
+              options.relative_gap(), ".");
+  TORCH_CHECK(options.max_exact_nodes() >= 0,
+              "ckpt::PlannedModel: max_exact_nodes must not be negative (0: the heuristic "
+              "alone); got ",
+              options.max_exact_nodes(), ".");
   const int64_t smallest_peak = plan::min_model_budget(profile, solver);
   const int64_t plain_peak = profile.plain_peak_bytes();  // measured: no headroom needed
   PlanBudget budget;

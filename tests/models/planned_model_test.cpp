@@ -320,7 +320,8 @@ TEST_F(PlannedModelErrorTest, ABudgetBelowTheSmallestRaisesWithIt) {
 }
 
 // A plan leaves `headroom` of its budget free, below the plain peak; the smallest feasible budget
-// grows to match. A headroom outside [0, 0.5) is an error, as is a relative gap outside [0, 1).
+// grows to match. A headroom outside [0, 0.5) is an error, as are a relative gap outside [0, 1)
+// and a negative node limit.
 TEST_F(PlannedModelTest, APlanLeavesItsHeadroomFree) {
   auto config = ckpt::models::model_config("resnet", /*quick=*/true);
   auto model = ckpt::models::build_model(config);
@@ -344,7 +345,10 @@ TEST_F(PlannedModelTest, APlanLeavesItsHeadroomFree) {
   }
   ckpt::PlannedModel gapped(model, ckpt::Budget::minimum(),
                             ckpt::PlannedModelOptions().relative_gap(1.5));
-  CKPT_EXPECT_THROWS_WITH(gapped.plan(measured), "relative_gap 1.5");
+  CKPT_EXPECT_THROWS_WITH(gapped.plan(measured), "relative_gap must be in [0, 1)");
+  ckpt::PlannedModel unlimited(model, ckpt::Budget::minimum(),
+                               ckpt::PlannedModelOptions().max_exact_nodes(-1));
+  CKPT_EXPECT_THROWS_WITH(unlimited.plan(measured), "max_exact_nodes must not be negative");
   // The quick ResNet's search is small: the plan is proven the fastest, and the summary says so.
   ckpt::PlannedModel exact(model, ckpt::Budget::minimum());
   exact.plan(measured);
