@@ -93,7 +93,7 @@ ModelPlan solve_model(const ModelProfile& profile, int64_t budget_bytes,
     const ModelBest lowest = lowest_peak(problem, limits);
     if (lowest.peak <= budget_bytes) best = detail::improved(problem, limits, lowest.positions);
   }
-  detail::SearchOutcome outcome = detail::search_fastest(problem, limits, best);
+  const detail::SearchOutcome outcome = detail::search_fastest(problem, limits, best);
   if (outcome.finished) return plan_of(profile, problem, best, /*exact=*/true, 0.0);
   ModelLimits within = limits;
   within.gap = options.relative_gap;
