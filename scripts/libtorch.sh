@@ -39,10 +39,13 @@ ckpt_family_settings() {
 
 # ccache, when installed: paths relative to the clone, so that every clone shares the cache, and
 # the sloppiness that lets it cache files built with the tests' precompiled header (without it,
-# ccache refuses each of them and every fresh clone recompiles the whole test suite).
+# ccache refuses each of them and every fresh clone recompiles the whole test suite). With debug
+# information (the sanitizers' RelWithDebInfo builds) ccache also hashes the build's directory
+# unless told not to: without CCACHE_NOHASHDIR every fresh clone recompiled both sanitizer builds.
 ckpt_compiler_cache() {
   command -v ccache >/dev/null || return 0
   CKPT_CMAKE_ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   export CCACHE_BASEDIR="$PWD"
+  export CCACHE_NOHASHDIR=1
   export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 }
