@@ -41,6 +41,8 @@ class SegmentBound {
 // less least(c) to it (a search keeps it up to date in O(1) per decision).
 class SeparableBound {
  public:
+  // Searches hold either bound through this base (a unique_ptr deletes through it).
+  virtual ~SeparableBound() = default;
   double bound() const { return bound_; }
   double option(int c, int position) const { return option_[c][position]; }
   double least(int c) const { return least_[c]; }
