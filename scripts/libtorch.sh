@@ -42,10 +42,13 @@ ckpt_family_settings() {
 # ccache refuses each of them and every fresh clone recompiles the whole test suite). With debug
 # information (the sanitizers' RelWithDebInfo builds) ccache also hashes the build's directory
 # unless told not to: without CCACHE_NOHASHDIR every fresh clone recompiled both sanitizer builds.
+# The four builds (two families, two sanitizers; debug information) outgrow ccache's default 5 GB,
+# which evicted part of one build while compiling the next.
 ckpt_compiler_cache() {
   command -v ccache >/dev/null || return 0
   CKPT_CMAKE_ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   export CCACHE_BASEDIR="$PWD"
   export CCACHE_NOHASHDIR=1
+  export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-20G}"
   export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 }
