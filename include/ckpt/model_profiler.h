@@ -61,12 +61,30 @@ struct ModelProfileOptions {
   /// storage modes: the candidate runs checkpointed, and the candidates that take its outputs
   /// (which must then run "checkpointed") don't keep them, but run it again in their backward to
   /// get them. Its outputs' memory is free from where the model lets go of them until then.
-  /// Measured in extra steps (usually two), each running some candidates so. Default: true
+  /// Measured in extra steps (about L + 1 for chains of L), each running some candidates so.
+  /// Default: true
   TORCH_ARG(bool, recompute_outputs) = true;
+  /// The longest chain of "recomputed" candidates measured: with 2 or more, a candidate whose
+  /// inputs are themselves recomputed outputs may be recomputed too (running it again runs its
+  /// producers again), so a plan may let go of several boundaries in a row. Each length costs
+  /// extra steps (about one more than the length). Default: 4
+  TORCH_ARG(int, max_recompute_chain) = 4;
 };
 
-/// The name of the "recomputed" option in a `MeasuredModel` and a plan.
+/// The name of the "recomputed" option in a `MeasuredModel` and a plan: the option that ends a
+/// chain of one; a longer chain's is `recomputed_mode(length)`.
 inline constexpr const char* kRecomputedMode = "recomputed";
+
+/// The name of the "recomputed" option that ends a chain of `length` recomputed candidates.
+inline std::string recomputed_mode(int length) {
+  return length <= 1 ? kRecomputedMode
+                     : std::string(kRecomputedMode) + ", chain of " + std::to_string(length);
+}
+
+/// Whether `option` names a "recomputed" option (a chain of any length).
+inline bool is_recomputed_mode(const std::string& option) {
+  return option.rfind(kRecomputedMode, 0) == 0;
+}
 
 /// The measured step: the planner's model, and what the executor checks each step against.
 struct MeasuredModel {
@@ -81,13 +99,13 @@ struct MeasuredModel {
 /// Measures the training step `loss_fn` (a forward through `model` to a scalar loss; backward is
 /// run for it) as the planner's timeline: an untimed plain step that finds the candidates, a plain
 /// step in which every candidate keeps everything, one step per storage mode in which every
-/// candidate runs in that mode, and, for the "recomputed" option, usually two more with every
-/// candidate checkpointed and some recomputing their outputs. Each records, at every candidate's
-/// forward and backward boundaries, the live bytes, the peak since the last boundary and the time
-/// (docs/memory-model.md, "Any model"). The parameters' gradients, the buffers (BatchNorm
-/// statistics) and the RNG state are left as they were. Errors: a candidate reached twice in one
-/// step, a module candidate outside `model`, no candidate at all, steps whose candidates differ,
-/// a loss that isn't a scalar requiring grad.
+/// candidate runs in that mode, and, for the "recomputed" options, more with every candidate
+/// checkpointed and some recomputing their outputs (about L + 1 for chains of L). Each records, at
+/// every candidate's forward and backward boundaries, the live bytes, the peak since the last
+/// boundary and the time (docs/memory-model.md, "Any model"). The parameters' gradients, the
+/// buffers (BatchNorm statistics) and the RNG state are left as they were. Errors: a candidate
+/// reached twice in one step, a module candidate outside `model`, no candidate at all, steps whose
+/// candidates differ, a loss that isn't a scalar requiring grad.
 MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
                             const std::function<at::Tensor()>& loss_fn,
                             const ModelProfileOptions& options = {});

@@ -53,6 +53,9 @@ struct PlannedModelOptions {
   /// outputs the candidates that take them don't keep, but compute again in their backward.
   /// Default: true
   TORCH_ARG(bool, recompute_outputs) = true;
+  /// The longest chain of "recomputed" candidates offered
+  /// (`ModelProfileOptions::max_recompute_chain`). Default: 4
+  TORCH_ARG(int, max_recompute_chain) = 4;
   /// The share of the budget a plan leaves free: it is solved for `(1 - headroom)` times the
   /// budget (the smallest feasible budget grows to match). The measured peak has come out a few
   /// KiB above the prediction (0.02% on the bench U-Net, bench/results.md "Any model"); this keeps

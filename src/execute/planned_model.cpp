@@ -208,7 +208,8 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
                          .selective_policy(options_.selective_policy())
                          .count_parameter_gradients(options_.count_parameter_gradients())
                          .preserve_rng_state(options_.preserve_rng_state())
-                         .recompute_outputs(options_.recompute_outputs())));
+                         .recompute_outputs(options_.recompute_outputs())
+                         .max_recompute_chain(options_.max_recompute_chain())));
 }
 
 void PlannedModel::plan(MeasuredModel measured) {
@@ -232,7 +233,7 @@ void PlannedModel::plan(MeasuredModel measured) {
   const auto& candidates = next.measured.profile.candidates;  // `profile` was moved from
   for (size_t c = 0; c < candidates.size(); ++c) {
     const std::string& mode = candidates[c].options[next.solution.choice[c]].name;
-    const bool recomputable = mode == kRecomputedMode;  // a checkpointed region, outputs dropped
+    const bool recomputable = is_recomputed_mode(mode);  // a checkpointed region, outputs dropped
     std::optional<CheckpointOptions> region;
     if (next.solution.choice[c] != 0) {
       region = options_.storage_modes()

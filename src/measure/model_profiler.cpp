@@ -154,34 +154,43 @@ struct StepRecord {
   }
 };
 
-// Steps that measure the "recomputed" option, each running every candidate checkpointed: in
-// each, the candidates not measured so far make their outputs recomputable where none of their
-// own inputs is such an output (running them again must not need another rerun), and every
-// region drops the recomputable outputs it takes.
+// Steps that measure the "recomputed" options, each running every candidate checkpointed. A
+// step measures chains of `length`: a candidate whose inputs come from no recomputable output
+// starts a chain (depth 1); one whose inputs come from outputs of depth below `length` continues
+// it (the deepest plus one), and ends it at `length` where it was not measured at that depth
+// before; the rest (which takes such an output) runs checkpointed and runs the chain again in its
+// backward. Every region drops the recomputable outputs it takes.
 struct RecomputeTrial {
-  explicit RecomputeTrial(size_t candidates) : measured(candidates), consumers(candidates) {}
-  std::vector<bool> measured;            // by candidate: recomputable in some step so far
-  std::vector<std::set<int>> consumers;  // by candidate: those that dropped its outputs
-  std::vector<bool> in_step;             // by candidate: recomputable in the current step
-  detail::RecomputableOutputs outputs;   // the current step's
+  RecomputeTrial(size_t candidates, int length)
+      : length(length), measured(candidates), consumers(candidates) {}
+  int length;                                 // of the chains this trial measures
+  std::vector<bool> measured;                 // by candidate: at the end of a chain so far
+  std::vector<std::set<int>> consumers;       // by candidate: those that dropped its outputs
+  std::vector<int> depth;                     // by candidate, in the current step (0: kept outputs)
+  std::vector<std::map<int, int>> producers;  // by candidate: the depth of each it dropped from
+  detail::RecomputableOutputs outputs;        // the current step's
 
   void start_step() {
-    in_step.assign(measured.size(), false);
+    depth.assign(measured.size(), 0);
+    producers.assign(measured.size(), {});
     outputs = detail::RecomputableOutputs();
   }
   // At candidate `c`'s start, before the profiler replaces its inputs.
   void request(int c, const std::vector<at::Tensor>& inputs, detail::RegionRequest& request) {
-    std::vector<int> producers;
-    request.input_sources = outputs.sources_for(inputs, producers);
-    bool from_recomputable = false;
-    for (int p : producers) {
+    std::vector<int> from;
+    request.input_sources = outputs.sources_for(inputs, from);
+    if (static_cast<size_t>(c) >= measured.size()) return;
+    int deepest = 0;
+    for (int p : from) {
       if (p < 0) continue;
-      from_recomputable = true;
       consumers[static_cast<size_t>(p)].insert(c);
+      producers[c][p] = depth[p];
+      deepest = std::max(deepest, depth[p]);
     }
-    if (from_recomputable || static_cast<size_t>(c) >= measured.size() || measured[c]) return;
+    if (deepest >= length || (deepest + 1 == length && measured[c])) return;
     request.recomputable_outputs = true;
-    in_step[c] = measured[c] = true;
+    depth[c] = deepest + 1;
+    if (depth[c] == length) measured[c] = true;
   }
 };
 
@@ -504,11 +513,14 @@ double at_least_plain_time(const CandidateCosts& kept, const CandidateCosts& mod
   return std::max(mode.seconds, floor);
 }
 
-// A step of the "recomputed" trial and which candidates were recomputable in it.
+// A step of a "recomputed" trial: each candidate's depth in a chain there (0: none), and the
+// producers it dropped outputs of, with their depths.
 struct TrialRun {
   std::shared_ptr<StepRecord> step;
   std::vector<int> matching;  // where each plain event is in `step`
-  std::vector<bool> recomputable;
+  int length = 1;             // of the chains it measured
+  std::vector<int> depth;
+  std::vector<std::map<int, int>> producers;
 };
 
 plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<ModeRun>& modes) {
@@ -535,20 +547,34 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
   return candidate;
 }
 
-// Candidate `c`'s "recomputed" option, from the trial step it was recomputable in: its own costs
-// as there (its outputs freed where the model let go of them), and on the takers' backward what
-// running it again costs them there (their backward's peak over the checkpointed step's: where a
-// taker ran several candidates again at once, each is charged with all of it, which only
-// overstates) and its forward's time once per taker.
+// Seconds that running candidate `c` again costs in `trial`: its forward, and that of each
+// producer it dropped outputs of (which runs again to give them, and so on up the chain).
+double chain_seconds(const ModeRun& checkpointed, const TrialRun& trial, int c) {
+  double seconds = costs_of(*checkpointed.step, span_of(*checkpointed.step, c), c).forward_seconds;
+  for (const auto& [p, depth] : trial.producers[c])
+    seconds += chain_seconds(checkpointed, trial, p);
+  return seconds;
+}
+
+// Candidate `c`'s "recomputed" option, from the trial step that ended a chain with it: its own
+// costs as there (its outputs freed where the model let go of them), and on the takers' backward
+// what running it again costs them there (their backward's peak over the checkpointed step's:
+// where a taker ran several candidates again at once, each is charged with all of it, which only
+// overstates) and its chain's forwards once per taker. Where `c` dropped its producers' outputs,
+// its own backward ran them again: their options count that (`c` is their taker), so its
+// backward's peak and time are the checkpointed step's.
 plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& checkpointed,
                                         const TrialRun& trial, int c, const std::set<int>& takers) {
   const Span span = span_of(plain, c);
   const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
   const Span trial_span = span_of(*trial.step, c);
-  const CandidateInStep mode{trial.step->candidates[c], trial_span,
-                             costs_of(*trial.step, trial_span, c)};
-  std::vector<int64_t> deltas = peak_deltas(kept, mode, trial.matching);
+  CandidateInStep mode{trial.step->candidates[c], trial_span, costs_of(*trial.step, trial_span, c)};
   const CandidateCosts own = costs_of(*checkpointed.step, span_of(*checkpointed.step, c), c);
+  if (!trial.producers[c].empty()) {
+    mode.costs.backward_peak = own.backward_peak;
+    mode.costs.seconds = own.seconds;
+  }
+  std::vector<int64_t> deltas = peak_deltas(kept, mode, trial.matching);
   double seconds = std::max(mode.costs.seconds, kept.costs.seconds + kept.costs.forward_seconds);
   for (int t : takers) {
     const Span taker = span_of(plain, t);
@@ -560,60 +586,97 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
       const int j = k - span.forward_end;
       if (j >= 0 && j < static_cast<int>(deltas.size())) deltas[j] += std::max<int64_t>(rerun, 0);
     }
-    seconds += own.forward_seconds;
+    seconds += chain_seconds(checkpointed, trial, c);
   }
-  return {kRecomputedMode, seconds, 0, std::move(deltas), {}};
+  return {recomputed_mode(trial.length), seconds, 0, std::move(deltas), {}};
 }
 
-// Runs the trial's steps (each with every candidate checkpointed) until every candidate was
-// recomputable in one, or a step finds none left that can be.
-std::vector<TrialRun> run_trials(const StepSetup& setup, const StepRecord& plain,
-                                 const CheckpointOptions& region, const detail::RngStash& rng,
-                                 RecomputeTrial& trial) {
-  constexpr int kMaxSteps = 4;  // two cover a chain; more than four is rare and costly
-  std::vector<TrialRun> runs;
-  for (int s = 0; s < kMaxSteps; ++s) {
+// Runs a trial's steps (each with every candidate checkpointed) until every candidate ended a
+// chain in one, or a step ends none.
+void run_trials(const StepSetup& setup, const StepRecord& plain, const CheckpointOptions& region,
+                const detail::RngStash& rng, RecomputeTrial& trial, std::vector<TrialRun>& runs) {
+  // A chain of L is covered in L + 1 steps; other graphs may take a few more.
+  const int steps = std::max(trial.length + 1, 4);
+  for (int s = 0; s < steps; ++s) {
     trial.start_step();
     rng.restore();
     auto step = record_step(setup, region, &trial);
     check_same_candidates(plain, *step, kRecomputedMode);
-    if (std::find(trial.in_step.begin(), trial.in_step.end(), true) == trial.in_step.end()) break;
+    if (std::find(trial.depth.begin(), trial.depth.end(), trial.length) == trial.depth.end()) break;
     std::vector<int> matching = matching_events(plain, *step);
-    runs.push_back({std::move(step), std::move(matching), trial.in_step});
+    runs.push_back(
+        {std::move(step), std::move(matching), trial.length, trial.depth, trial.producers});
     if (std::find(trial.measured.begin(), trial.measured.end(), false) == trial.measured.end())
       break;
   }
-  return runs;
 }
 
-// Adds the "recomputed" option to each candidate that a trial step measured and whose outputs
-// some region took and let go of. Then each excludes every option but "checkpointed" of its
-// takers (their own "recomputed" included: it would run this one again too).
+// A "recomputed" option offered: its chain's depth (0: not such an option), and what its trial
+// step had of its producers.
+struct ChainOption {
+  int depth = 0;
+  const std::map<int, int>* producers = nullptr;
+};
+
+// Whether producer option `p` and taker option `t` (of a candidate that takes p's outputs) may
+// be chosen together: the taker as it was measured (a chain end measured with this producer at
+// this depth, a chain start with none), and a producer whose outputs are recomputed only with a
+// taker that runs "checkpointed" or is measured so.
+bool compatible(const ChainOption& p, const ChainOption& t, const std::string& taker_mode,
+                int producer) {
+  if (t.depth > 0) {
+    const auto found = t.producers->find(producer);
+    return p.depth == (found == t.producers->end() ? 0 : found->second);
+  }
+  return p.depth == 0 || taker_mode == "checkpointed";
+}
+
+// Adds the "recomputed" options to each candidate that a trial step ended a chain with, whose
+// outputs some region took and let go of, and whose chain's producers offer theirs. Then
+// excludes the pairs of producer and taker options that were not measured together.
 void add_recomputed_options(plan::ModelProfile& profile, const StepRecord& plain,
                             const ModeRun& checkpointed, const std::vector<TrialRun>& runs,
-                            const RecomputeTrial& trial) {
-  std::vector<int> offered;
+                            const std::vector<std::set<int>>& consumers) {
+  std::vector<std::map<int, ChainOption>> chains(profile.candidates.size());  // by option
+  std::map<std::pair<int, int>, int> option_at;  // (candidate, depth) -> option
   for (const TrialRun& run : runs) {
-    for (size_t c = 0; c < run.recomputable.size(); ++c) {
-      const std::set<int>& takers = trial.consumers[c];
-      if (!run.recomputable[c] || takers.empty()) continue;
-      if (span_of(plain, static_cast<int>(c)).backward_begin < 0) continue;  // no gradient
-      plan::CandidateOption option =
-          recomputed_option(plain, checkpointed, run, static_cast<int>(c), takers);
+    for (int c = 0; c < static_cast<int>(run.depth.size()); ++c) {
+      if (run.depth[c] != run.length || consumers[c].empty() || option_at.count({c, run.length}))
+        continue;
+      if (span_of(plain, c).backward_begin < 0) continue;  // no gradient
+      const bool chained = std::all_of(run.producers[c].begin(), run.producers[c].end(),
+                                       [&](const auto& p) { return option_at.count(p) > 0; });
+      if (!chained) continue;
+      plan::CandidateOption option = recomputed_option(plain, checkpointed, run, c, consumers[c]);
       if (std::none_of(option.peak_delta.begin(), option.peak_delta.end(),
                        [](int64_t d) { return d < 0; })) {
         continue;
       }
-      profile.candidates[c].options.push_back(std::move(option));
-      offered.push_back(static_cast<int>(c));
+      auto& options = profile.candidates[c].options;
+      options.push_back(std::move(option));
+      const int o = static_cast<int>(options.size()) - 1;
+      option_at[{c, run.length}] = o;
+      chains[c][o] = {run.length, &run.producers[c]};
     }
   }
-  for (int c : offered) {
-    auto& excludes = profile.candidates[c].options.back().excludes;
-    for (int t : trial.consumers[c]) {
-      const auto& options = profile.candidates[t].options;
-      for (size_t o = 0; o < options.size(); ++o) {
-        if (options[o].name != "checkpointed") excludes.push_back({t, static_cast<int>(o)});
+  const auto chain_of = [&](int c, int o) {
+    const auto found = chains[c].find(o);
+    return found == chains[c].end() ? ChainOption() : found->second;
+  };
+  for (int p = 0; p < static_cast<int>(profile.candidates.size()); ++p) {
+    if (chains[p].empty()) continue;  // no recomputed outputs: every taker's option fits
+    auto& producer = profile.candidates[p].options;
+    for (int t : consumers[p]) {
+      auto& taker = profile.candidates[t].options;
+      for (int op = 0; op < static_cast<int>(producer.size()); ++op) {
+        for (int ot = 0; ot < static_cast<int>(taker.size()); ++ot) {
+          if (compatible(chain_of(p, op), chain_of(t, ot), taker[ot].name, p)) continue;
+          // Option 0 excludes nothing (storing everything stays valid): the other side lists it.
+          if (op != 0)
+            producer[op].excludes.push_back({t, ot});
+          else
+            taker[ot].excludes.push_back({p, op});
+        }
       }
     }
   }
@@ -660,6 +723,10 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
                             const std::function<at::Tensor()>& loss_fn,
                             const ModelProfileOptions& options) {
   TORCH_CHECK(model != nullptr, "ckpt::profile_model: the model is empty (a null module holder).");
+  TORCH_CHECK(options.max_recompute_chain() >= 1,
+              "ckpt::profile_model: max_recompute_chain must be at least 1 (a recomputed "
+              "candidate's own inputs kept); got ",
+              options.max_recompute_chain(), ". Turn the mode off with recompute_outputs(false).");
   const c10::Device device = device_of(*model);
   TORCH_CHECK(MemoryTracker::can_measure(device),
               "ckpt::PlannedModel: can't measure the memory of ", device,
@@ -696,16 +763,23 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   }
   const auto checkpointed = std::find_if(modes.begin(), modes.end(),
                                          [](const ModeRun& m) { return m.name == "checkpointed"; });
-  RecomputeTrial trial(plain->candidates.size());
   std::vector<TrialRun> runs;
+  std::vector<std::set<int>> consumers(plain->candidates.size());
   if (options.recompute_outputs() && checkpointed != modes.end()) {
     std::optional<CheckpointOptions> region =
         options.storage_modes().at("checkpointed", "ckpt::profile_model").region(settings);
     region->preserve_rng_state(options.preserve_rng_state());
-    runs = run_trials(setup, *plain, *region, rng, trial);
+    for (int length = 1; length <= options.max_recompute_chain(); ++length) {
+      RecomputeTrial trial(plain->candidates.size(), length);
+      run_trials(setup, *plain, *region, rng, trial, runs);
+      for (size_t c = 0; c < consumers.size(); ++c) {
+        consumers[c].insert(trial.consumers[c].begin(), trial.consumers[c].end());
+      }
+    }
   }
   MeasuredModel measured = measured_model(*plain, modes, device);
-  if (!runs.empty()) add_recomputed_options(measured.profile, *plain, *checkpointed, runs, trial);
+  if (!runs.empty())
+    add_recomputed_options(measured.profile, *plain, *checkpointed, runs, consumers);
   return measured;
 }
 

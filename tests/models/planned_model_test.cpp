@@ -12,10 +12,12 @@
 #include "marked_models.h"
 #include "support/support.h"
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -187,32 +189,100 @@ TEST_F(PlannedModelTest, ResNetCutInsideItsBlocksRunsLikeThePlainStep) {
 }
 
 // "recomputed": the regions that take a candidate's outputs drop them and run it again in their
-// backward. It lowers the smallest budget, the plan that uses it never pairs it with a mode of a
-// taker that would keep the outputs anyway, and the step stays the plain one to the bit, within
-// the budget.
-TEST_F(PlannedModelTest, RecomputedOutputsLowerTheSmallestBudget) {
-  auto config = ckpt::models::model_config("resnet", /*quick=*/true);
-  config.image = 64;
-  config.blocks_per_stage = 4;  // enough blocks between the stem and the loss to matter
-  const torch::Tensor input = ckpt::models::make_input(config);
-  auto make = [&] { return ckpt::models::build_model(config); };
-  auto loss_of = [&](torch::nn::Sequential& model) { return model->forward(input).pow(2).mean(); };
-  auto smallest = [&](bool recompute) {
+// backward; in chains, a recomputed candidate's own inputs are recomputed outputs too. Each lowers
+// the smallest budget, and the step stays the plain one to the bit, within the budget.
+class RecomputedOutputsTest : public PlannedModelTest {
+ protected:
+  static ckpt::models::ModelConfig resnet() {
+    auto config = ckpt::models::model_config("resnet", /*quick=*/true);
+    config.image = 64;
+    config.blocks_per_stage = 4;  // enough blocks between the stem and the loss to matter
+    return config;
+  }
+  torch::nn::Sequential make() const { return ckpt::models::build_model(config_); }
+  torch::Tensor loss_of(torch::nn::Sequential& model) const {
+    return model->forward(input_).pow(2).mean();
+  }
+  // The smallest budget with these options, and the longest chain its plan recomputes.
+  std::pair<int64_t, int> smallest(const ckpt::PlannedModelOptions& options) const {
     auto model = make();
-    ckpt::PlannedModel planned(model, ckpt::Budget::minimum(),
-                               ckpt::PlannedModelOptions().recompute_outputs(recompute));
+    ckpt::PlannedModel planned(model, ckpt::Budget::minimum(), options);
     planned.plan([&] { return loss_of(model); });
-    int recomputed = 0;
+    int longest = 0;
     for (const auto& c : planned.measured().candidates) {
-      recomputed += planned.mode_of(c.name) == ckpt::kRecomputedMode;
+      for (int length = 1; length <= options.max_recompute_chain(); ++length) {
+        if (planned.mode_of(c.name) == ckpt::recomputed_mode(length)) {
+          longest = std::max(longest, length);
+        }
+      }
     }
-    EXPECT_EQ(recomputed > 0, recompute) << planned.summary();
-    return planned.budget_bytes();
-  };
-  const int64_t without = smallest(false), with = smallest(true);
-  EXPECT_LT(static_cast<double>(with), 0.9 * static_cast<double>(without));
-  expect_planned_like_plain<torch::nn::Sequential>(make(), make(), loss_of, ckpt::Budget::minimum(),
-                                                   0.02);
+    return {planned.budget_bytes(), longest};
+  }
+
+  const ckpt::models::ModelConfig config_ = resnet();
+  const torch::Tensor input_ = ckpt::models::make_input(config_);
+};
+
+TEST_F(RecomputedOutputsTest, LowerTheSmallestBudget) {
+  const auto options = ckpt::PlannedModelOptions().max_recompute_chain(1);
+  const auto [without, none] = smallest(ckpt::PlannedModelOptions().recompute_outputs(false));
+  const auto [with, longest] = smallest(options);
+  EXPECT_EQ(none, 0);
+  EXPECT_EQ(longest, 1);
+  EXPECT_LT(static_cast<double>(with), 0.9 * static_cast<double>(without))
+      << "the smallest budget without: " << without << " bytes; with: " << with;
+}
+
+TEST_F(RecomputedOutputsTest, ChainsLowerItFurther) {
+  const auto [one, single] = smallest(ckpt::PlannedModelOptions().max_recompute_chain(1));
+  const auto [chained, longest] = smallest(ckpt::PlannedModelOptions());
+  EXPECT_EQ(single, 1);
+  EXPECT_GE(longest, 2);
+  EXPECT_LT(static_cast<double>(chained), 0.95 * static_cast<double>(one))
+      << "the smallest budget with chains of one: " << one << " bytes; of four: " << chained;
+  expect_planned_like_plain<torch::nn::Sequential>(
+      make(), make(), [this](torch::nn::Sequential& m) { return loss_of(m); },
+      ckpt::Budget::minimum(), 0.02);
+}
+
+// A chain's end was measured with its producer recomputed at the depth before it: with that
+// producer, it combines with that option only.
+TEST_F(RecomputedOutputsTest, AChainEndCombinesOnlyWithItsChain) {
+  auto model = make();
+  const ckpt::MeasuredModel measured =
+      ckpt::profile_model(model.ptr(), [&] { return loss_of(model); });
+  const auto& candidates = measured.profile.candidates;
+  std::set<std::array<int, 4>> excluded;  // (candidate, option, candidate, option), both ways
+  for (int c = 0; c < static_cast<int>(candidates.size()); ++c) {
+    for (int o = 0; o < static_cast<int>(candidates[c].options.size()); ++o) {
+      for (const auto& ref : candidates[c].options[o].excludes) {
+        excluded.insert({c, o, ref.candidate, ref.option});
+        excluded.insert({ref.candidate, ref.option, c, o});
+      }
+    }
+  }
+  int ends = 0;
+  for (int t = 0; t < static_cast<int>(candidates.size()); ++t) {
+    for (int o = 0; o < static_cast<int>(candidates[t].options.size()); ++o) {
+      const int longest = ckpt::ModelProfileOptions().max_recompute_chain();
+      int length = 2;
+      while (length <= longest && candidates[t].options[o].name != ckpt::recomputed_mode(length)) {
+        ++length;
+      }
+      if (length > longest) continue;
+      ++ends;
+      bool chained = false;
+      for (int p = 0; p < t && !chained; ++p) {
+        std::vector<std::string> fitting;
+        for (int q = 0; q < static_cast<int>(candidates[p].options.size()); ++q) {
+          if (!excluded.count({t, o, p, q})) fitting.push_back(candidates[p].options[q].name);
+        }
+        chained = fitting == std::vector<std::string>{ckpt::recomputed_mode(length - 1)};
+      }
+      EXPECT_TRUE(chained) << candidates[t].name << ": " << candidates[t].options[o].name;
+    }
+  }
+  EXPECT_GT(ends, 0);
 }
 
 // The options "recomputed" excludes: every option but "checkpointed" of each candidate that takes
@@ -226,7 +296,7 @@ TEST_F(PlannedModelTest, RecomputedExcludesWhatWouldKeepItsOutputs) {
   int offered = 0;
   for (const auto& candidate : measured.profile.candidates) {
     for (const auto& option : candidate.options) {
-      if (option.name != ckpt::kRecomputedMode) continue;
+      if (!ckpt::is_recomputed_mode(option.name)) continue;
       ++offered;
       EXPECT_FALSE(option.excludes.empty()) << candidate.name;
       for (const auto& ref : option.excludes) {
@@ -456,6 +526,11 @@ TEST_F(PlannedModelErrorTest, BadModelsAndLossesAreErrors) {
               "is not a submodule of the planned model");
   throws_with([&] { return model->bn(x).sum(); }, "the step reached no candidate");
   throws_with([&] { return model->forward(x); }, "must return the step's loss: one number");
+  ckpt::PlannedModel no_chain(model, ckpt::Budget::minimum(),
+                              ckpt::PlannedModelOptions().max_recompute_chain(0));
+  CKPT_EXPECT_THROWS_WITH(no_chain.plan([&] { return model->forward(x).sum(); }),
+                          "max_recompute_chain must be at least 1");
+  expect_model_untouched();
 }
 
 TEST_F(PlannedModelErrorTest, WithoutAPlannerACandidateIsItsBlock) {
