@@ -8,7 +8,7 @@
 // regions (every candidate checkpointed, every other one, the first half, the second half) against
 // the plan at each one's measured peak.
 //
-//   any_model [--quick] [--repeats N] [--models unet,seq2seq,resnet,transformer]
+//   any_model [--quick] [--repeats N] [--models unet,seq2seq,resnet,transformer] [--chains L]
 
 #include <ckpt/candidate.h>
 #include <ckpt/memory_tracker.h>
@@ -172,10 +172,15 @@ void run_hand_placed(const Subject& s, const ckpt::MeasuredModel& measured, cons
   }
 }
 
-void run_subject(const Subject& s, int repeats) {
+void run_subject(const Subject& s, int repeats, int chains) {
   std::fprintf(stderr, "%s: %s\n", s.name.c_str(), s.description.c_str());
   const Step plain = measure(*s.model, s.loss, repeats);
-  const ckpt::MeasuredModel measured = ckpt::profile_model(s.model, s.loss);
+  const auto start = std::chrono::steady_clock::now();
+  const ckpt::MeasuredModel measured =
+      ckpt::profile_model(s.model, s.loss, ckpt::ModelProfileOptions().max_recompute_chain(chains));
+  std::fprintf(stderr, "%s: profiled in %.2f s (recompute chains up to %d)\n", s.name.c_str(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               chains);
   std::printf("| %s | plain | %.2f MiB | | | 1.00x (%.0f ms) |\n", s.name.c_str(),
               mib(plain.peak_bytes), plain.seconds * 1e3);
   for (const std::string budget : {"70%", "50%", "30%", "min"}) {
@@ -241,18 +246,20 @@ std::vector<Subject> subjects(bool quick) {
 int main(int argc, char** argv) {
   bool quick = false;
   int repeats = 3;
+  int chains = ckpt::ModelProfileOptions().max_recompute_chain();
   std::string models = "unet,seq2seq,resnet,transformer";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) repeats = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--models") == 0 && i + 1 < argc) models = argv[++i];
+    if (std::strcmp(argv[i], "--chains") == 0 && i + 1 < argc) chains = std::atoi(argv[++i]);
   }
   std::printf(
       "| model | budget | measured peak | predicted (measured vs) | within budget | step time "
       "vs plain |\n|---|---|---|---|---|---|\n");
   for (const Subject& s : subjects(quick)) {
     if (("," + models + ",").find("," + s.name + ",") != std::string::npos) {
-      run_subject(s, std::max(1, repeats));
+      run_subject(s, std::max(1, repeats), std::max(1, chains));
     }
   }
   return 0;
