@@ -7,6 +7,7 @@
 #include <ckpt/planned_model.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/ScalarType.h>
 
 #include "bench_models.h"
 #include "marked_models.h"
@@ -97,25 +98,44 @@ std::string timeline(const ckpt::PlannedModel& planned) {
   return out.str();
 }
 
+// Bytes a plan's prediction may count as held that the real step has freed (zero where the model
+// is exact for it).
+using OverCount = std::function<int64_t(const ckpt::PlannedModel&)>;
+
+int64_t none_over_counted(const ckpt::PlannedModel& /*planned*/) {
+  return 0;
+}
+
 // Plans `planned_model` under `budget`, runs one planned step, and checks it against one plain
 // step of `plain_model` (built the same way): identical results, the measured peak within the
-// budget and within `tolerance` (2%) of the prediction.
+// budget and the prediction, and below the prediction by at most what `over_counted` says the
+// model counts too long, plus `tolerance` (2%) of the prediction. `restrict`, when given, edits
+// the measurement before the plan is solved (to leave the solver one plan).
 // Returns the budget planned for, in bytes, and the plain step's peak.
 template <class Model>
 std::pair<int64_t, int64_t> expect_planned_like_plain(
     Model plain_model, Model planned_model, const std::function<torch::Tensor(Model&)>& loss_of,
-    const ckpt::Budget& budget, double tolerance) {
+    const ckpt::Budget& budget, double tolerance, const OverCount& over_counted,
+    const std::function<void(ckpt::MeasuredModel&)>& restrict = {}) {
   const StepResult plain = measured_step(*plain_model, [&] { return loss_of(plain_model); });
   ckpt::PlannedModel planned(planned_model, budget);
   const LossFn loss_fn = [&] { return loss_of(planned_model); };
-  planned.plan(loss_fn);
+  if (restrict) {
+    ckpt::MeasuredModel measured = ckpt::profile_model(planned_model.ptr(), loss_fn);
+    restrict(measured);
+    planned.plan(std::move(measured));
+  } else {
+    planned.plan(loss_fn);
+  }
   const StepResult step = measured_step(*planned_model, [&] { return planned.run(loss_fn); });
   expect_same_step(plain, step);
   const int64_t predicted = planned.solution().prediction.peak_bytes;
+  const int64_t over = over_counted(planned);
   EXPECT_LE(step.peak_bytes, planned.budget_bytes()) << planned.summary();
   EXPECT_LE(step.peak_bytes, predicted) << planned.summary() << timeline(planned);
-  EXPECT_NEAR(static_cast<double>(step.peak_bytes), static_cast<double>(predicted),
-              tolerance * static_cast<double>(predicted))
+  EXPECT_GE(static_cast<double>(step.peak_bytes),
+            static_cast<double>(predicted - over) - tolerance * static_cast<double>(predicted))
+      << "of which over-counted: " << over << "\n"
       << planned.summary() << timeline(planned);
   EXPECT_NEAR(static_cast<double>(planned.plain_peak_bytes()),
               static_cast<double>(plain.peak_bytes), 0.02 * static_cast<double>(plain.peak_bytes));
@@ -127,19 +147,20 @@ std::pair<int64_t, int64_t> expect_planned_like_plain(
 template <class Model>
 void expect_planned_like_plain_at_every_budget(const std::function<Model()>& make,
                                                const std::function<torch::Tensor(Model&)>& loss_of,
-                                               double tolerance = 0.02) {
+                                               const OverCount& over_counted = none_over_counted) {
+  constexpr double tolerance = 0.02;
   int64_t smallest = 0, plain = 0;
   {
     SCOPED_TRACE("the smallest feasible budget");
     std::tie(smallest, plain) = expect_planned_like_plain<Model>(
-        make(), make(), loss_of, ckpt::Budget::minimum(), tolerance);
+        make(), make(), loss_of, ckpt::Budget::minimum(), tolerance, over_counted);
   }
   EXPECT_LT(smallest, plain);
   for (const int64_t bytes : {(smallest + plain) / 2, plain}) {
     SCOPED_TRACE("budget " + std::to_string(bytes) + " of a plain peak of " +
                  std::to_string(plain));
-    expect_planned_like_plain<Model>(make(), make(), loss_of, ckpt::Budget::bytes(bytes),
-                                     tolerance);
+    expect_planned_like_plain<Model>(make(), make(), loss_of, ckpt::Budget::bytes(bytes), tolerance,
+                                     over_counted);
   }
 }
 
@@ -156,16 +177,71 @@ torch::Tensor unet_loss(ckpt::models::UNet& model) {
   return model->forward(unet_sample()).pow(2).mean();
 }
 
-// The prediction may be conservative by the skip tensors here: a storage one candidate returns
-// and another takes counts as held until the taker's backward, as where the taker runs as a
-// region (docs/memory-model.md, "Any model"); where the taker runs plainly and its operators
-// don't save it (a decoder's concatenation), the real step frees it sooner. A few skips are up to
-// 10% of the quick U-Net's planned peaks (8.4% seen with every encoder block checkpointed and
-// every decoder block kept); a larger gap fails.
+// The U-Net's skips the prediction counts as held too long: a storage that one candidate returns
+// and another takes counts as held until the taker's backward, as where the taker runs as a region
+// (docs/memory-model.md, "Any model"); where the encoder block that returns a skip runs as a region
+// and the decoder block that takes it runs plainly, the real step frees it at the forward's end
+// (the decoder's concatenation doesn't save it, and the region's graph holds no output).
+int64_t unet_skips_over_counted(const ckpt::PlannedModel& planned) {
+  const auto& candidates = planned.measured().candidates;
+  const auto index_of = [&](const std::string& name) {
+    for (size_t c = 0; c < candidates.size(); ++c) {
+      if (candidates[c].name == name) return c;
+    }
+    ADD_FAILURE() << "no candidate " << name;
+    return candidates.size();
+  };
+  const int64_t levels = small_unet().levels;
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < levels; ++i) {
+    const std::string up = "ups." + std::to_string(i);
+    const std::string down = "downs." + std::to_string(levels - 1 - i);
+    if (planned.mode_of(up) != "stored" || planned.mode_of(down) == "stored") continue;
+    const size_t c = index_of(up);
+    if (c == candidates.size()) continue;
+    const ckpt::TensorShape& skip = candidates[c].inputs.at(1);
+    int64_t numel = 1;
+    for (const int64_t size : skip.sizes) numel *= size;
+    bytes += numel * static_cast<int64_t>(c10::elementSize(skip.dtype));
+  }
+  return bytes;
+}
+
 TEST_F(PlannedModelTest, UNetRunsLikeThePlainStep) {
   unet_sample();  // made before any step is measured
   expect_planned_like_plain_at_every_budget<ckpt::models::UNet>(
-      [] { return ckpt::models::make_unet(small_unet()); }, unet_loss, /*tolerance=*/0.10);
+      [] { return ckpt::models::make_unet(small_unet()); }, unet_loss, unet_skips_over_counted);
+}
+
+// The plan above whose skips are all over-counted, whatever the timings: each encoder block
+// checkpointed, every other block kept. The prediction is the real peak plus the skips, exactly.
+TEST_F(PlannedModelTest, UNetPredictionWithTheEncoderCheckpointedCountsOnlyTheSkipsTooLong) {
+  unet_sample();
+  const auto keep_only_checkpointed_encoder = [](ckpt::MeasuredModel& measured) {
+    for (auto& candidate : measured.profile.candidates) {
+      std::vector<ckpt::plan::CandidateOption> options{candidate.options.at(0)};
+      if (has(candidate.name, "downs.")) {
+        for (const auto& option : candidate.options) {
+          if (option.name == "checkpointed") options.push_back(option);
+        }
+        options.back().excludes.clear();
+        EXPECT_EQ(options.size(), 2u) << candidate.name;
+      }
+      candidate.options = std::move(options);
+    }
+  };
+  int64_t over = 0;
+  const OverCount skips = [&](const ckpt::PlannedModel& planned) {
+    for (const auto& candidate : planned.measured().candidates) {
+      EXPECT_EQ(planned.mode_of(candidate.name),
+                has(candidate.name, "downs.") ? "checkpointed" : "stored");
+    }
+    return over = unet_skips_over_counted(planned);
+  };
+  expect_planned_like_plain<ckpt::models::UNet>(
+      ckpt::models::make_unet(small_unet()), ckpt::models::make_unet(small_unet()), unet_loss,
+      ckpt::Budget::minimum(), 0.005, skips, keep_only_checkpointed_encoder);
+  EXPECT_GT(over, 0);
 }
 
 TEST_F(PlannedModelTest, EncoderDecoderRunsLikeThePlainStep) {
@@ -242,7 +318,7 @@ TEST_F(RecomputedOutputsTest, ChainsLowerItFurther) {
       << "the smallest budget with chains of one: " << one << " bytes; of four: " << chained;
   expect_planned_like_plain<torch::nn::Sequential>(
       make(), make(), [this](torch::nn::Sequential& m) { return loss_of(m); },
-      ckpt::Budget::minimum(), 0.02);
+      ckpt::Budget::minimum(), 0.02, none_over_counted);
 }
 
 // A chain's end was measured with its producer recomputed at the depth before it: with that
