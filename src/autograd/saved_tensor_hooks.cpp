@@ -68,5 +68,10 @@ bool saved_tensor_hooks_active() {
   return static_cast<bool>(current_factory);
 }
 
+bool saved_tensor_hooks_available() {
+  const torch::autograd::Engine* engine = &torch::autograd::Engine::get_default_engine();
+  return engine == &torch::autograd::Engine::get_base_engine() || engine == &hooking_engine();
+}
+
 }  // namespace detail
 }  // namespace ckpt

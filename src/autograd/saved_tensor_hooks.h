@@ -36,5 +36,9 @@ class SavedTensorHooksScope {
 /// Whether a scope with a non-empty factory is the innermost one on this thread.
 bool saved_tensor_hooks_active();
 
+/// Whether a scope with hooks can open in this process: LibTorch's own engine (or ckpt's) is the
+/// default one, not Python's.
+bool saved_tensor_hooks_available();
+
 }  // namespace detail
 }  // namespace ckpt

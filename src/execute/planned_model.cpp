@@ -232,13 +232,13 @@ void PlannedModel::plan(MeasuredModel measured) {
   const StorageSettings settings{options_.selective_policy()};
   const auto& candidates = next.measured.profile.candidates;  // `profile` was moved from
   for (size_t c = 0; c < candidates.size(); ++c) {
-    const std::string& mode = candidates[c].options[next.solution.choice[c]].name;
-    const bool recomputable = is_recomputed_mode(mode);  // a checkpointed region, outputs dropped
+    const std::string& option = candidates[c].options[next.solution.choice[c]].name;
+    const bool recomputable = is_recomputed_mode(option);  // a checkpointed region, outputs dropped
+    // The storage mode an option runs in: its name up to a qualifier (", takers kept").
+    const std::string mode = recomputable ? "checkpointed" : option.substr(0, option.find(','));
     std::optional<CheckpointOptions> region;
     if (next.solution.choice[c] != 0) {
-      region = options_.storage_modes()
-                   .at(recomputable ? "checkpointed" : mode, "ckpt::PlannedModel")
-                   .region(settings);
+      region = options_.storage_modes().at(mode, "ckpt::PlannedModel").region(settings);
       TORCH_CHECK(region.has_value(), "ckpt::PlannedModel: the storage mode \"", mode,
                   "\" is off with these options; the measurement offers it.");
       region->preserve_rng_state(options_.preserve_rng_state());

@@ -5,12 +5,14 @@
 
 #include "autograd/buffer_guard.h"
 #include "autograd/rng_state.h"
+#include "autograd/saved_tensor_hooks.h"
 #include "compat/torch_compat.h"
 #include "measure/step_measure.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <algorithm>
 #include <map>
@@ -95,6 +97,8 @@ struct WatchedStorage {
   bool output = false;
   bool feeds_candidate = false;  // an output that a later candidate takes
   int freed_at = -1;             // the first event that found it freed
+  int producer = -1;             // an input another candidate returned: that candidate
+  bool saved = true;             // an input: saved by the plain forward (where a step found out)
 };
 
 struct CandidateRecord {
@@ -138,20 +142,44 @@ struct StepRecord {
       bool seen = false;
       for (const auto& w : watched) seen = seen || w.address == address;
       if (seen) continue;
-      if (!output) mark_fed(address);
       watched.push_back({t.storage().getWeakStorageImpl(), address,
                          static_cast<int64_t>(t.storage().nbytes()), output});
+      if (!output) watched.back().producer = mark_fed(address);
     }
   }
 
-  // An earlier candidate's output, alive (so the address is its identity), is fed to another.
-  void mark_fed(const c10::StorageImpl* address) {
-    for (auto& c : candidates) {
-      for (auto& w : c.watched) {
-        if (w.output && w.address == address && !w.storage.expired()) w.feeds_candidate = true;
+  // An earlier candidate's output, alive (so the address is its identity), is fed to another:
+  // returns that candidate (-1: none).
+  int mark_fed(const c10::StorageImpl* address) {
+    int producer = -1;
+    for (size_t c = 0; c < candidates.size(); ++c) {
+      for (auto& w : candidates[c].watched) {
+        if (w.output && w.address == address && !w.storage.expired()) {
+          w.feeds_candidate = true;
+          producer = static_cast<int>(c);
+        }
       }
     }
+    return producer;
   }
+};
+
+using StorageSet = std::unordered_set<const c10::StorageImpl*>;
+
+// Hooks that pass a saved tensor through and note its storage: what a plain forward saves.
+class NotingHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit NotingHooks(std::shared_ptr<StorageSet> saved) : saved_(std::move(saved)) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    if (tensor.defined() && tensor.has_storage())
+      saved_->insert(tensor.storage().unsafeGetStorageImpl());
+    tensor_ = tensor;
+  }
+  at::Tensor call_unpack_hook() override { return tensor_; }
+
+ private:
+  std::shared_ptr<StorageSet> saved_;
+  at::Tensor tensor_;
 };
 
 // Steps that measure the "recomputed" options, each running every candidate checkpointed. A
@@ -194,13 +222,21 @@ struct RecomputeTrial {
   }
 };
 
-// Runs every candidate of a step in one mode and records the step's events; with `trial`, a step
-// of the "recomputed" trial.
+// How a step runs its candidates: each in `mode` (none: kept), but those `kept` marks (by
+// candidate); with `trial`, as a step of the "recomputed" trial; with `find_saved` (every
+// candidate kept), noting which inputs each candidate's forward saves (`WatchedStorage::saved`).
+struct StepRun {
+  std::optional<CheckpointOptions> mode;
+  std::vector<bool> kept{};
+  RecomputeTrial* trial = nullptr;
+  bool find_saved = false;
+};
+
+// Runs the candidates of a step as `StepRun` says and records the step's events.
 class StepRecorder final : public detail::CandidateRunner {
  public:
-  StepRecorder(const detail::CandidateNames& names, std::optional<CheckpointOptions> mode,
-               std::shared_ptr<StepRecord> record, RecomputeTrial* trial = nullptr)
-      : names_(names), mode_(std::move(mode)), record_(std::move(record)), trial_(trial) {}
+  StepRecorder(const detail::CandidateNames& names, StepRun run, std::shared_ptr<StepRecord> record)
+      : names_(names), run_(std::move(run)), record_(std::move(record)) {}
 
   std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
                                          std::vector<at::Tensor>& inputs,
@@ -211,7 +247,7 @@ class StepRecorder final : public detail::CandidateRunner {
                 "own name (ckpt::candidate(\"name\", fn, args...)), or mark the block that holds "
                 "both calls instead.");
     const int index = add_candidate(resolved, inputs);
-    if (trial_ != nullptr) trial_->request(index, inputs, request);
+    if (run_.trial != nullptr) run_.trial->request(index, inputs, request);
     record_->record(EventKind::ForwardBegin, index);
     for (auto& t : inputs) {
       if (!t.defined() || !t.requires_grad()) continue;
@@ -221,12 +257,18 @@ class StepRecorder final : public detail::CandidateRunner {
       });
     }
     current_ = index;
-    return mode_;
+    if (run_.find_saved) {
+      saved_->clear();
+      saving_.emplace([saved = saved_] { return std::make_unique<NotingHooks>(saved); });
+    }
+    const bool kept = static_cast<size_t>(index) < run_.kept.size() && run_.kept[index];
+    return kept ? std::nullopt : run_.mode;
   }
 
   void end(std::vector<at::Tensor>& outputs, const detail::RegionRequest& request) override {
     const int index = current_;
-    if (trial_ != nullptr) trial_->outputs.add(index, outputs, request);
+    if (saving_) note_saved_inputs(index);
+    if (run_.trial != nullptr) run_.trial->outputs.add(index, outputs, request);
     record_->record(EventKind::ForwardEnd, index);
     {
       const std::lock_guard<std::mutex> lock(record_->mutex);
@@ -240,9 +282,17 @@ class StepRecorder final : public detail::CandidateRunner {
     }
   }
 
-  void abandon() noexcept override {}
+  void abandon() noexcept override { saving_.reset(); }
 
  private:
+  void note_saved_inputs(int index) {
+    saving_.reset();
+    const std::lock_guard<std::mutex> lock(record_->mutex);
+    for (auto& w : record_->candidates[index].watched) {
+      if (!w.output) w.saved = saved_->count(w.address) > 0;
+    }
+  }
+
   int add_candidate(const std::string& name, const std::vector<at::Tensor>& inputs) {
     CandidateRecord c;
     c.profiled.name = name;
@@ -255,11 +305,12 @@ class StepRecorder final : public detail::CandidateRunner {
   }
 
   const detail::CandidateNames& names_;
-  std::optional<CheckpointOptions> mode_;
+  StepRun run_;
   std::shared_ptr<StepRecord> record_;
   std::unordered_set<std::string> seen_;
   int current_ = -1;
-  RecomputeTrial* trial_;
+  std::shared_ptr<StorageSet> saved_ = std::make_shared<StorageSet>();
+  std::optional<detail::SavedTensorHooksScope> saving_;
 };
 
 // The environment of the profiled steps.
@@ -287,10 +338,8 @@ void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder) {
   loss.backward();
 }
 
-// One step with every candidate in `mode` (none: kept), from the gradients a step starts from.
-std::shared_ptr<StepRecord> record_step(const StepSetup& setup,
-                                        const std::optional<CheckpointOptions>& mode,
-                                        RecomputeTrial* trial = nullptr) {
+// One step run as `run` says, from the gradients a step starts from.
+std::shared_ptr<StepRecord> record_step(const StepSetup& setup, StepRun run) {
   const detail::SwappedGradients grads({setup.model},
                                        setup.count_parameter_gradients
                                            ? detail::SwappedGradients::Start::None
@@ -299,7 +348,7 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup,
   auto record = std::make_shared<StepRecord>();
   record->tracker = setup.tracker;
   record->device = setup.device;
-  StepRecorder recorder(*setup.names, mode, record, trial);
+  StepRecorder recorder(*setup.names, std::move(run), record);
   compat::synchronize(setup.device);
   setup.tracker->reset_peak();
   record->start_bytes = setup.tracker->current_bytes();
@@ -382,10 +431,19 @@ CandidateCosts costs_of(const StepRecord& step, const Span& span, int candidate)
   return costs;
 }
 
+// How another step lines up with the plain one: where each plain event is in it (-1: nowhere),
+// and by segment of the plain step, whether the storages it frees there and the plain step holds
+// went before the segment's peak (where the segment runs the model's own code, the same in both,
+// and the other step's rise in it is the plain one's less those bytes).
+struct Matching {
+  std::vector<int> events;
+  std::vector<bool> freed_before_peak;
+};
+
 // Where each event of the plain step is in another step: events are the same boundaries of the
 // same candidates, told apart by their kind, candidate and how many came before them; -1 where
 // the other step has no such event.
-std::vector<int> matching_events(const StepRecord& plain, const StepRecord& other) {
+std::vector<int> matching_events_of(const StepRecord& plain, const StepRecord& other) {
   using Key = std::tuple<int, int, int>;
   std::map<Key, int> count, where;
   for (int k = 0; k < static_cast<int>(other.events.size()); ++k) {
@@ -401,6 +459,50 @@ std::vector<int> matching_events(const StepRecord& plain, const StepRecord& othe
     match.push_back(found == where.end() ? -1 : found->second);
   }
   return match;
+}
+
+// Whether segment k of the plain step runs no candidate's forward or backward: the model's own
+// code between them, the same in every step.
+std::vector<bool> between_candidates(const StepRecord& plain) {
+  std::vector<bool> between(plain.events.size(), true);
+  for (int c = 0; c < static_cast<int>(plain.candidates.size()); ++c) {
+    const Span span = span_of(plain, c);
+    for (int k = span.forward_begin + 1; k <= span.forward_end; ++k) between[k] = false;
+    if (span.backward_begin < 0) continue;
+    for (int k = span.backward_begin + 1; k <= span.backward_end; ++k) between[k] = false;
+  }
+  return between;
+}
+
+// The bytes of the watched storages that `other` frees in its segment `k_other` and the plain
+// step holds through its segment k (each storage once: an input another candidate returned is
+// that one's output).
+int64_t freed_sooner_in(const StepRecord& plain, const StepRecord& other, int k, int k_other) {
+  int64_t bytes = 0;
+  for (size_t c = 0; c < plain.candidates.size(); ++c) {
+    const auto& a = plain.candidates[c].watched;
+    const auto& b = other.candidates[c].watched;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      if (!a[i].output && a[i].producer >= 0) continue;
+      if (b[i].freed_at == k_other && (a[i].freed_at < 0 || a[i].freed_at > k)) bytes += a[i].bytes;
+    }
+  }
+  return bytes;
+}
+
+Matching matching_events(const StepRecord& plain, const StepRecord& other) {
+  Matching matching{matching_events_of(plain, other), {}};
+  const std::vector<bool> between = between_candidates(plain);
+  matching.freed_before_peak.assign(plain.events.size(), false);
+  for (size_t k = 1; k < plain.events.size(); ++k) {
+    const int j = matching.events[k];
+    if (!between[k] || j < 1 || matching.events[k - 1] != j - 1) continue;
+    const int64_t freed = freed_sooner_in(plain, other, static_cast<int>(k), j);
+    const int64_t rise = plain.events[k].peak - plain.events[k - 1].live;
+    const int64_t other_rise = other.events[j].peak - other.events[j - 1].live;
+    matching.freed_before_peak[k] = freed > 0 && other_rise <= rise - freed;
+  }
+  return matching;
 }
 
 // What the mode's step holds beyond the plain step of the storages a candidate took or returned:
@@ -421,12 +523,18 @@ int64_t held_difference(const CandidateRecord& plain, const CandidateRecord& mod
   return bytes;
 }
 
-// In segment `k` of the plain step (`k_in_mode` in the mode's step, -1: none): a storage counts as
-// held in the segment it is freed in, and as gone from the plain step only after it.
+// In segment `k` of the plain step (the mode's step's `in_mode.events[k]`, -1: none): a storage
+// counts as held in the segment it is freed in (unless the mode's step shows that what it freed
+// there went before the segment's peak), and as gone from the plain step only after it.
 int64_t held_in_segment(const CandidateRecord& plain, const CandidateRecord& mode, int k,
-                        int k_in_mode) {
-  return held_difference(plain, mode, [&](const WatchedStorage& w, bool in_mode) {
-    if (in_mode) return k_in_mode < 0 || w.freed_at < 0 || k_in_mode <= w.freed_at;
+                        const Matching& in_mode) {
+  const int k_in_mode = in_mode.events[k];
+  const bool gone_at_peak = in_mode.freed_before_peak[k];
+  return held_difference(plain, mode, [&](const WatchedStorage& w, bool in_mode_step) {
+    if (in_mode_step) {
+      return k_in_mode < 0 || w.freed_at < 0 || k_in_mode < w.freed_at ||
+             (k_in_mode == w.freed_at && !gone_at_peak);
+    }
     return w.freed_at < 0 || k < w.freed_at;
   });
 }
@@ -451,9 +559,9 @@ struct CandidateInStep {
 // segments from its forward to the end of its backward): its forward's peak, then what it keeps
 // less (or more) plus the inputs it keeps longer, then its backward's peak on top.
 std::vector<int64_t> peak_deltas(const CandidateInStep& plain, const CandidateInStep& mode,
-                                 const std::vector<int>& in_mode) {
+                                 const Matching& in_mode) {
   const int64_t plateau = mode.costs.forward_kept - plain.costs.forward_kept;
-  auto longer = [&](int k) { return held_in_segment(plain.record, mode.record, k, in_mode[k]); };
+  auto longer = [&](int k) { return held_in_segment(plain.record, mode.record, k, in_mode); };
   std::vector<int64_t> deltas;
   deltas.push_back(mode.costs.forward_peak - plain.costs.forward_peak);
   for (int k = plain.span.forward_end + 1; k <= plain.span.backward_begin; ++k) {
@@ -475,8 +583,14 @@ struct ModeRun {
   std::string name;
   bool recomputes;  // a region that runs its forward again in the backward (not offloading)
   std::shared_ptr<StepRecord> step;
-  std::vector<int> matching;  // where each plain event is in `step`
+  Matching matching;  // where each plain event is in `step`
 };
+
+bool same_candidates(const StepRecord& a, const StepRecord& b) {
+  return std::equal(
+      a.candidates.begin(), a.candidates.end(), b.candidates.begin(), b.candidates.end(),
+      [](const auto& x, const auto& y) { return x.profiled.name == y.profiled.name; });
+}
 
 void check_same_candidates(const StepRecord& plain, const StepRecord& other,
                            const std::string& mode) {
@@ -517,8 +631,8 @@ double at_least_plain_time(const CandidateCosts& kept, const CandidateCosts& mod
 // producers it dropped outputs of, with their depths.
 struct TrialRun {
   std::shared_ptr<StepRecord> step;
-  std::vector<int> matching;  // where each plain event is in `step`
-  int length = 1;             // of the chains it measured
+  Matching matching;  // where each plain event is in `step`
+  int length = 1;     // of the chains it measured
   std::vector<int> depth;
   std::vector<std::map<int, int>> producers;
 };
@@ -600,10 +714,10 @@ void run_trials(const StepSetup& setup, const StepRecord& plain, const Checkpoin
   for (int s = 0; s < steps; ++s) {
     trial.start_step();
     rng.restore();
-    auto step = record_step(setup, region, &trial);
+    auto step = record_step(setup, {region, {}, &trial});
     check_same_candidates(plain, *step, kRecomputedMode);
     if (std::find(trial.depth.begin(), trial.depth.end(), trial.length) == trial.depth.end()) break;
-    std::vector<int> matching = matching_events(plain, *step);
+    Matching matching = matching_events(plain, *step);
     runs.push_back(
         {std::move(step), std::move(matching), trial.length, trial.depth, trial.producers});
     if (std::find(trial.measured.begin(), trial.measured.end(), false) == trial.measured.end())
@@ -682,6 +796,92 @@ void add_recomputed_options(plan::ModelProfile& profile, const StepRecord& plain
   }
 }
 
+// The takers of each candidate's outputs that run plainly without saving one of them (a
+// decoder's concatenation of a skip), as the step that noted what each forward saves found them.
+std::vector<std::set<int>> unsaving_takers(const StepRecord& found) {
+  std::vector<std::set<int>> takers(found.candidates.size());
+  for (size_t t = 0; t < found.candidates.size(); ++t) {
+    for (const auto& w : found.candidates[t].watched) {
+      if (!w.output && w.producer >= 0 && !w.saved) takers[w.producer].insert(static_cast<int>(t));
+    }
+  }
+  return takers;
+}
+
+// The candidates a "takers kept" step runs plainly: every such taker.
+std::vector<bool> kept_takers(const std::vector<std::set<int>>& takers) {
+  std::vector<bool> kept(takers.size(), false);
+  for (const auto& of_one : takers) {
+    for (int t : of_one) kept[t] = true;
+  }
+  return kept;
+}
+
+// The suffix of a "takers kept" option's name, after its storage mode's.
+constexpr const char* kKeptTakers = ", takers kept";
+
+bool lower_somewhere(const std::vector<int64_t>& deltas, const std::vector<int64_t>& than) {
+  for (size_t i = 0; i < deltas.size() && i < than.size(); ++i) {
+    if (deltas[i] < than[i]) return true;
+  }
+  return false;
+}
+
+// A "<mode>, takers kept" option: candidate c in the mode, measured in a step in which the takers
+// that don't save its outputs ran plainly (they hold them no longer than the model does, where
+// every other mode holds them until its backward). Valid only with those takers kept
+// (`exclude_all_but_kept`); its time is the mode's.
+struct KeptTakersOption {
+  int candidate = 0;
+  int option = 0;
+};
+
+std::vector<KeptTakersOption> add_kept_takers_options(plan::ModelProfile& profile,
+                                                      const StepRecord& plain,
+                                                      const std::vector<ModeRun>& steps,
+                                                      const std::vector<std::set<int>>& takers) {
+  const std::vector<bool> kept = kept_takers(takers);
+  std::vector<KeptTakersOption> added;
+  for (int c = 0; c < static_cast<int>(takers.size()); ++c) {
+    const Span span = span_of(plain, c);
+    if (takers[c].empty() || kept[c] || span.backward_begin < 0) continue;
+    const CandidateInStep stored{plain.candidates[c], span, costs_of(plain, span, c)};
+    plan::Candidate& candidate = profile.candidates[c];
+    for (const ModeRun& run : steps) {
+      const auto same_mode = std::find_if(candidate.options.begin(), candidate.options.end(),
+                                          [&](const auto& o) { return o.name == run.name; });
+      const Span mode_span = span_of(*run.step, c);
+      if (same_mode == candidate.options.end() || mode_span.backward_begin < 0) continue;
+      const CandidateInStep mode{run.step->candidates[c], mode_span,
+                                 costs_of(*run.step, mode_span, c)};
+      plan::CandidateOption option{run.name + kKeptTakers,
+                                   same_mode->time,
+                                   mode.costs.host,
+                                   peak_deltas(stored, mode, run.matching),
+                                   {}};
+      if (!lower_somewhere(option.peak_delta, same_mode->peak_delta) ||
+          offered_already(candidate, option)) {
+        continue;
+      }
+      candidate.options.push_back(std::move(option));
+      added.push_back({c, static_cast<int>(candidate.options.size()) - 1});
+    }
+  }
+  return added;
+}
+
+// Each "takers kept" option excludes every option but "stored" of the takers it was measured with.
+void exclude_all_but_kept(plan::ModelProfile& profile, const std::vector<KeptTakersOption>& added,
+                          const std::vector<std::set<int>>& takers) {
+  for (const auto& [c, o] : added) {
+    auto& excludes = profile.candidates[c].options[o].excludes;
+    for (int t : takers[c]) {
+      for (int ot = 1; ot < static_cast<int>(profile.candidates[t].options.size()); ++ot)
+        excludes.push_back({t, ot});
+    }
+  }
+}
+
 std::string segment_label(const StepRecord& step, const Event& end) {
   const std::string name = end.candidate >= 0 ? step.candidates[end.candidate].profiled.name : "";
   switch (end.kind) {
@@ -743,23 +943,36 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
     ~PutBack() { rng.restore(); }
   } put_back{rng};
 
-  record_step(setup, std::nullopt);  // finds the candidates; warms caches and allocators
+  // Finds the candidates and what each one's forward saves; warms caches and allocators.
+  const auto found =
+      record_step(setup, {std::nullopt, {}, nullptr, detail::saved_tensor_hooks_available()});
   rng.restore();
-  const auto plain = record_step(setup, std::nullopt);
+  const auto plain = record_step(setup, {std::nullopt});
+  const std::vector<std::set<int>> takers =
+      same_candidates(*found, *plain) ? unsaving_takers(*found)
+                                      : std::vector<std::set<int>>(plain->candidates.size());
+  const std::vector<bool> kept = kept_takers(takers);
   TORCH_CHECK(!plain->candidates.empty(),
               "ckpt::PlannedModel: the step reached no candidate. Mark the blocks the planner may "
               "choose for in the model's forward: x = ckpt::candidate(block, x);");
-  std::vector<ModeRun> modes;
+  std::vector<ModeRun> modes, with_kept_takers;
   const StorageSettings settings{options.selective_policy()};
   for (const StorageMode& mode : options.storage_modes().all()) {
     std::optional<CheckpointOptions> region = mode.region(settings);
     if (!region || (region->offload() && device.is_cpu())) continue;
     region->preserve_rng_state(options.preserve_rng_state());
     rng.restore();
-    auto step = record_step(setup, region);
+    auto step = record_step(setup, {region});
     check_same_candidates(*plain, *step, mode.name);
-    std::vector<int> matching = matching_events(*plain, *step);
+    Matching matching = matching_events(*plain, *step);
     modes.push_back({mode.name, !region->offload(), std::move(step), std::move(matching)});
+    if (std::find(kept.begin(), kept.end(), true) == kept.end()) continue;
+    rng.restore();
+    auto beside_kept = record_step(setup, {region, kept});
+    check_same_candidates(*plain, *beside_kept, mode.name + kKeptTakers);
+    matching = matching_events(*plain, *beside_kept);
+    with_kept_takers.push_back(
+        {mode.name, !region->offload(), std::move(beside_kept), std::move(matching)});
   }
   const auto checkpointed = std::find_if(modes.begin(), modes.end(),
                                          [](const ModeRun& m) { return m.name == "checkpointed"; });
@@ -778,8 +991,11 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
     }
   }
   MeasuredModel measured = measured_model(*plain, modes, device);
+  const std::vector<KeptTakersOption> added =
+      add_kept_takers_options(measured.profile, *plain, with_kept_takers, takers);
   if (!runs.empty())
     add_recomputed_options(measured.profile, *plain, *checkpointed, runs, consumers);
+  exclude_all_but_kept(measured.profile, added, takers);
   return measured;
 }
 

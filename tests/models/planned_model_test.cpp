@@ -180,8 +180,9 @@ torch::Tensor unet_loss(ckpt::models::UNet& model) {
 // The U-Net's skips the prediction counts as held too long: a storage that one candidate returns
 // and another takes counts as held until the taker's backward, as where the taker runs as a region
 // (docs/memory-model.md, "Any model"); where the encoder block that returns a skip runs as a region
-// and the decoder block that takes it runs plainly, the real step frees it at the forward's end
-// (the decoder's concatenation doesn't save it, and the region's graph holds no output).
+// measured beside regions and the decoder block that takes it runs plainly, the real step frees
+// it at the forward's end (the concatenation doesn't save it, and the region's graph holds no
+// output). The options measured beside kept takers ("..., takers kept") count it exactly.
 int64_t unet_skips_over_counted(const ckpt::PlannedModel& planned) {
   const auto& candidates = planned.measured().candidates;
   const auto index_of = [&](const std::string& name) {
@@ -196,7 +197,9 @@ int64_t unet_skips_over_counted(const ckpt::PlannedModel& planned) {
   for (int64_t i = 0; i < levels; ++i) {
     const std::string up = "ups." + std::to_string(i);
     const std::string down = "downs." + std::to_string(levels - 1 - i);
-    if (planned.mode_of(up) != "stored" || planned.mode_of(down) == "stored") continue;
+    const std::string& producer = planned.mode_of(down);
+    if (planned.mode_of(up) != "stored" || producer == "stored" || has(producer, "takers kept"))
+      continue;
     const size_t c = index_of(up);
     if (c == candidates.size()) continue;
     const ckpt::TensorShape& skip = candidates[c].inputs.at(1);
@@ -213,35 +216,81 @@ TEST_F(PlannedModelTest, UNetRunsLikeThePlainStep) {
       [] { return ckpt::models::make_unet(small_unet()); }, unet_loss, unet_skips_over_counted);
 }
 
-// The plan above whose skips are all over-counted, whatever the timings: each encoder block
-// checkpointed, every other block kept. The prediction is the real peak plus the skips, exactly.
-TEST_F(PlannedModelTest, UNetPredictionWithTheEncoderCheckpointedCountsOnlyTheSkipsTooLong) {
+// Each encoder block checkpointed, every other block kept (the plan a halfway budget may get),
+// whatever the timings: the measurement is edited to leave the solver that plan. With the option
+// measured beside kept decoder blocks ("checkpointed, takers kept"), the prediction is the real
+// peak; with the one measured beside checkpointed ones, it is the real peak plus the skips.
+class UNetEncoderCheckpointedTest : public PlannedModelTest,
+                                    public testing::WithParamInterface<const char*> {};
+
+TEST_P(UNetEncoderCheckpointedTest, IsPredictedToTheSkipsItCountsTooLong) {
   unet_sample();
-  const auto keep_only_checkpointed_encoder = [](ckpt::MeasuredModel& measured) {
+  const std::string encoder_option = GetParam();
+  const auto only_that_plan = [&](ckpt::MeasuredModel& measured) {
     for (auto& candidate : measured.profile.candidates) {
       std::vector<ckpt::plan::CandidateOption> options{candidate.options.at(0)};
-      if (has(candidate.name, "downs.")) {
-        for (const auto& option : candidate.options) {
-          if (option.name == "checkpointed") options.push_back(option);
+      for (const auto& option : candidate.options) {
+        if (has(candidate.name, "downs.") && option.name == encoder_option) {
+          options.push_back(option);
+          options.back().excludes.clear();  // (only the decoder's "stored" is left)
         }
-        options.back().excludes.clear();
-        EXPECT_EQ(options.size(), 2u) << candidate.name;
       }
+      EXPECT_EQ(options.size(), has(candidate.name, "downs.") ? 2u : 1u) << candidate.name;
       candidate.options = std::move(options);
     }
   };
-  int64_t over = 0;
+  int64_t over = -1;
   const OverCount skips = [&](const ckpt::PlannedModel& planned) {
     for (const auto& candidate : planned.measured().candidates) {
       EXPECT_EQ(planned.mode_of(candidate.name),
-                has(candidate.name, "downs.") ? "checkpointed" : "stored");
+                has(candidate.name, "downs.") ? encoder_option : "stored");
     }
     return over = unet_skips_over_counted(planned);
   };
   expect_planned_like_plain<ckpt::models::UNet>(
       ckpt::models::make_unet(small_unet()), ckpt::models::make_unet(small_unet()), unet_loss,
-      ckpt::Budget::minimum(), 0.005, skips, keep_only_checkpointed_encoder);
-  EXPECT_GT(over, 0);
+      ckpt::Budget::minimum(), 0.005, skips, only_that_plan);
+  EXPECT_EQ(over > 0, encoder_option == "checkpointed") << over;
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, UNetEncoderCheckpointedTest,
+                         testing::Values("checkpointed", "checkpointed, takers kept"));
+
+// An encoder block's "takers kept" options were measured with the decoder block that takes its skip
+// kept: each excludes every other option of that block (and, like "checkpointed", the chains
+// measured with its outputs recomputed).
+TEST_F(PlannedModelTest, UNetTakersKeptOptionsExcludeTheirDecoderBlocksOtherOptions) {
+  auto model = ckpt::models::make_unet(small_unet());
+  const ckpt::MeasuredModel measured =
+      ckpt::profile_model(model.ptr(), [&] { return unet_loss(model); });
+  const auto& candidates = measured.profile.candidates;
+  const int64_t levels = small_unet().levels;
+  int offered = 0;
+  for (const auto& candidate : candidates) {
+    for (const auto& option : candidate.options) {
+      if (!has(option.name, ", takers kept")) continue;
+      ++offered;
+      ASSERT_TRUE(has(candidate.name, "downs.")) << candidate.name;
+      const int64_t level = std::stoll(candidate.name.substr(std::string("downs.").size()));
+      const std::string decoder = "ups." + std::to_string(levels - 1 - level);
+      std::set<int> excluded;  // the decoder block's options
+      for (const auto& ref : option.excludes) {
+        const auto& other = candidates.at(ref.candidate);
+        if (other.name == decoder) {
+          excluded.insert(ref.option);
+        } else {  // a chain measured with this block's outputs recomputed
+          EXPECT_TRUE(ckpt::is_recomputed_mode(other.options.at(ref.option).name))
+              << candidate.name << " excludes " << other.name;
+        }
+      }
+      for (size_t c = 0; c < candidates.size(); ++c) {
+        if (candidates[c].name != decoder) continue;
+        EXPECT_EQ(excluded.size(), candidates[c].options.size() - 1) << candidate.name;
+        EXPECT_EQ(excluded.count(0), 0u) << candidate.name;
+      }
+    }
+  }
+  EXPECT_GE(offered, levels);
 }
 
 TEST_F(PlannedModelTest, EncoderDecoderRunsLikeThePlainStep) {
