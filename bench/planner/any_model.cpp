@@ -19,11 +19,11 @@
 #include "marked_models.h"
 
 #include <torch/nn/module.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -248,18 +248,23 @@ int main(int argc, char** argv) {
   int repeats = 3;
   int chains = ckpt::ModelProfileOptions().max_recompute_chain();
   std::string models = "unet,seq2seq,resnet,transformer";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) repeats = std::atoi(argv[++i]);
-    if (std::strcmp(argv[i], "--models") == 0 && i + 1 < argc) models = argv[++i];
-    if (std::strcmp(argv[i], "--chains") == 0 && i + 1 < argc) chains = std::atoi(argv[++i]);
-  }
+  CLI::App app{"ckpt::PlannedModel on models that are not chains, against the plain step"};
+  app.add_flag("--quick", quick, "small models (a smoke test)");
+  app.add_option("--repeats", repeats, "timed steps per plan (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--models", models, "comma-separated: unet, seq2seq, resnet, transformer")
+      ->capture_default_str();
+  app.add_option("--chains", chains, "the longest chain of recomputed candidates to measure")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   std::printf(
       "| model | budget | measured peak | predicted (measured vs) | within budget | step time "
       "vs plain |\n|---|---|---|---|---|---|\n");
   for (const Subject& s : subjects(quick)) {
     if (("," + models + ",").find("," + s.name + ",") != std::string::npos) {
-      run_subject(s, std::max(1, repeats), std::max(1, chains));
+      run_subject(s, repeats, chains);
     }
   }
   return 0;

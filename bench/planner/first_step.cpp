@@ -14,10 +14,10 @@
 
 #include <ATen/ops/randint.h>
 #include <torch/nn/module.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -72,10 +72,13 @@ void report(const std::string& name, torch::nn::Sequential chain, const at::Tens
 int main(int argc, char** argv) {
   bool quick = false;
   std::string budget = "50%";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    if (std::strcmp(argv[i], "--budget") == 0 && i + 1 < argc) budget = argv[++i];
-  }
+  CLI::App app{
+      "The first step of a PlannedSequential (profiling and solving) against a plain step"};
+  app.add_flag("--quick", quick, "small models (a smoke test)");
+  app.add_option("--budget", budget,
+                 "the plans' budget: bytes (\"512MiB\"), a share (\"50%\"), min")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   std::printf("budget %s\n\n", budget.c_str());
   std::printf(
       "| model | plain step | plain peak | profile_chain's peak | first planned step | its peak | "
