@@ -670,6 +670,25 @@ double chain_seconds(const ModeRun& checkpointed, const TrialRun& trial, int c) 
   return seconds;
 }
 
+// The bytes of the inputs candidate c dropped (outputs of `producers`, recomputed) that the trial
+// step freed by the end of c's forward and the plain step still held there. Their producers'
+// options count them as let go (an output freed sooner), so c's plateau must not count them again
+// (it would where c's argument was a temporary, which the region's drop frees inside c's forward).
+int64_t dropped_in_forward(const CandidateRecord& plain, const CandidateRecord& trial,
+                           const Span& plain_span, const Span& trial_span,
+                           const std::map<int, int>& producers) {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < plain.watched.size() && i < trial.watched.size(); ++i) {
+    const WatchedStorage& a = plain.watched[i];
+    const WatchedStorage& b = trial.watched[i];
+    if (a.output || b.producer < 0 || producers.count(b.producer) == 0) continue;
+    const bool freed = b.freed_at >= 0 && b.freed_at <= trial_span.forward_end;
+    const bool held = a.freed_at < 0 || a.freed_at > plain_span.forward_end;
+    if (freed && held) bytes += a.bytes;
+  }
+  return bytes;
+}
+
 // Candidate `c`'s "recomputed" option, from the trial step that ended a chain with it: its own
 // costs as there (its outputs freed where the model let go of them), and on the takers' backward
 // what running it again costs them there (their backward's peak over the checkpointed step's:
@@ -687,6 +706,8 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
   if (!trial.producers[c].empty()) {
     mode.costs.backward_peak = own.backward_peak;
     mode.costs.seconds = own.seconds;
+    mode.costs.forward_kept +=
+        dropped_in_forward(plain.candidates[c], mode.record, span, trial_span, trial.producers[c]);
   }
   std::vector<int64_t> deltas = peak_deltas(kept, mode, trial.matching);
   double seconds = std::max(mode.costs.seconds, kept.costs.seconds + kept.costs.forward_seconds);

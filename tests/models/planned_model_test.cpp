@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -291,6 +292,58 @@ TEST_F(PlannedModelTest, UNetTakersKeptOptionsExcludeTheirDecoderBlocksOtherOpti
     }
   }
   EXPECT_GE(offered, levels);
+}
+
+// Four candidates, each taking the one before's output as a temporary: a region that drops such
+// an argument (a recomputed output) frees it inside its own forward.
+struct TemporaryChainImpl : torch::nn::Module {
+  std::array<torch::nn::Sequential, 4> blocks;
+  TemporaryChainImpl() {
+    const char* names[] = {"a", "b", "c", "d"};
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const int64_t hidden = i == 3 ? 4096 : 512;  // the last block's backward: the step's peak
+      blocks[i] = register_module(
+          names[i], torch::nn::Sequential(torch::nn::Linear(256, hidden), torch::nn::Tanh(),
+                                          torch::nn::Linear(hidden, 256)));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return ckpt::candidate(
+        blocks[3],
+        ckpt::candidate(blocks[2], ckpt::candidate(blocks[1], ckpt::candidate(blocks[0], x))));
+  }
+};
+TORCH_MODULE(TemporaryChain);
+
+// A chain of two ("a" recomputed, "b" its chain's end, "c" their taker): "b" frees the temporary
+// it dropped inside its forward. "a"'s option counts it as let go; "b"'s plateau must not count
+// it again (it did: the plan came out a's output, 512 KiB, below the measured peak).
+TEST_F(PlannedModelTest, ADroppedTemporaryIsLetGoOfOnce) {
+  const torch::Tensor x = torch::randn({512, 256}, torch::requires_grad());
+  const std::map<std::string, std::string> plan = {{"a", ckpt::recomputed_mode(1)},
+                                                   {"b", ckpt::recomputed_mode(2)},
+                                                   {"c", "checkpointed"},
+                                                   {"d", "stored"}};
+  const auto only_that_plan = [&](ckpt::MeasuredModel& measured) {
+    for (auto& candidate : measured.profile.candidates) {
+      const std::string& wanted = plan.at(candidate.name);
+      std::vector<ckpt::plan::CandidateOption> options{candidate.options.at(0)};
+      options[0].time = 1e6;  // slower than any option: the solver takes the wanted one
+      for (const auto& option : candidate.options) {
+        if (option.name == wanted && wanted != "stored") options.push_back(option);
+      }
+      for (auto& option : options) option.excludes.clear();  // (the plan is a valid choice)
+      ASSERT_EQ(options.size(), wanted == "stored" ? 1u : 2u) << candidate.name << ": " << wanted;
+      candidate.options = std::move(options);
+    }
+  };
+  const auto make = [] {
+    torch::manual_seed(3);
+    return TemporaryChain();
+  };
+  expect_planned_like_plain<TemporaryChain>(
+      make(), make(), [&](TemporaryChain& model) { return model->forward(x).pow(2).mean(); },
+      ckpt::Budget::parse("100%"), 0.005, none_over_counted, only_that_plan);
 }
 
 TEST_F(PlannedModelTest, EncoderDecoderRunsLikeThePlainStep) {
