@@ -1,9 +1,11 @@
 // A ResNet with BatchNorm, checkpointed the two ways users reach for: a whole layer group through
 // ckpt::checkpoint(layer, x) in the forward, and the blocks of another layer group wrapped in place
 // by ckpt::apply_checkpointing. Trained side by side with the plain model, the two stay identical
-// to the bit, BatchNorm's running statistics and step counters included.
+// to the bit, BatchNorm's running statistics and step counters included. Runs on the CPU, or on
+// the device its argument names: `emulated` (ckpt's emulated accelerator) or `cuda`.
 
 #include <ckpt/ckpt.h>
+#include <ckpt/emulated_device.h>
 
 #include "same_training.h"
 
@@ -71,9 +73,20 @@ struct ResNetImpl : nn::Module {
 };
 TORCH_MODULE(ResNet);
 
-int main() {
+torch::Device device_named(const std::string& name) {
+  if (name == "emulated") {
+    ckpt::emulated_device::install(1);
+    return ckpt::emulated_device::device(0);
+  }
+  return torch::Device(name);
+}
+
+int main(int argc, char** argv) {
+  const torch::Device device = device_named(argc > 1 ? argv[1] : "cpu");
   torch::manual_seed(0);
   ResNet plain(false), checkpointed(true);
+  plain->to(device);
+  checkpointed->to(device);
   examples::copy_state(*plain, *checkpointed);
   torch::optim::SGD plain_optimizer(
       plain->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
@@ -82,8 +95,8 @@ int main() {
 
   bool ok = true;
   for (int step = 0; step < 4; ++step) {
-    const auto images = torch::randn({6, 3, 12, 12});
-    const auto labels = torch::randint(0, 10, {6});
+    const auto images = torch::randn({6, 3, 12, 12}).to(device);
+    const auto labels = torch::randint(0, 10, {6}).to(device);
     auto train = [&](ResNet& model, torch::optim::SGD& optimizer) {
       optimizer.zero_grad();
       auto loss = torch::nn::functional::cross_entropy(model(images), labels);
@@ -99,6 +112,7 @@ int main() {
               << (ok ? "  identical\n" : "  DIFFERENT\n");
   }
   const auto tracked = checkpointed->layer1[0]->as<BasicBlock>()->bn1->num_batches_tracked;
-  std::cout << "layer1.0.bn1 counted " << tracked.item<int64_t>() << " batches in 4 steps\n";
+  std::cout << "layer1.0.bn1 counted " << tracked.item<int64_t>() << " batches in 4 steps on "
+            << device << "\n";
   return ok && tracked.item<int64_t>() == 4 ? 0 : 1;
 }

@@ -6,12 +6,15 @@
 #include "streams.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/resize_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <array>
 #include <tuple>
 
 namespace ckpt {
@@ -121,6 +124,38 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   return {output, mask};
 }
 
+// LibTorch sends convolutions on other backends to convolution_overrideable, whose default throws
+// (so the boxed fallback never sees them): here the CPU's convolution runs on the device's memory.
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
+                       const c10::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                       at::IntArrayRef output_padding, int64_t groups) {
+  const c10::DeviceIndex device = input.device().index();
+  synchronize(current_stream(device));
+  const c10::optional<at::Tensor> host_bias =
+      bias && bias->defined() ? c10::optional<at::Tensor>(host_alias(*bias)) : c10::nullopt;
+  return copy_to_device(at::convolution(host_alias(input), host_alias(weight), host_bias, stride,
+                                        padding, dilation, transposed, output_padding, groups),
+                        device);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+    at::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
+  const c10::DeviceIndex device = input.device().index();
+  synchronize(current_stream(device));
+  // The bias's size is the output's channel count (the CPU kernel checks it when it is asked for).
+  const int64_t channels = grad_output.size(1);
+  auto grads = at::convolution_backward(
+      host_alias(grad_output), host_alias(input), host_alias(weight), at::IntArrayRef(channels),
+      stride, padding, dilation, transposed, output_padding, groups, output_mask);
+  auto back = [device](const at::Tensor& host) {
+    return host.defined() ? copy_to_device(host, device) : host;
+  };
+  return {back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads))};
+}
+
 // Module::to() moves parameters with set_data, which accepts only tensors of compatible types:
 // dense CPU and dense emulated-device tensors are, as dense CPU and CUDA ones are.
 bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
@@ -151,6 +186,8 @@ void register_kernels() {
   kernels->impl("set_.source_Storage", TORCH_FN(set_source_storage));
   kernels->impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   kernels->impl("native_dropout", TORCH_FN(native_dropout));
+  kernels->impl("convolution_overrideable", TORCH_FN(convolution));
+  kernels->impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
   kernels->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   // A composite-implicit operator with a backend kernel needs one for the backend's autograd key
   // too (LibTorch 1.13 leaves that key without one).

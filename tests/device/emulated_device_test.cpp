@@ -64,6 +64,32 @@ TEST(EmulatedDeviceTest, OperatorsLibTorchComposesForEveryBackendRunTheCompositi
   EXPECT_TRUE(ckpt::test::close(on_device.cpu(), torch::layer_norm(a, {16}, w)));
 }
 
+TEST(EmulatedDeviceTest, ConvolutionsTrainAsOnTheCpuToTheBit) {
+  // LibTorch routes other backends' convolutions to convolution_overrideable: a kernel of the
+  // device's runs them, forward and backward, plain and transposed, with and without a bias.
+  torch::manual_seed(0);
+  torch::nn::Sequential cpu_net(
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)), torch::nn::BatchNorm2d(8),
+      torch::nn::ReLU(), torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3).stride(2).bias(false)),
+      torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(8, 4, 2).stride(2)));
+  auto net = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(cpu_net->clone());
+  net->to(dev());
+  const auto x = torch::randn({2, 3, 9, 9});
+  const auto x_cpu = x.clone().requires_grad_(), x_dev = x.to(dev()).requires_grad_();
+  const auto y_cpu = cpu_net->forward(x_cpu), y_dev = net->forward(x_dev);
+  EXPECT_EQ(y_dev.device(), dev());
+  EXPECT_TRUE(bit_equal(y_dev.cpu(), y_cpu));
+  y_cpu.pow(2).sum().backward();
+  y_dev.pow(2).sum().backward();
+  EXPECT_TRUE(bit_equal(x_dev.grad().cpu(), x_cpu.grad()));
+  const auto params = net->parameters(), cpu_params = cpu_net->parameters();
+  ASSERT_EQ(params.size(), cpu_params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].grad().device(), dev()) << "parameter " << i;
+    EXPECT_TRUE(bit_equal(params[i].grad().cpu(), cpu_params[i].grad())) << "parameter " << i;
+  }
+}
+
 TEST(EmulatedDeviceTest, ViewsAndInPlaceOperatorsShareTheDeviceMemory) {
   auto x = torch::arange(6, on().dtype(torch::kFloat)).view({2, 3});
   auto column = x.t().select(0, 1);
