@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <initializer_list>
 #include <tuple>
 
 namespace ckpt {
@@ -124,12 +125,23 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   return {output, mask};
 }
 
+// As the boxed fallback and a GPU do: tensors of one operator on two devices are an error.
+void check_same_device(const char* op, std::initializer_list<at::Tensor> tensors) {
+  const at::Tensor& first = *tensors.begin();
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(!t.defined() || t.device() == first.device(),
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                first.device(), " and ", t.device(), "! (in ", op, ")");
+  }
+}
+
 // LibTorch sends convolutions on other backends to convolution_overrideable, whose default throws
 // (so the boxed fallback never sees them): here the CPU's convolution runs on the device's memory.
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                        at::IntArrayRef output_padding, int64_t groups) {
+  check_same_device("convolution", {input, weight, bias.value_or(at::Tensor())});
   const c10::DeviceIndex device = input.device().index();
   synchronize(current_stream(device));
   const c10::optional<at::Tensor> host_bias =
@@ -143,6 +155,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
     at::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
+  check_same_device("convolution_backward", {grad_output, input, weight});
   const c10::DeviceIndex device = input.device().index();
   synchronize(current_stream(device));
   // The bias's size is the output's channel count (the CPU kernel checks it when it is asked for).

@@ -88,6 +88,8 @@ TEST(EmulatedDeviceTest, ConvolutionsTrainAsOnTheCpuToTheBit) {
     EXPECT_EQ(params[i].grad().device(), dev()) << "parameter " << i;
     EXPECT_TRUE(bit_equal(params[i].grad().cpu(), cpu_params[i].grad())) << "parameter " << i;
   }
+  CKPT_EXPECT_THROWS_WITH(torch::conv2d(x.to(dev(0)), torch::ones({1, 3, 1, 1}, on(1))),
+                          "Expected all tensors to be on the same device");
 }
 
 TEST(EmulatedDeviceTest, ViewsAndInPlaceOperatorsShareTheDeviceMemory) {
