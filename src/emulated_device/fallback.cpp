@@ -104,10 +104,7 @@ class HostCall {
   };
 
   void note_device(c10::DeviceIndex index) {
-    TORCH_CHECK(!device_ || *device_ == index,
-                "Expected all tensors to be on the same device, but found at least two devices, ",
-                device_of_index(device_.value_or(0)), " and ", device_of_index(index), "! (in ",
-                op_.schema().operator_name(), ")");
+    if (device_) check_same_device(*device_, index, c10::str(op_.schema().operator_name()));
     device_ = index;
   }
 
@@ -180,6 +177,12 @@ class HostCall {
 };
 
 }  // namespace
+
+void check_same_device(c10::DeviceIndex first, c10::DeviceIndex other, const std::string& op) {
+  TORCH_CHECK(first == other,
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              device_of_index(first), " and ", device_of_index(other), "! (in ", op, ")");
+}
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   HostCall(op).run(stack);

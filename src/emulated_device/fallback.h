@@ -9,12 +9,18 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <string>
+
 namespace ckpt {
 namespace emulated_device {
 namespace detail {
 
 /// The boxed fallback registered for every operator without a kernel of its own on PrivateUse1.
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+/// Raises LibTorch's error for an operator (`op`) whose tensors are on two devices of the
+/// emulated accelerator, `first` and `other`, as a GPU does; nothing where they are one.
+void check_same_device(c10::DeviceIndex first, c10::DeviceIndex other, const std::string& op);
 
 /// A CPU tensor over the same memory as `tensor` (a device tensor), with its sizes and strides.
 /// A CPU tensor is returned as it is.

@@ -125,14 +125,13 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   return {output, mask};
 }
 
-// As the boxed fallback and a GPU do: tensors of one operator on two devices are an error.
-void check_same_device(const char* op, std::initializer_list<at::Tensor> tensors) {
-  const at::Tensor& first = *tensors.begin();
+// The device of an operator's tensors (undefined ones aside): one, or an error as on a GPU.
+c10::DeviceIndex device_of(const char* op, std::initializer_list<at::Tensor> tensors) {
+  const c10::DeviceIndex device = tensors.begin()->device().index();
   for (const at::Tensor& t : tensors) {
-    TORCH_CHECK(!t.defined() || t.device() == first.device(),
-                "Expected all tensors to be on the same device, but found at least two devices, ",
-                first.device(), " and ", t.device(), "! (in ", op, ")");
+    if (t.defined()) check_same_device(device, t.device().index(), op);
   }
+  return device;
 }
 
 // LibTorch sends convolutions on other backends to convolution_overrideable, whose default throws
@@ -141,8 +140,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                        at::IntArrayRef output_padding, int64_t groups) {
-  check_same_device("convolution", {input, weight, bias.value_or(at::Tensor())});
-  const c10::DeviceIndex device = input.device().index();
+  const c10::DeviceIndex device =
+      device_of("aten::convolution_overrideable", {input, weight, bias.value_or(at::Tensor())});
   synchronize(current_stream(device));
   const c10::optional<at::Tensor> host_bias =
       bias && bias->defined() ? c10::optional<at::Tensor>(host_alias(*bias)) : c10::nullopt;
@@ -155,8 +154,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
     at::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
-  check_same_device("convolution_backward", {grad_output, input, weight});
-  const c10::DeviceIndex device = input.device().index();
+  const c10::DeviceIndex device =
+      device_of("aten::convolution_backward_overrideable", {grad_output, input, weight});
   synchronize(current_stream(device));
   // The bias's size is the output's channel count (the CPU kernel checks it when it is asked for).
   const int64_t channels = grad_output.size(1);
