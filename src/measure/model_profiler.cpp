@@ -692,9 +692,10 @@ int64_t dropped_in_forward(const CandidateRecord& plain, const CandidateRecord& 
 
 // Candidate `c`'s "recomputed" option, from the trial step that ended a chain with it: its own
 // costs as there (its outputs freed where the model let go of them), and on the takers' backward
-// what running it again costs them there (their backward's peak over the checkpointed step's:
-// where a taker ran several candidates again at once, each is charged with all of it, which only
-// overstates) and its chain's forwards once per taker. Where `c` dropped its producers' outputs,
+// what it holds where that backward begins plus what running it again costs them there (their
+// backward's peak over the checkpointed step's: where a taker ran several candidates again at
+// once, each is charged with all of it, which only overstates) and its chain's forwards once per
+// taker. Where `c` dropped its producers' outputs,
 // its own backward ran them again: their options count that (`c` is their taker), so its
 // backward's peak and time are the checkpointed step's.
 plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& checkpointed,
@@ -711,16 +712,23 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
         dropped_in_forward(plain.candidates[c], mode.record, span, trial_span, trial.producers[c]);
   }
   std::vector<int64_t> deltas = peak_deltas(kept, mode, trial.matching);
+  const int64_t plateau = mode.costs.forward_kept - kept.costs.forward_kept;
   double seconds = std::max(mode.costs.seconds, kept.costs.seconds + kept.costs.forward_seconds);
   for (int t : takers) {
     const Span taker = span_of(plain, t);
     if (taker.backward_begin < 0) continue;  // no backward: nothing runs it again
+    const Span trial_taker = span_of(*trial.step, t);
     const int64_t rerun =
-        costs_of(*trial.step, span_of(*trial.step, t), t).backward_peak -
+        costs_of(*trial.step, trial_taker, t).backward_peak -
         costs_of(*checkpointed.step, span_of(*checkpointed.step, t), t).backward_peak;
+    // In the taker's backward: what c holds where it begins (read at that event in both steps,
+    // not by segment), and the taker's peak above that raised by running c again.
+    const int64_t at_taker = plateau + held_at_event(kept.record, mode.record, taker.backward_begin,
+                                                     trial_taker.backward_begin);
     for (int k = taker.backward_begin + 1; k <= taker.backward_end; ++k) {
       const int j = k - span.forward_end;
-      if (j >= 0 && j < static_cast<int>(deltas.size())) deltas[j] += std::max<int64_t>(rerun, 0);
+      if (j >= 0 && j < static_cast<int>(deltas.size()))
+        deltas[j] = at_taker + std::max<int64_t>(rerun, 0);
     }
     seconds += chain_seconds(checkpointed, trial, c);
   }
