@@ -72,6 +72,12 @@ class PlannedModelDeviceTest : public ckpt::test::DeviceTest {
     return {take_grads(*tower), tracker.peak_bytes() - before};
   }
 
+  // The plain step of a fresh tower on `x`.
+  Step plain_step(const at::Tensor& x) const {
+    Tower tower = make_tower();
+    return step(tower, [&] { return tower->forward(x).pow(2).mean(); });
+  }
+
   // A planned step: the plain step's gradients to the bit, its peak within the budget and within
   // 2% of the prediction.
   void expect_like_plain(Tower& tower, ckpt::PlannedModel& planned,
@@ -93,8 +99,7 @@ TEST_P(PlannedModelDeviceTest, PlannedStepsGiveThePlainGradientsWithinTheBudget)
   CKPT_SKIP_IF(missing_rng());
   CKPT_SKIP_IF(missing_memory_statistics());
   const at::Tensor x = torch::randn({128, 64}, on());
-  Tower plain_tower = make_tower();
-  const Step plain = step(plain_tower, [&] { return plain_tower->forward(x).pow(2).mean(); });
+  const Step plain = plain_step(x);
   for (const char* budget : {"min", "70%"}) {
     SCOPED_TRACE(budget);
     Tower tower = make_tower();
@@ -117,8 +122,7 @@ TEST_P(PlannedModelDeviceTest, AMixedPlanRunsAtItsPrediction) {
   CKPT_SKIP_IF(missing_rng());
   CKPT_SKIP_IF(missing_memory_statistics());
   const at::Tensor x = torch::randn({128, 64}, on());
-  Tower plain_tower = make_tower();
-  const Step plain = step(plain_tower, [&] { return plain_tower->forward(x).pow(2).mean(); });
+  const Step plain = plain_step(x);
   Tower tower = make_tower();
   const auto loss = [&] { return tower->forward(x).pow(2).mean(); };
   ckpt::MeasuredModel measured = ckpt::profile_model(tower.ptr(), loss);
