@@ -10,6 +10,7 @@ add_library(ckpt_emulated_device
   src/emulated_device/guard.cpp
   src/emulated_device/install.cpp
   src/emulated_device/kernels.cpp
+  src/emulated_device/recurrent.cpp
   src/emulated_device/streams.cpp
 )
 add_library(ckpt::emulated_device ALIAS ckpt_emulated_device)

@@ -3,6 +3,7 @@
 #include "allocator.h"
 #include "devices.h"
 #include "fallback.h"
+#include "recurrent.h"
 #include "streams.h"
 
 #include <ATen/EmptyTensor.h>
@@ -201,6 +202,7 @@ void register_kernels() {
   kernels->impl("convolution_overrideable", TORCH_FN(convolution));
   kernels->impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
   kernels->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  register_recurrent_kernels(*kernels);
   // A composite-implicit operator with a backend kernel needs one for the backend's autograd key
   // too (LibTorch 1.13 leaves that key without one).
   autograd = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1,

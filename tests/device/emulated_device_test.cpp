@@ -92,6 +92,51 @@ TEST(EmulatedDeviceTest, ConvolutionsTrainAsOnTheCpuToTheBit) {
                           "Expected all tensors to be on the same device");
 }
 
+// Every gradient of a recurrent module that ran on the CPU and on the device, to rounding.
+template <class Module>
+void expect_trains_as_on_the_cpu(Module cpu_net, const at::Tensor& loss_cpu,
+                                 const at::Tensor& loss_dev, Module net) {
+  EXPECT_TRUE(ckpt::test::close(loss_dev.cpu(), loss_cpu));
+  loss_cpu.backward();
+  loss_dev.backward();
+  const auto params = net->parameters(), cpu_params = cpu_net->parameters();
+  ASSERT_EQ(params.size(), cpu_params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].grad().device(), dev()) << "parameter " << i;
+    EXPECT_TRUE(ckpt::test::close(params[i].grad().cpu(), cpu_params[i].grad()))
+        << "parameter " << i;
+  }
+}
+
+TEST(EmulatedDeviceTest, RecurrentLayersTrainAsOnTheCpu) {
+  // LibTorch 2 runs LSTM and GRU cells on accelerators as fused operators, which have CUDA kernels
+  // only: the device's own run them (their sums in CUDA's order, so the CPU's to rounding). The
+  // loss reads the last states too, so the cells' backward gets both state gradients.
+  torch::manual_seed(0);
+  const auto x = torch::randn({5, 3, 6});
+  for (const bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "with biases" : "without biases");
+    torch::nn::LSTM cpu_lstm(torch::nn::LSTMOptions(6, 4).num_layers(2).bias(bias));
+    auto lstm = std::dynamic_pointer_cast<torch::nn::LSTMImpl>(cpu_lstm->clone());
+    lstm->to(dev());
+    const auto [y_cpu, state_cpu] = cpu_lstm->forward(x);
+    const auto [y_dev, state_dev] = lstm->forward(x.to(dev()));
+    auto lstm_loss = [](const at::Tensor& y, const std::tuple<at::Tensor, at::Tensor>& state) {
+      return y.pow(2).sum() + std::get<0>(state).pow(2).sum() + std::get<1>(state).sum();
+    };
+    expect_trains_as_on_the_cpu(cpu_lstm, lstm_loss(y_cpu, state_cpu), lstm_loss(y_dev, state_dev),
+                                torch::nn::LSTM(lstm));
+
+    torch::nn::GRU cpu_gru(torch::nn::GRUOptions(6, 4).num_layers(2).bias(bias));
+    auto gru = std::dynamic_pointer_cast<torch::nn::GRUImpl>(cpu_gru->clone());
+    gru->to(dev());
+    const auto [z_cpu, h_cpu] = cpu_gru->forward(x);
+    const auto [z_dev, h_dev] = gru->forward(x.to(dev()));
+    expect_trains_as_on_the_cpu(cpu_gru, z_cpu.pow(2).sum() + h_cpu.sum(),
+                                z_dev.pow(2).sum() + h_dev.sum(), torch::nn::GRU(gru));
+  }
+}
+
 TEST(EmulatedDeviceTest, ViewsAndInPlaceOperatorsShareTheDeviceMemory) {
   auto x = torch::arange(6, on().dtype(torch::kFloat)).view({2, 3});
   auto column = x.t().select(0, 1);
