@@ -28,10 +28,16 @@ nn::Sequential make_discriminator(bool checkpointed) {
   return model;
 }
 
+// The model, moved to `device` (before its optimizer takes its parameters).
+nn::Sequential on(nn::Sequential model, const torch::Device& device) {
+  model->to(device);
+  return model;
+}
+
 struct Gan {
-  explicit Gan(bool checkpointed)
-      : generator(make_generator()),
-        discriminator(make_discriminator(checkpointed)),
+  Gan(bool checkpointed, const torch::Device& device)
+      : generator(on(make_generator(), device)),
+        discriminator(on(make_discriminator(checkpointed), device)),
         generator_optimizer(generator->parameters(),
                             torch::optim::AdamOptions(2e-4).betas({0.5, 0.999})),
         discriminator_optimizer(discriminator->parameters(),
@@ -69,16 +75,17 @@ struct Gan {
   bool checkpointed;
 };
 
-int main() {
+int main(int argc, char** argv) {
+  const torch::Device device = examples::device_from_arguments(argc, argv);
   torch::manual_seed(0);
-  Gan plain(false), checkpointed(true);
+  Gan plain(false, device), checkpointed(true, device);
   examples::copy_state(*plain.generator, *checkpointed.generator);
   examples::copy_state(*plain.discriminator, *checkpointed.discriminator);
 
   bool ok = true;
   for (int step = 0; step < 5; ++step) {
-    const auto real = torch::rand({12, 48}) * 2 - 1;
-    const auto noise = torch::randn({12, 16});
+    const auto real = (torch::rand({12, 48}) * 2 - 1).to(device);
+    const auto noise = torch::randn({12, 16}).to(device);
     torch::manual_seed(300 + step);
     const auto [plain_d, plain_g] = plain.step(real, noise);
     torch::manual_seed(300 + step);

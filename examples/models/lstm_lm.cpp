@@ -40,17 +40,20 @@ struct LanguageModelImpl : nn::Module {
 };
 TORCH_MODULE(LanguageModel);
 
-int main() {
+int main(int argc, char** argv) {
   constexpr int64_t kVocabulary = 50, kSequence = 12, kBatch = 4;
+  const torch::Device device = examples::device_from_arguments(argc, argv);
   torch::manual_seed(0);
   LanguageModel plain(kVocabulary, false), checkpointed(kVocabulary, true);
+  plain->to(device);
+  checkpointed->to(device);
   examples::copy_state(*plain, *checkpointed);
   torch::optim::Adam plain_optimizer(plain->parameters(), 1e-2);
   torch::optim::Adam checkpointed_optimizer(checkpointed->parameters(), 1e-2);
-  const auto corpus = torch::randint(0, kVocabulary, {6 * kSequence + 1, kBatch});
+  const auto corpus = torch::randint(0, kVocabulary, {6 * kSequence + 1, kBatch}).to(device);
 
-  auto zero_state = [] {
-    return State{torch::zeros({2, kBatch, 32}), torch::zeros({2, kBatch, 32})};
+  auto zero_state = [&] {
+    return State{torch::zeros({2, kBatch, 32}, device), torch::zeros({2, kBatch, 32}, device)};
   };
   State plain_state = zero_state(), checkpointed_state = zero_state();
   bool ok = true;

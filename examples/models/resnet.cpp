@@ -1,11 +1,9 @@
 // A ResNet with BatchNorm, checkpointed the two ways users reach for: a whole layer group through
 // ckpt::checkpoint(layer, x) in the forward, and the blocks of another layer group wrapped in place
 // by ckpt::apply_checkpointing. Trained side by side with the plain model, the two stay identical
-// to the bit, BatchNorm's running statistics and step counters included. Runs on the CPU, or on
-// the device its argument names: `emulated` (ckpt's emulated accelerator) or `cuda`.
+// to the bit, BatchNorm's running statistics and step counters included.
 
 #include <ckpt/ckpt.h>
-#include <ckpt/emulated_device.h>
 
 #include "same_training.h"
 
@@ -73,16 +71,8 @@ struct ResNetImpl : nn::Module {
 };
 TORCH_MODULE(ResNet);
 
-torch::Device device_named(const std::string& name) {
-  if (name == "emulated") {
-    ckpt::emulated_device::install(1);
-    return ckpt::emulated_device::device(0);
-  }
-  return torch::Device(name);
-}
-
 int main(int argc, char** argv) {
-  const torch::Device device = device_named(argc > 1 ? argv[1] : "cpu");
+  const torch::Device device = examples::device_from_arguments(argc, argv);
   torch::manual_seed(0);
   ResNet plain(false), checkpointed(true);
   plain->to(device);

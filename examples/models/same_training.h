@@ -2,7 +2,10 @@
 
 // What every example checks: two copies of a model, trained side by side from the same start,
 // one plain and one checkpointed, stay identical to the bit: losses, every gradient, every
-// parameter and every buffer (BatchNorm's statistics included).
+// parameter and every buffer (BatchNorm's statistics included). Each runs on the CPU, or on the
+// device its first argument names: `emulated` (ckpt's emulated accelerator) or `cuda`.
+
+#include <ckpt/emulated_device.h>
 
 #include <torch/torch.h>
 
@@ -10,6 +13,17 @@
 #include <string>
 
 namespace examples {
+
+/// The device the program's first argument names (the CPU without one); `emulated` installs ckpt's
+/// emulated accelerator first.
+inline torch::Device device_from_arguments(int argc, char** argv) {
+  const std::string name = argc > 1 ? argv[1] : "cpu";
+  if (name == "emulated") {
+    ckpt::emulated_device::install(1);
+    return ckpt::emulated_device::device(0);
+  }
+  return torch::Device(name);
+}
 
 /// Prints the first difference between `plain` and `checkpointed`; true when there is none.
 inline bool same(const std::string& what, const torch::Tensor& plain,

@@ -55,16 +55,19 @@ struct VaeImpl : nn::Module {
 };
 TORCH_MODULE(Vae);
 
-int main() {
+int main(int argc, char** argv) {
+  const torch::Device device = examples::device_from_arguments(argc, argv);
   torch::manual_seed(0);
   Vae plain(false), checkpointed(true);
+  plain->to(device);
+  checkpointed->to(device);
   examples::copy_state(*plain, *checkpointed);
   torch::optim::Adam plain_optimizer(plain->parameters(), 1e-3);
   torch::optim::Adam checkpointed_optimizer(checkpointed->parameters(), 1e-3);
 
   bool ok = true;
   for (int step = 0; step < 5; ++step) {
-    const auto images = torch::rand({16, 64});
+    const auto images = torch::rand({16, 64}).to(device);
     const auto seed = 200 + step;
     auto train = [&](Vae& model, torch::optim::Adam& optimizer) {
       torch::manual_seed(seed);  // the same noise in both runs
