@@ -3,10 +3,13 @@
 #include "compat/torch_compat.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/version.h>
 #include <cstring>
 
 #include <algorithm>
 #include <mutex>
+#include <set>
 
 namespace ckpt {
 namespace detail {
@@ -26,12 +29,39 @@ at::Generator cpu_generator() {
   return at::detail::getDefaultCPUGenerator();
 }
 
+// Arguments on a device type whose generators this LibTorch doesn't give ckpt (PrivateUse1 on
+// 1.13; before 2.3, every type but CUDA): its random draws can't be replayed in the recompute.
+// Said once per type and process, as a training loop would repeat it at every step.
+void warn_if_unreachable(const std::vector<at::Tensor>& inputs, c10::DeviceType type) {
+  if (type == c10::DeviceType::CPU) return;
+  const bool on_device = std::any_of(inputs.begin(), inputs.end(), [&](const at::Tensor& t) {
+    return t.defined() && t.device().type() == type;
+  });
+  if (!on_device) return;
+  static std::mutex mutex;
+  static std::set<c10::DeviceType> warned;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(type).second) return;
+  }
+  TORCH_WARN("ckpt: the arguments of a checkpointed region are on ", c10::DeviceTypeName(type),
+             ", whose random number generators LibTorch ", TORCH_VERSION,
+             " doesn't expose, so that device's RNG state can't be preserved: random operators "
+             "on it inside the region (dropout, say) draw other numbers in the recompute, and the "
+             "gradients differ from an unchecked run's. Keep such operators out of checkpointed "
+             "regions, or pass preserve_rng_state(false) to accept it. (Said once per device "
+             "type.)");
+}
+
 }  // namespace
 
 RngStash::RngStash(const std::vector<at::Tensor>& inputs, c10::DeviceType device_type)
     : cpu_state_(read_state(cpu_generator())), device_type_(device_type) {
   had_device_ = compat::device_initialized(device_type_);
-  if (!had_device_) return;
+  if (!had_device_) {
+    warn_if_unreachable(inputs, device_type_);
+    return;
+  }
   std::vector<c10::DeviceIndex> indices;
   for (const auto& tensor : inputs) {
     if (tensor.defined() && tensor.device().type() == device_type_) {
