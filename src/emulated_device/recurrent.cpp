@@ -6,7 +6,6 @@
 #include <ATen/ops/zeros_like.h>
 
 #include <tuple>
-#include <vector>
 
 namespace ckpt {
 namespace emulated_device {
@@ -21,20 +20,13 @@ bool defined(const c10::optional<at::Tensor>& tensor) {
   return tensor.has_value() && tensor->defined();
 }
 
-// The gates' pre-activations: input + hidden (+ input bias + hidden bias), in chunks of `n`.
-std::vector<at::Tensor> gate_chunks(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
-                                    const c10::optional<at::Tensor>& input_bias,
-                                    const c10::optional<at::Tensor>& hidden_bias, int64_t n) {
-  at::Tensor gates = input_gates + hidden_gates;
-  if (defined(input_bias)) gates = gates + *input_bias + *hidden_bias;
-  return gates.chunk(n, 1);
-}
-
 // Returns (hy, cy, workspace), the workspace holding the activated gates [i, f, g, o].
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& cx,
     const c10::optional<at::Tensor>& input_bias, const c10::optional<at::Tensor>& hidden_bias) {
-  const auto gates = gate_chunks(input_gates, hidden_gates, input_bias, hidden_bias, 4);
+  at::Tensor sum = input_gates + hidden_gates;
+  if (defined(input_bias)) sum = sum + *input_bias + *hidden_bias;
+  const auto gates = sum.chunk(4, 1);
   const at::Tensor i = gates[0].sigmoid(), f = gates[1].sigmoid();
   const at::Tensor g = gates[2].tanh(), o = gates[3].sigmoid();
   at::Tensor cy = f * cx + i * g;

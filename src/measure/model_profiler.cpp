@@ -555,6 +555,14 @@ struct CandidateInStep {
   CandidateCosts costs;
 };
 
+// What the mode holds over the plain step at event `e` of the plain step (`e_in_mode` in the
+// mode's step): what its forward kept less (or more), and its storages still held there.
+int64_t held_over_plain_at(const CandidateInStep& plain, const CandidateInStep& mode, int e,
+                           int e_in_mode) {
+  return mode.costs.forward_kept - plain.costs.forward_kept +
+         held_at_event(plain.record, mode.record, e, e_in_mode);
+}
+
 // A mode's bytes over the plain step, in each segment of the candidate's window (the plain step's
 // segments from its forward to the end of its backward): its forward's peak, then what it keeps
 // less (or more) plus the inputs it keeps longer, then its backward's peak on top.
@@ -569,10 +577,9 @@ std::vector<int64_t> peak_deltas(const CandidateInStep& plain, const CandidateIn
   }
   // From where its backward begins (held then, in both steps, is what the backward's peak is
   // above).
-  const int64_t at_backward =
-      held_at_event(plain.record, mode.record, plain.span.backward_begin, mode.span.backward_begin);
   const int64_t in_backward =
-      plateau + at_backward + mode.costs.backward_peak - plain.costs.backward_peak;
+      held_over_plain_at(plain, mode, plain.span.backward_begin, mode.span.backward_begin) +
+      mode.costs.backward_peak - plain.costs.backward_peak;
   for (int k = plain.span.backward_begin + 1; k <= plain.span.backward_end; ++k) {
     deltas.push_back(in_backward);
   }
@@ -695,9 +702,8 @@ int64_t dropped_in_forward(const CandidateRecord& plain, const CandidateRecord& 
 // what it holds where that backward begins plus what running it again costs them there (their
 // backward's peak over the checkpointed step's: where a taker ran several candidates again at
 // once, each is charged with all of it, which only overstates) and its chain's forwards once per
-// taker. Where `c` dropped its producers' outputs,
-// its own backward ran them again: their options count that (`c` is their taker), so its
-// backward's peak and time are the checkpointed step's.
+// taker. Where `c` dropped its producers' outputs, its own backward ran them again: their options
+// count that (`c` is their taker), so its backward's peak and time are the checkpointed step's.
 plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& checkpointed,
                                         const TrialRun& trial, int c, const std::set<int>& takers) {
   const Span span = span_of(plain, c);
@@ -712,7 +718,6 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
         dropped_in_forward(plain.candidates[c], mode.record, span, trial_span, trial.producers[c]);
   }
   std::vector<int64_t> deltas = peak_deltas(kept, mode, trial.matching);
-  const int64_t plateau = mode.costs.forward_kept - kept.costs.forward_kept;
   double seconds = std::max(mode.costs.seconds, kept.costs.seconds + kept.costs.forward_seconds);
   for (int t : takers) {
     const Span taker = span_of(plain, t);
@@ -723,8 +728,8 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
         costs_of(*checkpointed.step, span_of(*checkpointed.step, t), t).backward_peak;
     // In the taker's backward: what c holds where it begins (read at that event in both steps,
     // not by segment), and the taker's peak above that raised by running c again.
-    const int64_t at_taker = plateau + held_at_event(kept.record, mode.record, taker.backward_begin,
-                                                     trial_taker.backward_begin);
+    const int64_t at_taker =
+        held_over_plain_at(kept, mode, taker.backward_begin, trial_taker.backward_begin);
     for (int k = taker.backward_begin + 1; k <= taker.backward_end; ++k) {
       const int j = k - span.forward_end;
       if (j >= 0 && j < static_cast<int>(deltas.size()))

@@ -8,6 +8,7 @@
 
 #include "device/device_suite.h"
 #include "support/forced_plan.h"
+#include "support/residual_tower.h"
 
 #include <functional>
 #include <vector>
@@ -17,36 +18,8 @@ namespace {
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
 
-// A block of two candidates (its widening half and its narrowing half), with a residual
-// connection outside them and dropout inside.
-struct BlockImpl : torch::nn::Module {
-  BlockImpl()
-      : in(register_module("in", torch::nn::Linear(64, 256))),
-        out(register_module("out", torch::nn::Linear(256, 64))),
-        dropout(register_module("dropout", torch::nn::Dropout(0.1))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    auto h = ckpt::candidate(
-        *this, "in", [this](const at::Tensor& t) { return torch::gelu(in(t)); }, x);
-    return x + ckpt::candidate(
-                   *this, "out", [this](const at::Tensor& t) { return dropout(out(t)); }, h);
-  }
-  torch::nn::Linear in, out;
-  torch::nn::Dropout dropout;
-};
-TORCH_MODULE(Block);
-
-struct TowerImpl : torch::nn::Module {
-  TowerImpl() {
-    for (int i = 0; i < 4; ++i) blocks->push_back(Block());
-    register_module("blocks", blocks);
-  }
-  at::Tensor forward(at::Tensor x) {
-    for (size_t i = 0; i < blocks->size(); ++i) x = blocks->ptr<BlockImpl>(i)->forward(x);
-    return x;
-  }
-  torch::nn::ModuleList blocks;
-};
-TORCH_MODULE(Tower);
+// Four residual blocks of two candidates each, dropout inside them.
+using Tower = ckpt::test::ResidualTower;
 
 class PlannedModelDeviceTest : public ckpt::test::DeviceTest {
  protected:

@@ -12,6 +12,7 @@
 #include "bench_models.h"
 #include "marked_models.h"
 #include "support/forced_plan.h"
+#include "support/residual_tower.h"
 #include "support/support.h"
 
 #include <array>
@@ -334,38 +335,11 @@ TEST_F(PlannedModelTest, ADroppedTemporaryIsLetGoOfOnce) {
       ckpt::Budget::parse("100%"), 0.005, none_over_counted, ckpt::test::only_plan(plan));
 }
 
-// A residual block of two candidates (widening, then narrowing with dropout), the residual
-// connection outside them; a tower of four.
-struct ResidualBlockImpl : torch::nn::Module {
-  torch::nn::Linear in{register_module("in", torch::nn::Linear(64, 256))};
-  torch::nn::Linear out{register_module("out", torch::nn::Linear(256, 64))};
-  torch::nn::Dropout dropout{register_module("dropout", torch::nn::Dropout(0.1))};
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = ckpt::candidate(
-        *this, "in", [this](const torch::Tensor& t) { return torch::gelu(in(t)); }, x);
-    return x + ckpt::candidate(
-                   *this, "out", [this](const torch::Tensor& t) { return dropout(out(t)); }, h);
-  }
-};
-TORCH_MODULE(ResidualBlock);
-
-struct ResidualTowerImpl : torch::nn::Module {
-  torch::nn::ModuleList blocks{register_module("blocks", torch::nn::ModuleList())};
-  ResidualTowerImpl() {
-    for (int i = 0; i < 4; ++i) blocks->push_back(ResidualBlock());
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (size_t i = 0; i < blocks->size(); ++i) x = blocks->ptr<ResidualBlockImpl>(i)->forward(x);
-    return x;
-  }
-};
-TORCH_MODULE(ResidualTower);
-
 // A recomputed candidate in the backward of its taker, which runs it again: what it holds there is
 // read where that backward begins, not counted by segment (its output, freed in that segment in
 // the plain step, was counted as gone all through it: the plan came out 32 KiB, 3.4%, below its
 // prediction; the device suite's tower showed it first).
-TEST_F(PlannedModelTest, ARecomputedCandidateIsPredictedToTheByteInItsTakersBackward) {
+TEST_F(PlannedModelTest, ARecomputedCandidateIsPredictedInItsTakersBackward) {
   const torch::Tensor x = torch::randn({128, 64});
   std::map<std::string, std::string> plan;
   for (int i = 0; i < 4; ++i) {
@@ -374,10 +348,11 @@ TEST_F(PlannedModelTest, ARecomputedCandidateIsPredictedToTheByteInItsTakersBack
   }
   const auto make = [] {
     torch::manual_seed(3);
-    return ResidualTower();
+    return ckpt::test::ResidualTower();
   };
-  expect_planned_like_plain<ResidualTower>(
-      make(), make(), [&](ResidualTower& model) { return model->forward(x).pow(2).mean(); },
+  expect_planned_like_plain<ckpt::test::ResidualTower>(
+      make(), make(),
+      [&](ckpt::test::ResidualTower& model) { return model->forward(x).pow(2).mean(); },
       ckpt::Budget::parse("100%"), 0.005, none_over_counted, ckpt::test::only_plan(plan));
 }
 
