@@ -367,12 +367,15 @@ void add_predicted_optimum(Methods& methods, const std::string& name, const plan
 
 // The planner's chain, profiled with the heap of the timing phase, as the steps it predicts are
 // timed: with the memory phase's small mmap threshold, every activation of 64 KiB or more would
-// be a fresh mapping and its page faults (1.4x on the MLP, whose activations are 128 KiB).
+// be a fresh mapping and its page faults (1.4x on the MLP, whose activations are 128 KiB). The
+// workbench's steps start from its gradient buffers, so the parameters' gradients are not
+// counted: counted, every prediction was high by the gradients made before its peak.
 plan::Chain profile_for_planner(const BenchOptions& options, const std::string& name,
                                 Workbench& bench) {
   std::cerr << "ckpt bench: " << name << ": profiling the chain for the planner\n";
   const std::vector<torch::nn::AnyModule> stages(bench.model->begin(), bench.model->end());
   ProfileOptions profile_options;
+  profile_options.count_parameter_gradients(false);
   profile_options.storage_modes(models::parse_storage_modes(options.storage_modes));
   if (options.quick) profile_options.repeats(1).warmup(0);
   use_large_mmap_threshold();
