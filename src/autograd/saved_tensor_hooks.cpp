@@ -1,7 +1,10 @@
 #include "saved_tensor_hooks.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <mutex>
 #include <utility>
@@ -11,12 +14,50 @@ namespace detail {
 namespace {
 
 thread_local SavedHooksFactory current_factory;
+thread_local SavedLeafTally* current_tally = nullptr;
+
+// Whether a saved variable of a leaf holds the leaf's accumulator under hooks: tried once, on a
+// leaf of its own, as LibTorch's versions differ. Asked while ckpt's hooks pack (its engine is
+// in place); the trial's own saved variable is counted in no tally.
+bool saved_leaves_hold_accumulators();
+
+// Counts the leaves it packs into a tally, and hands everything to the hooks it wraps.
+class TallyingHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  TallyingHooks(std::unique_ptr<torch::autograd::SavedVariableHooks> inner, SavedLeafTally& tally)
+      : inner_(std::move(inner)), tally_(tally) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    if (tensor.is_leaf() && tensor.requires_grad() && saved_leaves_hold_accumulators()) {
+      tally_.add(tensor);
+    }
+    inner_->call_pack_hook(tensor);
+  }
+  at::Tensor call_unpack_hook() override { return inner_->call_unpack_hook(); }
+
+ private:
+  std::unique_ptr<torch::autograd::SavedVariableHooks> inner_;
+  SavedLeafTally& tally_;
+};
+
+class KeepingHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  void call_pack_hook(const at::Tensor& tensor) override { kept_ = tensor; }
+  at::Tensor call_unpack_hook() override { return kept_; }
+
+ private:
+  at::Tensor kept_;
+};
 
 // LibTorch's engine, but for the default hooks: Python's engine is the same kind of subclass.
 class HookingEngine final : public torch::autograd::Engine {
  public:
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
-    return current_factory ? current_factory() : nullptr;
+    if (!current_factory) return nullptr;
+    auto hooks = current_factory();
+    if (hooks && current_tally != nullptr) {
+      return std::make_unique<TallyingHooks>(std::move(hooks), *current_tally);
+    }
+    return hooks;
   }
 
   // Starts the threads of the devices. LibTorch 1.13 starts an engine's threads once per engine;
@@ -53,6 +94,24 @@ void install_engine() {
               "installed its own; offloading needs ckpt's.");
 }
 
+bool saved_leaves_hold_accumulators() {
+  static const bool holds = [] {
+    SavedLeafTally* const tally = std::exchange(current_tally, nullptr);
+    const at::Tensor leaf = at::empty({1}).requires_grad_(true);
+    const auto accumulator = torch::autograd::impl::grad_accumulator(leaf);
+    const auto before = accumulator.use_count();
+    bool more = false;
+    {
+      const SavedTensorHooksScope scope([] { return std::make_unique<KeepingHooks>(); });
+      const torch::autograd::SavedVariable saved(leaf, /*is_output=*/false);
+      more = accumulator.use_count() > before;
+    }
+    current_tally = tally;
+    return more;
+  }();
+  return holds;
+}
+
 }  // namespace
 
 SavedTensorHooksScope::SavedTensorHooksScope(SavedHooksFactory factory) {
@@ -62,6 +121,22 @@ SavedTensorHooksScope::SavedTensorHooksScope(SavedHooksFactory factory) {
 
 SavedTensorHooksScope::~SavedTensorHooksScope() {
   current_factory = std::move(previous_);
+}
+
+SavedLeafTally::Recording::Recording(SavedLeafTally& tally)
+    : previous_(std::exchange(current_tally, &tally)) {}
+
+SavedLeafTally::Recording::~Recording() {
+  current_tally = previous_;
+}
+
+long SavedLeafTally::holders_of(const torch::autograd::Node* accumulator) const {
+  const auto found = holders_.find(accumulator);
+  return found == holders_.end() ? 0 : found->second;
+}
+
+void SavedLeafTally::add(const at::Tensor& leaf) {
+  ++holders_[torch::autograd::impl::try_get_grad_accumulator(leaf).get()];
 }
 
 bool saved_tensor_hooks_active() {

@@ -9,6 +9,13 @@
 
 #include <functional>
 #include <memory>
+#include <unordered_map>
+
+namespace torch {
+namespace autograd {
+struct Node;
+}  // namespace autograd
+}  // namespace torch
 
 namespace ckpt {
 namespace detail {
@@ -31,6 +38,35 @@ class SavedTensorHooksScope {
 
  private:
   SavedHooksFactory previous_;
+};
+
+/// The leaves (parameters) that tensors saved under ckpt's hooks refer to, counted by gradient
+/// accumulator. Under saved-tensor hooks, LibTorch 2's saved variable of a leaf holds the leaf's
+/// accumulator (1.13's a weak reference), one more holder for as long as the graph lives: a count
+/// of the accumulator's holders (`accumulate_sole_gradients_early`) must expect it, or it takes
+/// the weight of an offloaded convolution for a weight used elsewhere too.
+class SavedLeafTally {
+ public:
+  /// For its lifetime, the leaves saved under ckpt's hooks on this thread are counted in `tally`
+  /// (nests: the innermost counts), where saved variables hold their accumulators.
+  class Recording {
+   public:
+    explicit Recording(SavedLeafTally& tally);
+    ~Recording();
+    Recording(const Recording&) = delete;
+    Recording& operator=(const Recording&) = delete;
+
+   private:
+    SavedLeafTally* previous_;
+  };
+
+  /// How many saved variables counted here hold `accumulator`.
+  long holders_of(const torch::autograd::Node* accumulator) const;
+  /// Counts one saved variable of `leaf` (a leaf that requires grad).
+  void add(const at::Tensor& leaf);
+
+ private:
+  std::unordered_map<const torch::autograd::Node*, long> holders_;
 };
 
 /// Whether a scope with a non-empty factory is the innermost one on this thread.

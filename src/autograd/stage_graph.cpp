@@ -19,7 +19,10 @@ StageGraph::StageGraph(const StageForward& forward, const at::Tensor& input,
   const AutocastCacheOff cache_off;
   leaf_ = input.detach();
   if (input_requires_grad) leaf_.requires_grad_(true);
-  output_ = forward(leaf_);
+  {
+    const SavedLeafTally::Recording recording(saved_leaves_);
+    output_ = forward(leaf_);
+  }
   if (!output_.requires_grad()) return;
   // A stage that returns a leaf (its input, from Identity or Dropout(0)) made no node: its
   // backward would start at the leaf's accumulator and hand nothing on. A view gives it one.
@@ -111,14 +114,18 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
     }
     BorderCapture border(roots, marker_, boundary_, std::move(receivers));
     // Holders of a leaf's accumulator when nothing else leads to it: the boundary's copy of the
-    // edge, the chain node's next edge, and the stage's one edge into it (kept aside by the
-    // capture). The stage's input is not a leaf of the chain's backward.
+    // edge, the chain node's next edge, the stage's one edge into it (kept aside by the
+    // capture), and each variable the stage saved it in under hooks, where those hold it. The
+    // stage's input is not a leaf of the chain's backward.
     std::vector<size_t> needed;
     for (size_t k = 0; k < boundary_.edges.size(); ++k) {
       if (boundary_.edges[k].function.get() != input_node) needed.push_back(k);
     }
     accumulate_sole_gradients_early(border, boundary_, needed, [&](size_t k) -> long {
-      return leaves.single_stage(leaf_variable(boundary_.edges[k])) ? 3 : -1;
+      const torch::autograd::Edge& edge = boundary_.edges[k];
+      return leaves.single_stage(leaf_variable(edge))
+                 ? 3 + saved_leaves_.holders_of(edge.function.get())
+                 : -1;
     });
     torch::autograd::Engine::get_default_engine().execute(
         roots, {std::move(grad_output)}, /*keep_graph=*/false, /*create_graph=*/false,

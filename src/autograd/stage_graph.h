@@ -4,6 +4,7 @@
 // before it, so that its backward can be run on its own (the executor's Fall and B operations).
 
 #include "graph.h"
+#include "saved_tensor_hooks.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/edge.h>
@@ -77,7 +78,8 @@ class StageGraph {
  private:
   void release();
 
-  RegionMarker marker_;  // taken before the stage runs: its nodes are those created after
+  RegionMarker marker_;          // taken before the stage runs: its nodes are those created after
+  SavedLeafTally saved_leaves_;  // the leaves its forward saved under ckpt's hooks
   at::Tensor leaf_;
   at::Tensor output_;
   Boundary boundary_;
