@@ -7,28 +7,50 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 
 namespace ckpt {
 namespace detail {
+struct SavedLeafTally::Counts {
+  void add(const torch::autograd::Node* accumulator, long delta) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    holders[accumulator] += delta;
+  }
+  long of(const torch::autograd::Node* accumulator) const {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = holders.find(accumulator);
+    return found == holders.end() ? 0 : found->second;
+  }
+  // Saved variables may go on the engine's threads.
+  mutable std::mutex mutex;
+  std::unordered_map<const torch::autograd::Node*, long> holders;
+};
+
 namespace {
 
 thread_local SavedHooksFactory current_factory;
-thread_local SavedLeafTally* current_tally = nullptr;
+thread_local std::shared_ptr<SavedLeafTally::Counts> current_tally;
 
 // Whether a saved variable of a leaf holds the leaf's accumulator under hooks: tried once, on a
 // leaf of its own, as LibTorch's versions differ. Asked while ckpt's hooks pack (its engine is
 // in place); the trial's own saved variable is counted in no tally.
 bool saved_leaves_hold_accumulators();
 
-// Counts the leaves it packs into a tally, and hands everything to the hooks it wraps.
+// Counts each leaf it packs into a tally while its saved variable lives, and hands everything to
+// the hooks it wraps.
 class TallyingHooks final : public torch::autograd::SavedVariableHooks {
  public:
-  TallyingHooks(std::unique_ptr<torch::autograd::SavedVariableHooks> inner, SavedLeafTally& tally)
-      : inner_(std::move(inner)), tally_(tally) {}
+  TallyingHooks(std::unique_ptr<torch::autograd::SavedVariableHooks> inner,
+                std::shared_ptr<SavedLeafTally::Counts> tally)
+      : inner_(std::move(inner)), tally_(std::move(tally)) {}
+  ~TallyingHooks() override {
+    if (accumulator_ != nullptr) tally_->add(accumulator_, -1);
+  }
   void call_pack_hook(const at::Tensor& tensor) override {
     if (tensor.is_leaf() && tensor.requires_grad() && saved_leaves_hold_accumulators()) {
-      tally_.add(tensor);
+      accumulator_ = torch::autograd::impl::try_get_grad_accumulator(tensor).get();
+      tally_->add(accumulator_, 1);
     }
     inner_->call_pack_hook(tensor);
   }
@@ -36,7 +58,8 @@ class TallyingHooks final : public torch::autograd::SavedVariableHooks {
 
  private:
   std::unique_ptr<torch::autograd::SavedVariableHooks> inner_;
-  SavedLeafTally& tally_;
+  std::shared_ptr<SavedLeafTally::Counts> tally_;
+  const torch::autograd::Node* accumulator_ = nullptr;
 };
 
 class KeepingHooks final : public torch::autograd::SavedVariableHooks {
@@ -54,9 +77,8 @@ class HookingEngine final : public torch::autograd::Engine {
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     if (!current_factory) return nullptr;
     auto hooks = current_factory();
-    if (hooks && current_tally != nullptr) {
-      return std::make_unique<TallyingHooks>(std::move(hooks), *current_tally);
-    }
+    if (hooks && current_tally)
+      return std::make_unique<TallyingHooks>(std::move(hooks), current_tally);
     return hooks;
   }
 
@@ -96,7 +118,7 @@ void install_engine() {
 
 bool saved_leaves_hold_accumulators() {
   static const bool holds = [] {
-    SavedLeafTally* const tally = std::exchange(current_tally, nullptr);
+    auto tally = std::exchange(current_tally, nullptr);
     const at::Tensor leaf = at::empty({1}).requires_grad_(true);
     const auto accumulator = torch::autograd::impl::grad_accumulator(leaf);
     const auto before = accumulator.use_count();
@@ -106,7 +128,7 @@ bool saved_leaves_hold_accumulators() {
       const torch::autograd::SavedVariable saved(leaf, /*is_output=*/false);
       more = accumulator.use_count() > before;
     }
-    current_tally = tally;
+    current_tally = std::move(tally);
     return more;
   }();
   return holds;
@@ -123,20 +145,17 @@ SavedTensorHooksScope::~SavedTensorHooksScope() {
   current_factory = std::move(previous_);
 }
 
-SavedLeafTally::Recording::Recording(SavedLeafTally& tally)
-    : previous_(std::exchange(current_tally, &tally)) {}
+SavedLeafTally::SavedLeafTally() : counts_(std::make_shared<Counts>()) {}
+
+SavedLeafTally::Recording::Recording(const SavedLeafTally& tally)
+    : previous_(std::exchange(current_tally, tally.counts_)) {}
 
 SavedLeafTally::Recording::~Recording() {
-  current_tally = previous_;
+  current_tally = std::move(previous_);
 }
 
 long SavedLeafTally::holders_of(const torch::autograd::Node* accumulator) const {
-  const auto found = holders_.find(accumulator);
-  return found == holders_.end() ? 0 : found->second;
-}
-
-void SavedLeafTally::add(const at::Tensor& leaf) {
-  ++holders_[torch::autograd::impl::try_get_grad_accumulator(leaf).get()];
+  return counts_->of(accumulator);
 }
 
 bool saved_tensor_hooks_active() {

@@ -9,7 +9,6 @@
 
 #include <functional>
 #include <memory>
-#include <unordered_map>
 
 namespace torch {
 namespace autograd {
@@ -40,33 +39,37 @@ class SavedTensorHooksScope {
   SavedHooksFactory previous_;
 };
 
-/// The leaves (parameters) that tensors saved under ckpt's hooks refer to, counted by gradient
-/// accumulator. Under saved-tensor hooks, LibTorch 2's saved variable of a leaf holds the leaf's
-/// accumulator (1.13's a weak reference), one more holder for as long as the graph lives: a count
-/// of the accumulator's holders (`accumulate_sole_gradients_early`) must expect it, or it takes
-/// the weight of an offloaded convolution for a weight used elsewhere too.
+/// The leaves (parameters) that live saved variables made under ckpt's hooks refer to, counted
+/// by gradient accumulator. Under saved-tensor hooks, LibTorch 2's saved variable of a leaf holds
+/// the leaf's accumulator (1.13's a weak reference): one more holder for as long as the variable
+/// lives, which a count of the accumulator's holders (`accumulate_sole_gradients_early`) must
+/// expect, or it takes an offloaded convolution's weight for a weight used elsewhere too.
 class SavedLeafTally {
  public:
+  /// Shared with the hooks of the saved variables, which may outlive the tally.
+  struct Counts;
+
+  SavedLeafTally();
+
   /// For its lifetime, the leaves saved under ckpt's hooks on this thread are counted in `tally`
-  /// (nests: the innermost counts), where saved variables hold their accumulators.
+  /// (nests: the innermost counts), where saved variables hold their accumulators; each stays
+  /// counted until its saved variable goes.
   class Recording {
    public:
-    explicit Recording(SavedLeafTally& tally);
+    explicit Recording(const SavedLeafTally& tally);
     ~Recording();
     Recording(const Recording&) = delete;
     Recording& operator=(const Recording&) = delete;
 
    private:
-    SavedLeafTally* previous_;
+    std::shared_ptr<Counts> previous_;
   };
 
-  /// How many saved variables counted here hold `accumulator`.
+  /// How many live saved variables counted here hold `accumulator`.
   long holders_of(const torch::autograd::Node* accumulator) const;
-  /// Counts one saved variable of `leaf` (a leaf that requires grad).
-  void add(const at::Tensor& leaf);
 
  private:
-  std::unordered_map<const torch::autograd::Node*, long> holders_;
+  std::shared_ptr<Counts> counts_;
 };
 
 /// Whether a scope with a non-empty factory is the innermost one on this thread.
