@@ -2,11 +2,8 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/equal.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn/module.h>
-
-#include <sstream>
 
 namespace ckpt {
 namespace detail {
@@ -46,17 +43,16 @@ OutsideStateWatch::OutsideStateWatch(const std::vector<at::Tensor>& known,
 OutsideStateWatch::~OutsideStateWatch() {
   if (seen_.empty()) return;
   const ModesOff off;
-  for (const Seen& seen : seen_) bytes_of(seen.storage).copy_(seen.before);
+  for (const Seen& seen : seen_) seen.alias.copy_(seen.before);
 }
 
-void OutsideStateWatch::see(const c10::OperatorHandle& op, const at::Tensor& tensor) {
+void OutsideStateWatch::see(const at::Tensor& tensor) {
   const c10::StorageImpl* storage = storage_of(tensor);
   if (storage == nullptr || tensor.requires_grad() || !inside_.insert(storage).second) return;
   const ModesOff off;
-  std::ostringstream what;
-  what << "a tensor of shape " << tensor.sizes() << " (" << tensor.scalar_type() << ") that "
-       << operator_label(op.operator_name()) << " wrote into";
-  seen_.push_back({tensor.storage(), bytes_of(tensor.storage()).clone(), what.str()});
+  at::Tensor alias = bytes_of(tensor.storage());
+  at::Tensor before = alias.clone();
+  seen_.push_back({std::move(alias), std::move(before)});
 }
 
 void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -67,7 +63,7 @@ void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
   for (size_t i = 0; i < arguments.size(); ++i) {
     const c10::AliasInfo* alias = arguments[i].alias_info();
     if (!updates_statistics && (alias == nullptr || !alias->isWrite())) continue;
-    for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) { see(op, t); });
+    for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) { see(t); });
   }
   run(op, stack);
   // Fresh results (no alias in the schema) belong to the function; views and in-place results
@@ -79,35 +75,6 @@ void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
     for_each_tensor((*stack)[stack->size() - results + i],
                     [&](const at::Tensor& t) { inside_.insert(storage_of(t)); });
   }
-}
-
-std::vector<c10::Storage> OutsideStateWatch::changed(std::string& first) {
-  std::vector<c10::Storage> changed;
-  {
-    const ModesOff off;
-    for (const Seen& seen : seen_) {
-      if (at::equal(bytes_of(seen.storage), seen.before)) continue;
-      if (changed.empty()) first = seen.what;
-      changed.push_back(seen.storage);
-    }
-  }
-  seen_.clear();
-  return changed;
-}
-
-StorageSnapshot::StorageSnapshot(const std::vector<c10::Storage>& storages) {
-  if (storages.empty()) return;
-  const ModesOff off;
-  for (const auto& storage : storages) {
-    aliases_.push_back(bytes_of(storage));
-    saved_.push_back(aliases_.back().clone());
-  }
-}
-
-StorageSnapshot::~StorageSnapshot() {
-  if (aliases_.empty()) return;
-  const ModesOff off;
-  for (size_t i = 0; i < aliases_.size(); ++i) aliases_[i].copy_(saved_[i]);
 }
 
 }  // namespace detail

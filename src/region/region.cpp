@@ -78,21 +78,6 @@ void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) co
   }
 }
 
-namespace {
-
-// The outside state a call site's forward found, where it still exists.
-std::vector<c10::Storage> live_outside_state(CallSite& site) {
-  if (!site.watched_outside_state.load()) return {};
-  const std::lock_guard<std::mutex> lock(site.outside_state_mutex);
-  std::vector<c10::Storage> live;
-  for (const auto& weak : site.outside_state) {
-    if (auto storage = weak.lock()) live.emplace_back(std::move(storage));
-  }
-  return live;
-}
-
-}  // namespace
-
 void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const {
   if (!options.determinism_check() || forward == recomputed) return;
   TORCH_CHECK(false,
@@ -119,7 +104,10 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
   const RegionContext context = recompute_context ? recompute_context() : nullptr;
   const LabelScope label(child_label(memory_label, "recompute"));
   const at::AutoGradMode grad_mode(true);
-  const StorageSnapshot outside(outside_state);
+  // Outermost, so that it sees every operator the function calls: what they write outside the
+  // region's sight (the running statistics of a module a lambda captures) goes back afterwards.
+  OutsideStateWatch outside(replacement != nullptr ? *replacement : inputs, modules);
+  const DispatchModeGuard outside_guard(outside);
   std::optional<DispatchModeGuard> early_stop_guard;
   if (early_stop != nullptr) early_stop_guard.emplace(*early_stop);
   if (!kept && !options.debug()) return recompute(replacement);
@@ -166,7 +154,8 @@ std::vector<at::Tensor> RegionState::recompute_values() const {
   const std::vector<at::Tensor> args = arguments(/*with_history=*/false);
   const RecomputeScope scope(rng, autocast, training, modules);
   const LabelScope label(child_label(memory_label, "recompute"));
-  const StorageSnapshot outside(outside_state);
+  OutsideStateWatch outside(args, modules);
+  const DispatchModeGuard outside_guard(outside);
   const at::NoGradGuard no_grad;
   return recompute(&args);
 }
@@ -237,7 +226,6 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
   state.options = options;
   if (const std::optional<bool> debug = checkpoint_debug_enabled()) state.options.debug(*debug);
   state.input_copies = InputCopies(inputs, site_->written_inputs.load());
-  state.outside_state = live_outside_state(*site_);
   for (size_t i = 0; i < inputs.size(); ++i) {
     TORCH_CHECK(!inputs[i].defined() || !inputs[i].is_inference(),
                 "ckpt::checkpoint: tensor argument #", i,
@@ -308,23 +296,12 @@ Region::ForwardScope::ForwardScope(Region& region)
     recording_ = std::make_unique<RecordingMode>(state.forward_ops);
     recording_guard_ = std::make_unique<DispatchModeGuard>(*recording_);
   }
-  // The first forward at a call site looks for writes into state ckpt was not told about.
-  if (!region.site_->watched_outside_state.load()) {
-    outside_ = std::make_unique<OutsideStateWatch>(state.inputs, state.modules);
-    outside_guard_ = std::make_unique<DispatchModeGuard>(*outside_);
-  }
 }
 
 Region::ForwardScope::~ForwardScope() = default;
 
 void Region::ForwardScope::finished() {
   if (buffers_) buffers_->dismiss();
-  if (outside_) {
-    outside_guard_.reset();
-    std::string first;
-    std::vector<c10::Storage> changed = outside_->changed(first);
-    region_.changed_outside_state(std::move(changed), first);
-  }
 }
 
 bool Region::ForwardScope::failed_on_released_graph(const ReleasedGraphError& error) const {
@@ -351,28 +328,6 @@ void Region::prepare_second_forward() {
       "selectively checkpointed region, whose forward lets go of their saved tensors as it goes. "
       "The region ran the function again keeping them, and will keep them at this call site from "
       "now on.");
-}
-
-// What the first forward at a call site found: data outside the region's arguments and modules
-// that its function changed would change again in every recompute.
-void Region::changed_outside_state(std::vector<c10::Storage> changed, const std::string& first) {
-  site_->watched_outside_state.store(true);
-  if (changed.empty()) return;
-  {
-    const std::lock_guard<std::mutex> lock(site_->outside_state_mutex);
-    if (!site_->outside_state.empty()) return;  // another thread's first forward found it
-    for (const auto& storage : changed) {
-      site_->outside_state.emplace_back(storage.getWeakStorageImpl());
-    }
-  }
-  state_->outside_state = std::move(changed);
-  TORCH_WARN("ckpt::checkpoint: the checkpointed function changed ", first,
-             ", which is neither "
-             "one of its arguments nor a buffer of a module ckpt was given: the running "
-             "statistics of a TorchScript module, say, or of a C++ module a lambda captures. A "
-             "recompute would change it a second time, so recomputes at this call site copy it "
-             "before and put it back after. Pass a C++ module as an argument to the region (or "
-             "checkpoint the module itself) to have its buffers restored as its own.");
 }
 
 // The function wrote into a tensor argument that was not copied, so the recompute cannot start

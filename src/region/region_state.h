@@ -69,8 +69,6 @@ struct RegionState {
   std::unique_ptr<KeptOutputs> kept;     // with a selective policy: what the forward kept
   std::vector<std::string> forward_ops;  // with debug: the operators the forward ran
   bool released = false;
-  // State outside the region's sight that its function changes: the recompute puts it back.
-  std::vector<c10::Storage> outside_state;
   // Separate backward passes through different outputs (one loss each): which connected outputs
   // had theirs without retain_graph, those of the engine's current call, and the outputs handed
   // to the caller, held weakly to tell when the others are gone.

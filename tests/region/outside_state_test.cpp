@@ -1,7 +1,9 @@
-// Issue 29, item 6: a module ckpt cannot see (a TorchScript module, or a C++ module a lambda
-// captures) updated its BatchNorm statistics in the forward and again in every recompute. The
-// first forward at a call site now looks for writes into such state, warns once, and from then on
-// the recompute puts that state back, so it moves once per step as without checkpointing.
+// Issue 29, item 6, and issue 45, item 3: a module ckpt cannot see (a TorchScript module, or a
+// C++ module a lambda captures) updated its BatchNorm statistics in the forward and again in every
+// recompute. Every recompute now puts back what it wrote outside the region's arguments and
+// modules, so the statistics move once per step as without checkpointing, whichever module the
+// call site ran (the first fix learned that state per call site, from its first forward: a loop
+// of lambdas over several blocks restored the first block's statistics only).
 
 #include <ckpt/ckpt.h>
 #include <ckpt/selective.h>
@@ -74,20 +76,12 @@ After train_scripted(const c10::optional<ckpt::CheckpointOptions>& options) {
   return after;
 }
 
-int count_containing(const std::vector<std::string>& messages, const std::string& text) {
-  int n = 0;
-  for (const auto& m : messages) n += m.find(text) != std::string::npos;
-  return n;
-}
-
 TEST(OutsideStateTest, ATorchScriptBatchNormMovesItsStatisticsOncePerStep) {
   const After plain = train_scripted<0>(c10::nullopt);
   EXPECT_EQ(plain.tensors.back().item<int64_t>(), 4);  // num_batches_tracked
   const After checkpointed = train_scripted<1>(ckpt::CheckpointOptions());
   expect_same(checkpointed, plain);
-  EXPECT_EQ(count_containing(checkpointed.warnings, "neither one of its arguments"), 1)
-      << ::testing::PrintToString(checkpointed.warnings);
-  EXPECT_EQ(count_containing(checkpointed.warnings, "aten::"), 1);
+  EXPECT_TRUE(checkpointed.warnings.empty()) << ::testing::PrintToString(checkpointed.warnings);
 }
 
 TEST(OutsideStateTest, EveryVariantPutsTheStateBack) {
@@ -99,7 +93,7 @@ TEST(OutsideStateTest, EveryVariantPutsTheStateBack) {
   expect_same(train_scripted<4>(ckpt::CheckpointOptions().debug(true)), plain);
 }
 
-// A C++ BatchNorm the lambda captures, not passed as an argument: the same, with a warning.
+// A C++ BatchNorm the lambda captures, not passed as an argument: the same.
 template <int Site>
 After train_captured(bool checkpointed) {
   torch::manual_seed(0);
@@ -124,10 +118,10 @@ After train_captured(bool checkpointed) {
 TEST(OutsideStateTest, ACapturedModuleMovesItsStatisticsOncePerStep) {
   const After checkpointed = train_captured<1>(true);
   expect_same(checkpointed, train_captured<0>(false));
-  EXPECT_EQ(count_containing(checkpointed.warnings, "Pass a C++ module as an argument"), 1);
+  EXPECT_TRUE(checkpointed.warnings.empty()) << ::testing::PrintToString(checkpointed.warnings);
 }
 
-// A module passed as an argument is restored by the region itself: nothing to watch, no warning.
+// A module passed as an argument is restored by the region itself.
 TEST(OutsideStateTest, AModuleArgumentNeedsNoWatching) {
   torch::nn::Linear linear(8, 8);
   torch::nn::BatchNorm1d batch_norm(8);
@@ -140,7 +134,7 @@ TEST(OutsideStateTest, AModuleArgumentNeedsNoWatching) {
     y.pow(2).sum().backward();
   }
   EXPECT_EQ(batch_norm->num_batches_tracked.item<int64_t>(), 2);
-  EXPECT_EQ(count_containing(warnings.messages, "neither one of its arguments"), 0);
+  EXPECT_TRUE(warnings.messages.empty()) << ::testing::PrintToString(warnings.messages);
 }
 
 // A TorchScript module passed as an argument is no torch::nn::Module either: watched the same way.
@@ -166,6 +160,61 @@ TEST(OutsideStateTest, ATorchScriptModuleArgumentIsWatchedToo) {
     EXPECT_TRUE(bit_equal(actual_list[i], expected_list[i])) << "buffer " << i;
   }
   EXPECT_EQ(actual_list[2].item<int64_t>(), 3);
+}
+
+// The most common loop (issue 45, item 3): one lambda per block, each capturing its block, all
+// made at one call site. Every block's statistics move once per step, as in the plain loop.
+struct Block : torch::nn::Module {
+  Block()
+      : linear(register_module("linear", torch::nn::Linear(8, 8))),
+        norm(register_module("norm", torch::nn::BatchNorm1d(8))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(norm(linear(x))); }
+  torch::nn::Linear linear;
+  torch::nn::BatchNorm1d norm;
+};
+
+std::vector<torch::Tensor> train_blocks(bool checkpointed) {
+  torch::manual_seed(0);
+  std::vector<std::shared_ptr<Block>> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(std::make_shared<Block>());
+  std::vector<torch::Tensor> after;
+  for (int step = 0; step < 2; ++step) {
+    auto x = torch::randn({6, 8}, torch::requires_grad());
+    torch::Tensor h = x;
+    for (auto& blk : blocks) {
+      auto fn = [blk](const torch::Tensor& t) { return blk->forward(t); };
+      h = checkpointed ? ckpt::checkpoint(fn, h) : fn(h);
+    }
+    h.pow(2).sum().backward();
+    after.push_back(x.grad());
+  }
+  for (const auto& blk : blocks) {
+    for (const auto& p : blk->parameters()) after.push_back(p.grad());
+    for (const auto& b : blk->buffers()) after.push_back(b);
+  }
+  return after;
+}
+
+TEST(OutsideStateTest, ALoopOfLambdasMovesEveryBlocksStatisticsOncePerStep) {
+  const std::vector<torch::Tensor> plain = train_blocks(false);
+  const std::vector<torch::Tensor> checkpointed = train_blocks(true);
+  ASSERT_EQ(checkpointed.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << "tensor #" << i;
+  }
+  EXPECT_EQ(checkpointed.back().item<int64_t>(), 2);  // the last block's num_batches_tracked
+}
+
+// One lambda that captures two BatchNorm modules (issue 46, item 4): both move once per step.
+TEST(OutsideStateTest, ALambdaCapturingTwoModulesMovesBothOnce) {
+  torch::nn::BatchNorm1d first(8), second(8);
+  auto fn = [&](const torch::Tensor& t) { return second(torch::tanh(first(t))); };
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({6, 8}, torch::requires_grad());
+    ckpt::checkpoint(fn, x).pow(2).sum().backward();
+  }
+  EXPECT_EQ(first->num_batches_tracked.item<int64_t>(), 3);
+  EXPECT_EQ(second->num_batches_tracked.item<int64_t>(), 3);
 }
 
 }  // namespace

@@ -48,12 +48,6 @@ struct CallSite {
   /// #i, bit 63: #63 and beyond): the region copies them before the function from now on, so
   /// that its recompute starts from their values before the write.
   std::atomic<uint64_t> written_inputs{0};
-  /// A forward here was watched for changes to state ckpt was not told about (the running
-  /// statistics of a TorchScript module, or of a module a lambda captures).
-  std::atomic<bool> watched_outside_state{false};
-  /// The data of that state, which recomputes here copy before and write back after.
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outside_state;
-  std::mutex outside_state_mutex;
   /// Early stop: which operator calls of a recompute here the backward does not read, as the
   /// last full recompute here found them (null until one ran, or after a recompute here found the
   /// plan stale).
@@ -121,7 +115,6 @@ class CachingMode;
 class RecordingMode;
 class DispatchModeGuard;
 class BufferGuard;
-class OutsideStateWatch;
 class ReportMode;
 class RegionRecord;
 class SavedTensorHooksScope;
@@ -195,8 +188,6 @@ class Region {
     std::unique_ptr<DispatchModeGuard> report_guard_;
     std::unique_ptr<RecordingMode> recording_;  // innermost: it sees the calls the cache answers
     std::unique_ptr<DispatchModeGuard> recording_guard_;
-    std::unique_ptr<OutsideStateWatch> outside_;  // innermost: sees every operator called
-    std::unique_ptr<DispatchModeGuard> outside_guard_;
   };
 
  public:
@@ -213,7 +204,6 @@ class Region {
   void apply_request();
   void prepare_second_forward();
   bool wrote_into_inputs_unexpectedly();
-  void changed_outside_state(std::vector<c10::Storage> changed, const std::string& first);
 
   std::shared_ptr<RegionState> state_;
   std::shared_ptr<CallSite> site_;
