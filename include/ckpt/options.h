@@ -57,13 +57,18 @@ struct CheckpointOptions {
   /// forward and the recomputes run in. Composes with `policy`. An exception it, or a context,
   /// throws propagates with grad mode, RNG, autocast and buffers as they were. Default: none
   TORCH_ARG(std::function<RegionContexts()>, context_fn);
-  /// Early stop (PyTorch's `early_stop`): the recompute runs the kernels of only those operators
-  /// whose outputs the backward reads, learned at each call site from its first full recompute;
-  /// the others build their autograd nodes but compute nothing. Random and in-place operators
-  /// always run, so RNG and buffers end as after a full recompute. Gradients are the same bits:
-  /// a recompute that would use a skipped output is run again in full. Non-reentrant variant
-  /// only. `set_checkpoint_early_stop` overrides it. Default: true
-  TORCH_ARG(bool, early_stop) = true;
+  /// Early stop: the recompute runs the kernels of only those operators whose outputs the
+  /// backward reads, learned at each call site from its first full recompute; the others build
+  /// their autograd nodes but compute nothing. Random and in-place operators always run, so RNG
+  /// and buffers end as after a full recompute. Off by default, because it is sound only for a
+  /// function that (1) reaches every tensor's data through the dispatcher (no `data_ptr` loops,
+  /// no reads of a skipped output's values in C++), (2) gives outputs whose shapes follow from its
+  /// arguments' shapes and non-tensor values (not `masked_select`, `nonzero` or boolean
+  /// indexing), and (3) is the same function at every call of its call site (not a helper that
+  /// checkpoints whichever `std::function` it is given). Where those hold, it saves the skipped
+  /// kernels' time; elsewhere it gives wrong gradients or errors (docs/mechanism.md). Non-reentrant
+  /// variant only. `set_checkpoint_early_stop` overrides it. Default: false
+  TORCH_ARG(bool, early_stop) = false;
   /// Offloading instead of checkpointing: the region runs once, and what autograd saves for its
   /// backward goes to host memory during its forward and comes back, ahead of use, when its
   /// backward starts, as inside a `ckpt::OffloadGuard` (see there for what moves and how). Nothing
