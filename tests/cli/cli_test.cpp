@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -305,6 +307,24 @@ TEST(Cli, TrainChecksOutputPathsBeforeAnyWork) {
   expect_refused(kTiny + "--plot /nonexistent/memory.svg", 2, "--plot: the folder '/nonexistent'");
   expect_refused(kTiny + "--json " + work_path(""), 2, "--json: '");
   expect_refused(kTiny + "--trace /proc/1/trace.json", 2, "is not writable");
+}
+
+// Issue 45, item 11: a file that can't be written whole (a full disk: /dev/full) fails the run,
+// after the training, with the option's name; a device is written into, never replaced.
+TEST(Cli, OutputsThatCannotBeWrittenFail) {
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full here";
+  for (const std::string option : {"--json", "--trace", "--chain"}) {
+    const Result result = run(kTiny + "--strategy sequential:2 " + option + " /dev/full");
+    EXPECT_EQ(result.code, 1) << option << "\n" << result.err;
+    EXPECT_NE(result.err.find(option + ": cannot write '/dev/full'"), std::string::npos)
+        << result.err;
+  }
+  const Result bench = run("bench --quick --no-python --models mlp --json /dev/full");
+  EXPECT_EQ(bench.code, 1) << bench.err;
+  EXPECT_NE(bench.err.find("--json: cannot write '/dev/full'"), std::string::npos) << bench.err;
+  struct stat status {};
+  ASSERT_EQ(stat("/dev/full", &status), 0);
+  EXPECT_TRUE(S_ISCHR(status.st_mode)) << "/dev/full was replaced";
 }
 
 TEST(Cli, TrainCorpusErrorsSayWhatIsWrong) {

@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <fstream>
 #include <iostream>
 #include <stdexcept>
 
@@ -102,15 +101,12 @@ void write_json(const std::vector<bench::BenchRow>& rows, const BenchArgs& args)
                     {"rss_memory_ratio", row.rss_memory_ratio},
                     {"forward_count", row.forward_count}});
   }
-  std::ofstream file(args.json_path);
-  if (!(file << nlohmann::json{{"rows", list},
-                               {"steps", args.steps},
-                               {"threads", args.threads},
-                               {"quick", args.quick}}
-                    .dump(2)
-             << "\n")) {
-    throw std::runtime_error("--json: cannot write '" + args.json_path + "'");
-  }
+  const std::string document =
+      nlohmann::json{
+          {"rows", list}, {"steps", args.steps}, {"threads", args.threads}, {"quick", args.quick}}
+          .dump(2) +
+      "\n";
+  write_whole_file(args.json_path, document, "--json");
 }
 
 // One series of a model's chart: (peak as % of no checkpointing, step time over it), by peak.
@@ -182,9 +178,7 @@ int run_bench(const BenchArgs& given) {
   const std::string markdown = bench::to_markdown(rows, bench_options(args));
   std::cout << markdown;
   if (!args.markdown_path.empty()) {
-    std::ofstream file(args.markdown_path);
-    if (!(file << markdown))
-      throw std::runtime_error("--markdown: cannot write '" + args.markdown_path + "'");
+    write_whole_file(args.markdown_path, markdown, "--markdown");
   }
   if (!args.json_path.empty()) write_json(rows, args);
   if (!args.plot_path.empty()) write_charts(args.plot_path, bench_charts(rows), "--plot");

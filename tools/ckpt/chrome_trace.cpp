@@ -1,8 +1,9 @@
 #include "chrome_trace.h"
 
+#include "output_path.h"
+
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <stdexcept>
 #include <utility>
 
@@ -71,10 +72,7 @@ std::string ChromeTrace::to_json() const {
 }
 
 void ChromeTrace::write(const std::string& path) const {
-  std::ofstream file(path);
-  if (!file) throw std::runtime_error("--trace: cannot write '" + path + "'");
-  file << to_json();
-  if (!file) throw std::runtime_error("--trace: error while writing '" + path + "'");
+  write_whole_file(path, to_json(), "--trace");
 }
 
 }  // namespace cli

@@ -33,16 +33,34 @@ void check_output_path(const std::string& path, const std::string& option) {
   }
 }
 
+namespace {
+
+// Writes `text` into the open `file` and closes it: false when any of it did not reach the file
+// (a full disk, /dev/full: a buffered stream fails only when it flushes).
+bool write_and_close(std::ofstream& file, const std::string& text) {
+  const bool written = static_cast<bool>(file << text) && static_cast<bool>(file.flush());
+  file.close();
+  return written && !file.fail();
+}
+
+}  // namespace
+
 void write_whole_file(const std::string& path, const std::string& text, const std::string& option) {
-  const std::string partial = path + ".partial-" + std::to_string(getpid());
-  bool written = false;
-  {
-    std::ofstream file(partial, std::ios::binary);
-    written = static_cast<bool>(file << text) && static_cast<bool>(file.flush());
+  const std::string failed = option + ": cannot write '" + path + "'";
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (fs::exists(status) && !fs::is_regular_file(status)) {
+    // A device or a pipe (/dev/stdout, a FIFO): there is nothing to rename over; write into it.
+    std::ofstream file(path, std::ios::binary);
+    if (!file || !write_and_close(file, text)) throw std::runtime_error(failed);
+    return;
   }
+  const std::string partial = path + ".partial-" + std::to_string(getpid());
+  std::ofstream file(partial, std::ios::binary);
+  const bool written = file && write_and_close(file, text);
   if (!written || std::rename(partial.c_str(), path.c_str()) != 0) {
     std::remove(partial.c_str());
-    throw std::runtime_error(option + ": cannot write '" + path + "'");
+    throw std::runtime_error(failed);
   }
 }
 

@@ -1,9 +1,10 @@
 #include "svg_chart.h"
 
+#include "output_path.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
 
@@ -167,10 +168,7 @@ std::string charts_svg(const std::vector<Chart>& charts) {
 
 void write_charts(const std::string& path, const std::vector<Chart>& charts,
                   const std::string& option) {
-  std::ofstream file(path);
-  if (!file) throw std::runtime_error(option + ": cannot write '" + path + "'");
-  file << charts_svg(charts);
-  if (!file) throw std::runtime_error(option + ": error while writing '" + path + "'");
+  write_whole_file(path, charts_svg(charts), option);
 }
 
 }  // namespace cli

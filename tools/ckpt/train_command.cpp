@@ -167,9 +167,7 @@ torch::Tensor to_tensor(const std::vector<int64_t>& values, const TrainArgs& arg
 
 // The measured chain in the format of `ckpt plan --chain`.
 void write_chain(const std::string& path, const plan::Chain& chain) {
-  std::ofstream file(path);
-  file << chain_to_json(chain).dump(2) << "\n";
-  if (!file) throw std::runtime_error("cannot write the chain to " + path);
+  write_whole_file(path, chain_to_json(chain).dump(2) + "\n", "--chain");
 }
 
 // A batch from a generator of its own for profiling, so that training sees the same batches.
