@@ -1,0 +1,11 @@
+# ckpt_unity_build(target): compiles the target's files in batches of eight (CMake's unity
+# build), so that LibTorch's headers are parsed once per batch instead of once per file: the
+# library builds in 55 s instead of 156 s on 2 cores. The test programs keep one object per file
+# (they share a precompiled header instead). -DCKPT_UNITY_BUILD=OFF compiles every file alone,
+# which also shows an include a file forgot.
+option(CKPT_UNITY_BUILD "Compile ckpt's libraries in batches of files (faster builds)" ON)
+function(ckpt_unity_build target)
+  if(CKPT_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+  endif()
+endfunction()
