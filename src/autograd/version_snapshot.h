@@ -6,6 +6,7 @@
 // and backward, say), so ckpt checks these counters before it recomputes.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
 
 #include <cstdint>
 #include <functional>
@@ -20,8 +21,8 @@ class VersionSnapshot {
   /// Records `tensor` at its current version (an undefined or inference tensor takes a place but
   /// is never checked: it has no version counter).
   void add(const at::Tensor& tensor);
-  /// Stops tracking tensor i (and holding it): it is never checked.
-  void forget(size_t i) { tensors_.at(i) = at::Tensor(); }
+  /// Stops holding tensor i, which is still checked: its version counter keeps no data alive.
+  void let_go(size_t i) { tensors_.at(i) = at::Tensor(); }
 
   /// Raises a c10::Error naming the first tensor whose version changed since it was added:
   /// "`api`: <describe(i)> ... was modified in place after the forward pass ...". `describe`
@@ -30,15 +31,17 @@ class VersionSnapshot {
 
   /// Whether tensor i (tracked) was modified in place since it was added.
   bool changed(size_t i) const {
-    return tensors_[i].defined() && tensors_[i]._version() != versions_[i];
+    return counters_[i].enabled() && counters_[i].current_version() != versions_[i];
   }
   size_t size() const { return tensors_.size(); }
+  /// Tensor i, undefined where it was let go of.
   const at::Tensor& tensor(size_t i) const { return tensors_[i]; }
   void clear();
 
  private:
   std::vector<at::Tensor> tensors_;
-  std::vector<int64_t> versions_;
+  std::vector<c10::VariableVersion> counters_;  // disabled where untracked
+  std::vector<uint32_t> versions_;
 };
 
 /// "a tensor of shape [2, 3]", for messages.

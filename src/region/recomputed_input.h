@@ -28,6 +28,9 @@ class RecomputeSource {
   /// again under no-grad with its forward's RNG, autocast state and training modes, its modules'
   /// buffers left as they were. Inside a `RecomputedValues` scope each region runs at most once.
   at::Tensor value() const;
+  /// Whether `tensor` is the output as the region handed it out, not written in place since: its
+  /// value is then the one `value()` computes.
+  bool is_unwritten_output(const at::Tensor& tensor) const;
 
  private:
   std::shared_ptr<const RegionState> region_;

@@ -163,7 +163,10 @@ std::vector<at::Tensor> RegionState::recompute_values() const {
 void RegionState::hand_out(const std::vector<at::Tensor>& outputs) {
   served.assign(connected.size(), false);
   handed_out.reserve(connected.size());
-  for (size_t slot : connected) handed_out.emplace_back(outputs[slot].getIntrusivePtr());
+  for (size_t slot : connected) {
+    handed_out.emplace_back(outputs[slot].getIntrusivePtr());
+    handed_out_versions.push_back(outputs[slot]._version());
+  }
 }
 
 void RegionState::begin_backward(const std::vector<at::Tensor>& grads) {
@@ -205,6 +208,7 @@ void RegionState::release() {
   kept.reset();
   forward_ops.clear();
   handed_out.clear();
+  handed_out_versions.clear();
 }
 
 Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
@@ -416,13 +420,17 @@ void Region::apply_request() {
   const auto& sources = request_->input_sources;
   for (size_t i = 0; i < sources.size() && i < state.inputs.size(); ++i) {
     at::Tensor& input = state.inputs[i];
-    if (!sources[i] || !input.defined() || state.input_copies.copied(i)) continue;
+    // An output written in place since its region returned it is no longer what that region
+    // computes again (issue 45, item 4): the region holds it.
+    if (!sources[i] || !input.defined() || state.input_copies.copied(i) ||
+        !sources[i]->is_unwritten_output(input))
+      continue;
     state.dropped.resize(state.inputs.size());
     state.dropped[i] = {sources[i], input.requires_grad()
                                         ? torch::autograd::impl::gradient_edge(input)
                                         : torch::autograd::Edge()};
     input = at::Tensor();
-    state.versions.forget(i);
+    state.versions.let_go(i);  // a write into it after the forward still raises
   }
   if (!request_->recomputable_outputs) return;
   request_->output_sources.assign(state.outputs.size(), nullptr);

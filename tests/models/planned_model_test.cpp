@@ -335,6 +335,49 @@ TEST_F(PlannedModelTest, ADroppedTemporaryIsLetGoOfOnce) {
       ckpt::Budget::parse("100%"), 0.005, none_over_counted, ckpt::test::only_plan(plan));
 }
 
+// Issue 45, item 4: a candidate's output written in place before the next candidate takes it is no
+// longer what the candidate computes again, so "recomputed" keeps it there (it dropped it, and the
+// steps' gradients differed from the plain step's without a word).
+struct WrittenAfterImpl : torch::nn::Module {
+  std::array<torch::nn::Sequential, 3> blocks;
+  WrittenAfterImpl() {
+    const char* names[] = {"a", "b", "c"};
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      blocks[i] = register_module(
+          names[i], torch::nn::Sequential(torch::nn::Linear(64, 128), torch::nn::Tanh(),
+                                          torch::nn::Linear(128, 64)));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = ckpt::candidate(blocks[0], x);
+    h.mul_(1.5);
+    return ckpt::candidate(blocks[2], ckpt::candidate(blocks[1], h));
+  }
+};
+TORCH_MODULE(WrittenAfter);
+
+TEST_F(PlannedModelTest, AnOutputWrittenInPlaceAfterItsCandidateIsNotRecomputed) {
+  const torch::Tensor x = torch::randn({32, 64});
+  const auto make = [] {
+    torch::manual_seed(3);
+    return WrittenAfter();
+  };
+  WrittenAfter plain_model = make(), planned_model = make();
+  const StepResult plain =
+      measured_step(*plain_model, [&] { return plain_model->forward(x).pow(2).mean(); });
+  const LossFn loss_fn = [&] { return planned_model->forward(x).pow(2).mean(); };
+  ckpt::PlannedModel planned(planned_model, ckpt::Budget::parse("100%"));
+  ckpt::MeasuredModel measured = ckpt::profile_model(planned_model.ptr(), loss_fn);
+  ckpt::test::only_plan({{"a", ckpt::kRecomputedMode}, {"b", "checkpointed"}, {"c", "stored"}})(
+      measured);
+  planned.plan(std::move(measured));
+  ASSERT_EQ(planned.mode_of("a"), ckpt::kRecomputedMode) << planned.summary();
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    expect_same_step(plain, measured_step(*planned_model, [&] { return planned.run(loss_fn); }));
+  }
+}
+
 // A recomputed candidate in the backward of its taker, which runs it again: what it holds there is
 // read where that backward begins, not counted by segment (its output, freed in that segment in
 // the plain step, was counted as gone all through it: the plan came out 32 KiB, 3.4%, below its
