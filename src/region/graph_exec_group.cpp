@@ -26,8 +26,18 @@ std::shared_ptr<GroupState> current_graph_exec_group() {
 
 }  // namespace detail
 
+namespace {
+
+bool has_ended(detail::GroupState& group) {
+  const std::lock_guard<std::mutex> lock(group.mutex);
+  return group.ended;
+}
+
+}  // namespace
+
 GraphExecGroup::GraphExecGroup() {
-  TORCH_CHECK(detail::current_group == nullptr,
+  // A group that ended is current no more (end() on another thread could not say so here).
+  TORCH_CHECK(detail::current_group == nullptr || has_ended(*detail::current_group),
               "ckpt::GraphExecGroup: groups cannot be nested, and one is already current on this "
               "thread. Use the one group for all the backward passes that should share "
               "recomputes, or end it first.");
@@ -37,10 +47,10 @@ GraphExecGroup::GraphExecGroup() {
 
 GraphExecGroup::~GraphExecGroup() {
   end();
-  if (detail::current_group == state_) detail::current_group.reset();
 }
 
 void GraphExecGroup::end() {
+  if (detail::current_group == state_) detail::current_group.reset();
   std::vector<std::function<void()>> at_end;
   {
     const std::lock_guard<std::mutex> lock(state_->mutex);

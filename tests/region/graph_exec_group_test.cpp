@@ -5,6 +5,7 @@
 #include "support/support.h"
 
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -121,6 +122,17 @@ TEST(GraphExecGroup, GroupsDoNotNest) {
   CKPT_EXPECT_THROWS_WITH(ckpt::GraphExecGroup inner, "cannot be nested");
   group.end();
   group.end();  // ending twice is harmless
+}
+
+// Issue 45, item 14: a group that ended is current no more, so a new one may follow it (it was
+// refused with "end it first"), also when another thread ended it.
+TEST(GraphExecGroup, ANewGroupMayFollowOneThatEnded) {
+  ckpt::GraphExecGroup first;
+  first.end();
+  ckpt::GraphExecGroup second;
+  std::thread([&] { second.end(); }).join();
+  ckpt::GraphExecGroup third;
+  CKPT_EXPECT_THROWS_WITH(ckpt::GraphExecGroup inner, "cannot be nested");
 }
 
 }  // namespace
