@@ -28,9 +28,10 @@ int64_t parse_segments(const std::string& text, const std::string& name) {
 Strategy parse_segmented(const std::string& text, const std::string& name, const std::string& value,
                          int64_t stage_count, const std::string& stage_count_note) {
   const bool per_stage_default = name == "selective" || name == "offload";
-  if (value.empty() && !per_stage_default) {
-    throw std::invalid_argument("--strategy " + name + ":K needs a number of segments K, e.g. " +
-                                name + ":4");
+  if (value.empty() && (!per_stage_default || text.find(':') != std::string::npos)) {
+    throw std::invalid_argument(
+        "--strategy " + name + ":K needs a number of segments K, e.g. " + name + ":4" +
+        (per_stage_default ? " (or " + name + " alone: one per stage)" : ""));
   }
   // selective and offload alone: every stage is its own region, as selective recompute runs per
   // layer and offload_wrapper wraps each block.

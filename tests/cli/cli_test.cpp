@@ -356,6 +356,16 @@ TEST(Cli, TrainRejectsUnknownStrategy) {
   EXPECT_NE(result.err.find("unknown strategy 'magic'"), std::string::npos) << result.err;
 }
 
+// Issue 45, item 15: an empty K after the colon was read as "one region per stage".
+TEST(Cli, TrainRejectsAnEmptySegmentCount) {
+  expect_refused(kTiny + "--strategy offload:", 2, "offload:K needs a number of segments K");
+  expect_refused(kTiny + "--strategy selective:", 2, "selective:K needs a number of segments K");
+}
+
+TEST(Cli, BenchRejectsAModelNamedTwice) {
+  expect_refused("bench --quick --no-python --models mlp,mlp", 2, "'mlp' is named twice");
+}
+
 TEST(Cli, TrainRejectsNonPositiveSizes) {
   for (const char* option : {"--layers 0", "--width -1", "--batch 0", "--steps 0", "--context 0"}) {
     const Result result = run(kTiny + option);

@@ -159,11 +159,14 @@ int run_bench(const BenchArgs& given) {
     throw UsageError("--warmup must be >= 0, but got " + std::to_string(args.warmup));
   validate_threads(args.threads, MachineLimits::of_this_machine(), "--threads");
   args.device = parse_device_option(args.device).str();
-  for (const std::string& model : args.models) {
+  for (size_t i = 0; i < args.models.size(); ++i) {
+    const std::string& model = args.models[i];
     if (model != "mlp" && model != "resnet" && model != "transformer" && model != "small") {
       throw UsageError("--models: unknown model '" + model +
                        "'; choose among mlp, resnet, transformer, small");
     }
+    if (std::find(args.models.begin(), args.models.begin() + i, model) != args.models.begin() + i)
+      throw UsageError("--models: '" + model + "' is named twice; name each model once");
   }
   try {
     models::parse_storage_modes(args.storage_modes);
