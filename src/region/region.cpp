@@ -104,13 +104,15 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
   const RegionContext context = recompute_context ? recompute_context() : nullptr;
   const LabelScope label(child_label(memory_label, "recompute"));
   const at::AutoGradMode grad_mode(true);
-  // Outermost, so that it sees every operator the function calls: what they write outside the
-  // region's sight (the running statistics of a module a lambda captures) goes back afterwards.
-  OutsideStateWatch outside(replacement != nullptr ? *replacement : inputs, modules);
-  const DispatchModeGuard outside_guard(outside);
   std::optional<DispatchModeGuard> early_stop_guard;
   if (early_stop != nullptr) early_stop_guard.emplace(*early_stop);
-  if (!kept && !options.debug()) return recompute(replacement);
+  // What the function writes outside the region's sight (the running statistics of a module a
+  // lambda captures) goes back afterwards. Its mode goes in last: it sees every call first.
+  OutsideStateWatch outside(replacement != nullptr ? *replacement : inputs, modules);
+  if (!kept && !options.debug()) {
+    const DispatchModeGuard outside_guard(outside);
+    return recompute(replacement);
+  }
   std::optional<ReplayMode> replay;
   std::vector<std::string> recompute_ops;
   RecordingMode recording(recompute_ops);
@@ -122,6 +124,7 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
       replay_guard.emplace(replay.emplace(options.policy(), *kept, consume));
     }
     if (options.debug()) recording_guard.emplace(recording);
+    const DispatchModeGuard outside_guard(outside);
     recomputed = recompute(replacement);
   }
   if (options.debug()) check_same_operators(forward_ops, recompute_ops);
@@ -165,7 +168,6 @@ void RegionState::hand_out(const std::vector<at::Tensor>& outputs) {
   handed_out.reserve(connected.size());
   for (size_t slot : connected) {
     handed_out.emplace_back(outputs[slot].getIntrusivePtr());
-    handed_out_versions.push_back(outputs[slot]._version());
   }
 }
 
@@ -208,7 +210,6 @@ void RegionState::release() {
   kept.reset();
   forward_ops.clear();
   handed_out.clear();
-  handed_out_versions.clear();
 }
 
 Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs, ModuleList modules,
@@ -420,11 +421,7 @@ void Region::apply_request() {
   const auto& sources = request_->input_sources;
   for (size_t i = 0; i < sources.size() && i < state.inputs.size(); ++i) {
     at::Tensor& input = state.inputs[i];
-    // An output written in place since its region returned it is no longer what that region
-    // computes again (issue 45, item 4): the region holds it.
-    if (!sources[i] || !input.defined() || state.input_copies.copied(i) ||
-        !sources[i]->is_unwritten_output(input))
-      continue;
+    if (!sources[i] || !input.defined() || state.input_copies.copied(i)) continue;
     state.dropped.resize(state.inputs.size());
     state.dropped[i] = {sources[i], input.requires_grad()
                                         ? torch::autograd::impl::gradient_edge(input)
