@@ -236,7 +236,14 @@ BorderCapture::~BorderCapture() {
 void BorderCapture::restore() noexcept {
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
   hooks_.clear();
-  for (auto& [node, i, edge] : original_) node->next_edges()[i] = std::move(edge);
+  for (auto& [node, i, edge] : original_) {
+    // Only an edge still as the capture left it: a region node inside may have redirected its
+    // edges meanwhile (in a GraphExecGroup, into its own recomputed graph), which are its own now.
+    auto& edges = node->next_edges();
+    if (i < edges.size() && (!edges[i].is_valid() || edges[i].function == terminal_)) {
+      edges[i] = std::move(edge);
+    }
+  }
   original_.clear();
 }
 
