@@ -1,5 +1,7 @@
 #include <ckpt/candidate.h>
 
+#include "recomputed_input.h"
+
 namespace ckpt {
 namespace detail {
 namespace {
@@ -23,6 +25,7 @@ void RecomputableOutputs::add(int producer, const std::vector<at::Tensor>& outpu
   for (size_t i = 0; i < outputs.size() && i < request.output_sources.size(); ++i) {
     if (!request.output_sources[i] || !outputs[i].defined()) continue;
     c10::TensorImpl* impl = outputs[i].unsafeGetTensorImpl();
+    request.output_sources[i]->note_returned(outputs[i]);
     entries_.insert_or_assign(
         impl, Entry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                         outputs[i].getIntrusivePtr()),
@@ -37,9 +40,12 @@ std::vector<std::shared_ptr<const RecomputeSource>> RecomputableOutputs::sources
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined()) continue;
     const auto found = entries_.find(inputs[i].unsafeGetTensorImpl());
-    // The address is the tensor's only while the tensor recorded there lives.
+    // The address is the tensor's only while the tensor recorded there lives. Written in place
+    // since its candidate returned it, it is not what that candidate computes again (issue 45,
+    // item 4: the taker dropped it, and its gradients were those of the value before the write).
     if (found == entries_.end() ||
-        found->second.tensor.lock().get() != inputs[i].unsafeGetTensorImpl())
+        found->second.tensor.lock().get() != inputs[i].unsafeGetTensorImpl() ||
+        found->second.source->written_since_returned(inputs[i]))
       continue;
     sources[i] = found->second.source;
     producers[i] = found->second.producer;

@@ -42,16 +42,6 @@ at::Tensor RecomputeSource::value() const {
   return result;
 }
 
-bool RecomputeSource::is_unwritten_output(const at::Tensor& tensor) const {
-  const RegionState& region = *region_;
-  for (size_t k = 0; k < region.connected.size() && k < region.handed_out.size(); ++k) {
-    if (region.connected[k] != output_) continue;
-    return region.handed_out[k].lock().get() == tensor.unsafeGetTensorImpl() &&
-           tensor._version() == region.handed_out_versions[k];
-  }
-  return false;
-}
-
 at::Tensor DroppedInput::materialize() const {
   at::Tensor value = source->value();
   if (!edge.is_valid()) return value;

@@ -28,13 +28,18 @@ class RecomputeSource {
   /// again under no-grad with its forward's RNG, autocast state and training modes, its modules'
   /// buffers left as they were. Inside a `RecomputedValues` scope each region runs at most once.
   at::Tensor value() const;
-  /// Whether `tensor` is the output as the region handed it out, not written in place since: its
-  /// value is then the one `value()` computes.
-  bool is_unwritten_output(const at::Tensor& tensor) const;
+  /// Notes the version of `tensor`, the output as its candidate returned it.
+  void note_returned(const at::Tensor& tensor) const { returned_version_ = tensor._version(); }
+  /// Whether `tensor`, that output, was written in place since it was returned: its value is then
+  /// no longer the one `value()` computes.
+  bool written_since_returned(const at::Tensor& tensor) const {
+    return tensor._version() != returned_version_;
+  }
 
  private:
   std::shared_ptr<const RegionState> region_;
   size_t output_;
+  mutable int64_t returned_version_ = -1;
 };
 
 /// An argument a region dropped: where its value comes from and where its gradient goes.

@@ -76,7 +76,6 @@ struct RegionState {
   std::vector<size_t> serving;
   bool in_engine_call = false;
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> handed_out;
-  std::vector<int64_t> handed_out_versions;  // their versions when handed out
 
   /// Raises an error when an input or a parameter the region reads was modified in place since
   /// the forward pass.
