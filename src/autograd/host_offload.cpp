@@ -122,7 +122,9 @@ void OffloadGroup::finish_forward(const std::vector<at::Tensor>& resident) {
     const auto found = index_.find(tensor.storage().unsafeGetStorageImpl());
     if (found == index_.end()) continue;
     Slot& slot = slots_[found->second];
-    if (slot.users == 0) continue;  // dropped below
+    // Dropped below; or met already (one storage twice among arguments and results: issue 45,
+    // item 7, where the second met a slot without host memory).
+    if (slot.users == 0 || slot.resident) continue;
     slot.resident = true;
     // The copy writes into the host memory that goes now.
     c10::impl::VirtualGuardImpl(slot.where.type()).synchronizeStream(offload_stream(slot.where));
@@ -187,6 +189,10 @@ void OffloadGroup::prefetch() {
 
 c10::Storage OffloadGroup::fetch(size_t slot_index) {
   const std::lock_guard<std::mutex> lock(mutex_);
+  // A backward inside the scope that saved it (as Python's save_on_cpu allows): the slot still
+  // holds the device data, which the forward's writes can't have touched (the unpack hook checked
+  // the version).
+  if (!forward_done_) return slots_.at(slot_index).device;
   prefetch_locked();
   Slot& slot = slots_.at(slot_index);
   if (slot.resident) return slot.device;

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <functional>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -109,6 +110,65 @@ TEST_P(OffloadTest, GuardGivesThePlainGradientsAndHoldsTheSavedDataInHostMemory)
   // (read by `out`), the dropout mask, and no parameter: 32 x (64 + 256 + 256) floats + the mask.
   EXPECT_GE(held, 3 * 32 * (64 + 256 + 256) * 4);
   EXPECT_EQ(ckpt::offload_stats().host_bytes, 0) << "the backward used every copy up";
+}
+
+// Issue 45, item 12: a backward inside the guard's own scope, as Python's save_on_cpu allows (it
+// raised an internal assert: "offloaded data fetched before its forward ended").
+TEST_P(OffloadTest, BackwardInsideTheGuardsScopeGivesThePlainGradients) {
+  const auto plain = gradients([](Mlp& block, const at::Tensor& h) { return block(h); });
+  seed(7);
+  auto x = input.detach().requires_grad_();
+  {
+    ckpt::OffloadGuard guard;
+    at::Tensor h = x;
+    for (auto& block : blocks) h = block(h);
+    h.pow(2).sum().backward();
+  }
+  std::vector<at::Tensor> grads{x.grad()};
+  for (auto& block : blocks) {
+    for (auto& g : take_grads(*block)) grads.push_back(g);
+  }
+  ASSERT_EQ(plain.size(), grads.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(bit_equal(plain[i], grads[i])) << "gradient " << i;
+  }
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+}
+
+// Issue 45, item 7: one storage twice among an offloaded region's arguments and results, saved
+// inside (it failed: "Cannot report itemsize of Tensor that doesn't have initialized dtype").
+TEST_P(OffloadTest, OneStorageTwiceAmongArgumentsAndResults) {
+  torch::nn::Linear lin(64, 64);
+  lin->to(device());
+  const auto offload = ckpt::CheckpointOptions().offload(true);
+  auto twice = [&](const at::Tensor& a, const at::Tensor& b) { return lin(a) * b.sin(); };
+  auto view_and_result = [&](const at::Tensor& t) { return std::make_tuple(t.view(-1), lin(t)); };
+  auto gradients_of = [&](bool offloaded) {
+    const at::Tensor h = input.detach().requires_grad_();
+    const at::Tensor u = (h * 2).sin();
+    at::Tensor loss;
+    if (offloaded) {
+      loss = ckpt::checkpoint(offload, twice, u, u).sum() +
+             ckpt::checkpoint(offload, twice, u.t().t(), u).pow(2).sum();
+      const auto [view, result] = ckpt::checkpoint(offload, view_and_result, u);
+      loss = loss + view.pow(2).sum() + result.sum();
+    } else {
+      loss = twice(u, u).sum() + twice(u.t().t(), u).pow(2).sum();
+      const auto [view, result] = view_and_result(u);
+      loss = loss + view.pow(2).sum() + result.sum();
+    }
+    loss.backward();
+    std::vector<at::Tensor> grads{h.grad()};
+    for (auto& g : take_grads(*lin)) grads.push_back(g);
+    return grads;
+  };
+  const auto plain = gradients_of(false);
+  const auto offloaded = gradients_of(true);
+  ASSERT_EQ(plain.size(), offloaded.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(bit_equal(plain[i], offloaded[i])) << "gradient " << i;
+  }
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
 }
 
 TEST_P(OffloadTest, OffloadedRegionGivesThePlainGradients) {
