@@ -26,7 +26,7 @@ cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$torch_dir;$torch_dir/share/cmake" -DCKPT_PYTHON="$(command -v "$py")" \
   -DCKPT_BUILD_TOOLS=ON > "$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" --target ckpt_device_tests ckpt_distributed_tests \
-  compare_bench ckpt_cli 2>&1 | tail -n 20
+  ckpt_cli 2>&1 | tail -n 20
 
 echo "=== The device suite on CUDA"
 ./build-gpu/tests/ckpt_device_tests --gtest_filter='Devices/*/CUDA' 2>&1 |
@@ -63,7 +63,7 @@ for strategy in sequential:4 selective offload budget:35%; do
 done
 
 echo "=== GPU benchmark"
-./build-gpu/bench/compare_bench --device cuda --no-python --no-rss \
+./build-gpu/tools/ckpt/ckpt bench --device cuda --no-python --no-rss \
   --markdown "$out/gpu-bench.md" > "$out/gpu-bench.txt"
 cat "$out/gpu-bench.md"
 
@@ -71,8 +71,8 @@ echo "=== Offloading on CUDA"
 # The bench transformer (8 blocks, d = 128, 16 stages; the largest bench transformer): no
 # checkpointing, full recompute (every stage but the last a checkpointed region), ckpt's offload
 # (the same regions offloaded) and Python's save_on_cpu(pin_memory=True) and full recompute on
-# the same model. compare_bench fails only when one of these rows could not be measured.
-./build-gpu/bench/compare_bench --device cuda --model transformer --no-planned --no-rss \
+# the same model. `ckpt bench` fails only when one of these rows could not be measured.
+./build-gpu/tools/ckpt/ckpt bench --device cuda --models transformer --no-planned --no-rss \
   --markdown "$out/offload-bench.md" --offload-summary "$out/offload.md" \
   > "$out/offload-bench.txt" 2>"$out/offload-progress.txt" ||
   { cat "$out/offload-progress.txt" >&2; echo "gpu-check: the offloading comparison failed" >&2; exit 1; }

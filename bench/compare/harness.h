@@ -2,7 +2,7 @@
 
 // The side-by-side benchmark: the same models through no checkpointing, ckpt's
 // checkpoint_sequential, ckpt's planned schedules, and Python's torch.utils.checkpoint.
-// Shared by bench/compare/main.cpp and the `ckpt bench` subcommand.
+// The harness of the `ckpt bench` subcommand, its one command line (tools/ckpt/bench_command.cpp).
 
 #include <cstdint>
 #include <string>

@@ -23,7 +23,9 @@ std::string format(const char* spec, double value) {
   return text;
 }
 
-std::string mib(int64_t bytes) {
+// Not `mib`: the harness's files are compiled in one batch (ckpt_unity_build), whose unnamed
+// namespaces are one, and harness.cpp has a mib(bytes, precision) of its own.
+std::string in_mib(int64_t bytes) {
   return format("%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
 
@@ -74,9 +76,10 @@ std::string table_row(const Compared& compared, const std::string& expected_meth
     return md.str();
   }
   md << format("%.2f", row->step_ms) << " | "
-     << (row->overhead > 0 ? format("%.3f×", row->overhead) : "—") << " | " << mib(row->peak_bytes)
-     << " | " << (row->memory_ratio > 0 ? format("%.3f×", row->memory_ratio) : "—") << " | "
-     << row->note << " |\n";
+     << (row->overhead > 0 ? format("%.3f×", row->overhead) : "—") << " | "
+     << in_mib(row->peak_bytes) << " | "
+     << (row->memory_ratio > 0 ? format("%.3f×", row->memory_ratio) : "—") << " | " << row->note
+     << " |\n";
   return md.str();
 }
 
@@ -94,8 +97,8 @@ std::string targets(const BenchRow* recompute, const BenchRow* offload,
   if (measured(offload) && measured(recompute) && recompute->peak_bytes > 0) {
     const double ratio =
         static_cast<double>(offload->peak_bytes) / static_cast<double>(recompute->peak_bytes);
-    md << mib(offload->peak_bytes) << " MiB = " << format("%.3f×", ratio) << " full recompute's "
-       << mib(recompute->peak_bytes) << " MiB | " << verdict(ratio <= kPeakTolerance) << " |\n";
+    md << in_mib(offload->peak_bytes) << " MiB = " << format("%.3f×", ratio) << " full recompute's "
+       << in_mib(recompute->peak_bytes) << " MiB | " << verdict(ratio <= kPeakTolerance) << " |\n";
   } else {
     md << "not measured | — |\n";
   }

@@ -2,8 +2,8 @@
 // bench/instructions/count.py runs under callgrind twice (two step counts), so that start-up,
 // model building and planning cancel and the difference is the instructions of the steps alone.
 //
-// usage: step_program MODEL METHOD STEPS [--quick]
-//   MODEL   mlp, resnet, transformer or small (ckpt bench's models)
+// usage: step_program MODEL METHOD STEPS [--quick]   (parsed by CLI11, as the `ckpt` program is)
+//   MODEL   mlp, resnet, transformer or small (ckpt bench's models), or small_gelu
 //   METHOD  a strategy of `ckpt train --strategy` (models/strategy.h): none | sequential:K |
 //           sequential_reentrant:K | selective:K (K segments under save_matmuls()) | budget:B;
 //           planned:BUDGET (e.g. planned:100%), the same as budget:BUDGET; intercepted:K (K
@@ -22,6 +22,7 @@
 #include <ckpt/sequential.h>
 
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <functional>
 #include <iostream>
@@ -98,21 +99,31 @@ void run_step(Step kind, const Forward& forward, const torch::Tensor& x) {
 }
 
 int main(int argc, char** argv) try {
-  if (argc < 4) {
-    std::cerr << "usage: step_program MODEL METHOD STEPS [--quick]\n";
-    return 2;
-  }
+  std::string model_name, method;
+  int steps = 0;
+  bool quick = false;
+  CLI::App app{
+      "One bench model trained by one method, for counting instructions per step "
+      "(bench/instructions/count.py)",
+      "step_program"};
+  app.add_option("model", model_name, "mlp, resnet, transformer, small or small_gelu")
+      ->required()
+      ->check(CLI::IsMember({"mlp", "resnet", "transformer", "small", "small_gelu"}));
+  app.add_option("method", method,
+                 "a strategy of `ckpt train --strategy`, planned:BUDGET or intercepted:K, "
+                 "optionally prefixed with penalty: or grouped_penalty:")
+      ->required();
+  app.add_option("steps", steps, "training steps")->required()->check(CLI::PositiveNumber);
+  app.add_flag("--quick", quick, "the small sizes of `ckpt bench --quick`");
+  CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(1);
-  const bool quick = argc > 4 && std::string(argv[4]) == "--quick";
-  const auto config = ckpt::models::model_config(argv[1], quick);
+  const auto config = ckpt::models::model_config(model_name, quick);
   torch::nn::Sequential model = ckpt::models::build_model(config);
   const torch::Tensor x = ckpt::models::make_input(config).requires_grad_();
-  std::string method = argv[2];
   const Step kind = step_kind(method);
   const Forward forward = method_forward(method, model, x.detach());
   for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
   x.mutable_grad() = torch::zeros_like(x);
-  const int steps = std::stoi(argv[3]);
   for (int s = 0; s < steps; ++s) run_step(kind, forward, x);
   if (g_policy_calls > 0) std::cerr << "policy calls per step: " << g_policy_calls / steps << "\n";
   return 0;

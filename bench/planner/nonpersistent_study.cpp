@@ -19,6 +19,8 @@
 #include <ckpt/plan/solvers.h>
 #include <ckpt/profiler.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -307,7 +309,13 @@ void report(const char* name, const Gains& g) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  bool quick = false;
+  CLI::App app{
+      "Do non-persistent schedules beat the persistent optimum? A shortest-path search "
+      "over the simulator's states, on random chains and the grouped bench models",
+      "nonpersistent_study"};
+  app.add_flag("--quick", quick, "fewer random chains and the small bench models (a smoke test)");
+  CLI11_PARSE(app, argc, argv);
   std::printf(
       "| chains | pairs | non-persistent faster | largest gain | mean gain | "
       "chains with a lower minimum |\n|---|---:|---:|---:|---:|---:|\n");

@@ -3,26 +3,32 @@
 // What every example checks: two copies of a model, trained side by side from the same start,
 // one plain and one checkpointed, stay identical to the bit: losses, every gradient, every
 // parameter and every buffer (BatchNorm's statistics included). Each runs on the CPU, or on the
-// device its first argument names: `emulated` (ckpt's emulated accelerator) or `cuda`.
+// device its first argument names: `emulated[:N]` (ckpt's emulated accelerator) or `cuda[:N]`.
 
-#include <ckpt/emulated_device.h>
+#include "device_option.h"  // models/: the device parser of the `ckpt` program and the benchmarks
 
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 
 namespace examples {
 
-/// The device the program's first argument names (the CPU without one); `emulated` installs ckpt's
-/// emulated accelerator first.
+/// The device the program's first argument names (the CPU without one), read as the `ckpt`
+/// program reads --device: cpu, cuda[:N] or emulated[:N]; `emulated` installs ckpt's emulated
+/// accelerator first, on any LibTorch (the examples need none of what 2.9 added). A device this
+/// machine or LibTorch doesn't have ends the program with exit code 2.
 inline torch::Device device_from_arguments(int argc, char** argv) {
   const std::string name = argc > 1 ? argv[1] : "cpu";
-  if (name == "emulated") {
-    ckpt::emulated_device::install(1);
-    return ckpt::emulated_device::device(0);
+  try {
+    return ckpt::models::parse_device(name, "the device argument",
+                                      ckpt::models::EmulatedNeeds::kDevicesOnly);
+  } catch (const std::invalid_argument& error) {
+    std::cerr << argv[0] << ": " << error.what() << "\n";
+    std::exit(2);
   }
-  return torch::Device(name);
 }
 
 /// Prints the first difference between `plain` and `checkpointed`; true when there is none.

@@ -743,6 +743,61 @@ TEST(Cli, BenchRefusesDevicesItCannotUse) {
                  "ckpt runs on cpu, cuda[:N] or emulated[:N] only");
 }
 
+// The options `ckpt bench` took over from compare_bench, the comparison's former own program.
+TEST(Cli, BenchHelpListsTheOptionsOfTheFormerCompareBench) {
+  const Result result = run("bench --help");
+  EXPECT_EQ(result.code, 0);
+  for (const char* option : {"--no-planned", "--no-rss", "--resnet-no-batchnorm", "--python",
+                             "--script", "--offload-summary"}) {
+    EXPECT_NE(result.out.find(option), std::string::npos) << option << "\n" << result.out;
+  }
+}
+
+// Offloading moves activations from an accelerator to host memory: on the CPU there is no
+// summary to write, said before any work.
+TEST(Cli, BenchOffloadSummaryNeedsAnAccelerator) {
+  expect_refused(
+      "bench --quick --no-python --models mlp --offload-summary " + work_path("offload_cpu.md"), 2,
+      "--offload-summary: offloading moves activations from an accelerator");
+  expect_refused("bench --quick --no-python --models mlp --device cpu --offload-summary " +
+                     work_path("offload_cpu.md"),
+                 2, "use --device cuda or --device emulated");
+}
+
+TEST(Cli, BenchChecksTheOffloadSummaryPathBeforeAnyWork) {
+  if (!CKPT_EMULATED_DEVICE_HOOKS) GTEST_SKIP() << "the emulated device needs LibTorch 2.9+";
+  expect_refused(
+      "bench --quick --no-python --models mlp --device emulated --offload-summary "
+      "/nonexistent/offload.md",
+      2, "--offload-summary: the folder '/nonexistent'");
+  expect_refused(
+      "bench --quick --no-python --models mlp --device emulated --offload-summary " + work_path(""),
+      2, "--offload-summary: '");
+}
+
+// A script that isn't there would only show as a skipped Python run, minutes later.
+TEST(Cli, BenchRefusesAScriptThatIsNoFile) {
+  expect_refused("bench --quick --no-python --models mlp --script /nonexistent/torch_checkpoint.py",
+                 2, "--script: '/nonexistent/torch_checkpoint.py' does not exist");
+  expect_refused("bench --quick --no-python --models mlp --script " + std::string(CKPT_SOURCE_DIR),
+                 2, "' is not a regular file");
+}
+
+// --no-rss: no row has an RSS figure; --resnet-no-batchnorm is taken (the MLP has no BatchNorm).
+TEST(Cli, BenchWithoutRssMeasuresNoRss) {
+  const std::string path = work_path("bench_no_rss.json");
+  const Result result = run(
+      "bench --quick --no-python --models mlp --no-planned --no-rss --resnet-no-batchnorm --json " +
+      path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  const json rows = json::parse(read_text(path))["rows"];
+  ASSERT_FALSE(rows.empty());
+  for (const json& row : rows) {
+    EXPECT_EQ(row["rss_memory_ratio"].get<double>(), 0.0) << row.dump();
+    EXPECT_NE(row["method"].get<std::string>(), "ckpt_planned") << row.dump();
+  }
+}
+
 // ~~~ --device: the emulated accelerator (LibTorch 2.9+) ~~~
 
 // Both runs of `ckpt train --device emulated[:N]` on the device: the same loss bits, with dropout,

@@ -11,11 +11,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <stdexcept>
+#include <system_error>
 
 #ifdef CKPT_CLI_HAVE_BENCH
 #include "compare/harness.h"
+#include "compare/offload_summary.h"
 #endif
 
 namespace ckpt {
@@ -38,11 +41,17 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
   command->add_flag("--quick", args.quick, "Small sizes and few steps (a smoke test)");
   command
       ->add_option("--device", args.device,
-                   std::string("Device of the C++ methods: ") + kDeviceChoices +
-                       " (emulated: ckpt's emulated accelerator; Python runs on the CPU only)")
+                   std::string("Device of the C++ methods: ") + models::kDeviceChoices +
+                       " (emulated: ckpt's emulated accelerator, LibTorch 2.9+; Python runs on "
+                       "the CPU and CUDA only)")
+      ->type_name("DEVICE")
       ->capture_default_str();
   command->add_flag("--no-python", args.no_python, "Skip torch.utils.checkpoint");
   command->add_flag("--no-planned", args.no_planned, "Skip ckpt's planned schedules");
+  command->add_flag("--no-rss", args.no_rss,
+                    "Skip the RSS high-water-mark column (each step's VmHWM, Linux)");
+  command->add_flag("--resnet-no-batchnorm", args.resnet_no_batchnorm,
+                    "Build the ResNet without BatchNorm layers (conv -> ReLU)");
   command->add_option("--storage-modes", args.storage_modes, models::storage_modes_help())
       ->type_name("LIST")
       ->capture_default_str();
@@ -51,6 +60,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
                    "Python interpreter with torch (default: the one ckpt was built with, else "
                    "/usr/bin/python3)")
       ->type_name("PATH");
+  command
+      ->add_option("--script", args.script,
+                   "The Python side, torch_checkpoint.py (default: the one installed with ckpt, "
+                   "share/ckpt, else bench/compare/ of the source tree)")
+      ->type_name("FILE");
   command->add_option("--markdown", args.markdown_path, "Also write the markdown tables to FILE")
       ->type_name("FILE");
   command->add_option("--json", args.json_path, "Write every row as JSON to FILE")
@@ -61,6 +75,13 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
                    "checkpoint_sequential at every segment count, planned budgets, and the "
                    "predicted optimum")
       ->type_name("FILE.svg");
+  command
+      ->add_option("--offload-summary", args.offload_summary_path,
+                   "Also write the offloading comparison to FILE and print it: no checkpointing, "
+                   "full recompute, ckpt's offload and Python's save_on_cpu, with issue 31's "
+                   "targets beside the measures; needs --device cuda or emulated. Exit code 1 "
+                   "when one of its rows could not be measured")
+      ->type_name("FILE");
   return command;
 }
 
@@ -77,8 +98,11 @@ bench::BenchOptions bench_options(const BenchArgs& args) {
   options.device = args.device;
   options.python = !args.no_python;
   options.planned = !args.no_planned;
+  options.rss = !args.no_rss;
+  options.resnet_batch_norm = !args.resnet_no_batchnorm;
   options.storage_modes = args.storage_modes;
   options.python_executable = args.python;
+  options.python_script = args.script;
   options.every_segment_count = !args.plot_path.empty();
   return options;
 }
@@ -148,8 +172,49 @@ std::vector<Chart> bench_charts(const std::vector<bench::BenchRow>& rows) {
   return charts;
 }
 
+// --offload-summary: the offloading comparison and issue 31's targets (scripts/gpu-check.sh),
+// printed and written. Exit code 1 when a row it compares failed or is missing; a missed target
+// is only reported.
+int write_offload_summary(const std::vector<bench::BenchRow>& rows,
+                          const bench::BenchOptions& options, const std::string& path) {
+  const bench::OffloadSummary summary = bench::offload_summary(rows, options);
+  std::cout << summary.markdown;
+  write_whole_file(path, summary.markdown, "--offload-summary");
+  if (summary.missing.empty()) return kExitOk;
+  std::string missing;
+  for (const std::string& row : summary.missing) missing += (missing.empty() ? "" : ", ") + row;
+  return report_error("--offload-summary: no measurement of " + missing, kExitFailure);
+}
+
 }  // namespace
 #endif
+
+namespace {
+
+// --script: the Python side the harness runs. A path that names no file would only show as a
+// skipped Python run, minutes later.
+void check_script_path(const std::string& path) {
+  if (path.empty()) return;
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (!std::filesystem::exists(status)) {
+    throw UsageError("--script: '" + path + "' does not exist");
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    throw UsageError("--script: '" + path + "' is not a regular file");
+  }
+}
+
+// --device; UsageError when it is no device, or one this LibTorch or machine doesn't have.
+c10::Device parse_device_option(const BenchArgs& args) {
+  try {
+    return models::parse_device(args.device);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(error.what());
+  }
+}
+
+}  // namespace
 
 int run_bench(const BenchArgs& given) {
   BenchArgs args = given;
@@ -158,7 +223,13 @@ int run_bench(const BenchArgs& given) {
   if (args.warmup < 0)
     throw UsageError("--warmup must be >= 0, but got " + std::to_string(args.warmup));
   validate_threads(args.threads, MachineLimits::of_this_machine(), "--threads");
-  args.device = parse_device_option(args.device).str();
+  const c10::Device device = parse_device_option(args);
+  args.device = device.str();
+  if (!args.offload_summary_path.empty() && device.is_cpu()) {
+    throw UsageError(
+        "--offload-summary: offloading moves activations from an accelerator to host memory, and "
+        "--device cpu has none; use --device cuda or --device emulated");
+  }
   for (size_t i = 0; i < args.models.size(); ++i) {
     const std::string& model = args.models[i];
     if (model != "mlp" && model != "resnet" && model != "transformer" && model != "small") {
@@ -173,18 +244,24 @@ int run_bench(const BenchArgs& given) {
   } catch (const std::invalid_argument& error) {
     throw UsageError(error.what());
   }
+  check_script_path(args.script);
   check_output_path(args.markdown_path, "--markdown");
   check_output_path(args.json_path, "--json");
   check_output_path(args.plot_path, "--plot");
+  check_output_path(args.offload_summary_path, "--offload-summary");
 #ifdef CKPT_CLI_HAVE_BENCH
-  const std::vector<bench::BenchRow> rows = bench::run_comparison(bench_options(args));
-  const std::string markdown = bench::to_markdown(rows, bench_options(args));
+  const bench::BenchOptions options = bench_options(args);
+  const std::vector<bench::BenchRow> rows = bench::run_comparison(options);
+  const std::string markdown = bench::to_markdown(rows, options);
   std::cout << markdown;
   if (!args.markdown_path.empty()) {
     write_whole_file(args.markdown_path, markdown, "--markdown");
   }
   if (!args.json_path.empty()) write_json(rows, args);
   if (!args.plot_path.empty()) write_charts(args.plot_path, bench_charts(rows), "--plot");
+  if (!args.offload_summary_path.empty()) {
+    return write_offload_summary(rows, options, args.offload_summary_path);
+  }
   return kExitOk;
 #else
   throw std::runtime_error(

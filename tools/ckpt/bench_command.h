@@ -18,12 +18,16 @@ struct BenchArgs {
   bool quick = false;
   bool no_python = false;
   bool no_planned = false;
+  bool no_rss = false;               // --no-rss: no RSS high-water marks
+  bool resnet_no_batchnorm = false;  // --resnet-no-batchnorm: the ResNet without BatchNorm layers
   std::string python;
+  std::string script;  // --script: torch_checkpoint.py (empty: the installed or source tree's)
   std::string device = "cpu";
   std::string storage_modes = "checkpointed,selective";  // --storage-modes of the planned rows
   std::string markdown_path;
   std::string json_path;
   std::string plot_path;
+  std::string offload_summary_path;  // --offload-summary: the offloading comparison (accelerators)
 };
 
 /// Adds the `bench` subcommand, whose options fill `args`.

@@ -43,7 +43,7 @@ struct TrainArgs {
   bool dropout_given = false;    // a data-parallel run defaults to no dropout
   std::string dtype = "float32";
   // Where the model trains: "cpu", or an accelerator as run_train normalises it ("cuda:0",
-  // "emulated:1"); see device_option.h.
+  // "emulated:1"); see models/device_option.h.
   std::string device = "cpu";
 };
 

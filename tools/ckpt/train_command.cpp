@@ -90,6 +90,16 @@ class SigintGuard {
 
 using models::Strategy;
 
+// `--device` (models/device_option.h, which installs the emulated accelerator when it names it);
+// UsageError when it is no device, or one this LibTorch or machine doesn't have.
+c10::Device parse_device_option(const TrainArgs& args) {
+  try {
+    return models::parse_device(args.device);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(error.what());
+  }
+}
+
 // `--strategy` for the GPT's chain of layers + 2 stages; UsageError when it is invalid.
 Strategy parse_strategy(const TrainArgs& args) {
   Strategy strategy;
@@ -505,7 +515,7 @@ void add_run_options(CLI::App* command, TrainArgs& args) {
       ->capture_default_str();
   command
       ->add_option("--device", args.device,
-                   std::string("Where both runs train: ") + kDeviceChoices +
+                   std::string("Where both runs train: ") + models::kDeviceChoices +
                        " (emulated: ckpt's emulated accelerator, LibTorch 2.9+)")
       ->type_name("DEVICE")
       ->capture_default_str();
@@ -666,7 +676,7 @@ void write_trace(const TrainArgs& args, const Strategy& strategy, const BothRuns
 
 int run_train(const TrainArgs& given) {
   TrainArgs args = given;
-  const c10::Device device = parse_device_option(args.device);
+  const c10::Device device = parse_device_option(args);
   if (wants_distributed(args)) {
     if (args.report) {
       throw UsageError(
