@@ -59,6 +59,13 @@ TORCH_MODULE(ConvPair);
 
 using Step = std::function<at::Tensor(const at::Tensor&)>;
 
+void expect_same_bits(const std::vector<at::Tensor>& plain, const std::vector<at::Tensor>& other) {
+  ASSERT_EQ(plain.size(), other.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(bit_equal(plain[i], other[i])) << "gradient " << i;
+  }
+}
+
 class OffloadTest : public ckpt::test::DeviceTest {
  protected:
   void SetUp() override {
@@ -78,6 +85,11 @@ class OffloadTest : public ckpt::test::DeviceTest {
     at::Tensor h = x;
     for (auto& block : blocks) h = run(block, h);
     h.pow(2).sum().backward();
+    return gradients_after(x);
+  }
+
+  // The input's gradient, then every block's parameter gradients (taken).
+  std::vector<at::Tensor> gradients_after(const at::Tensor& x) {
     std::vector<at::Tensor> grads{x.grad()};
     for (auto& block : blocks) {
       for (auto& g : take_grads(*block)) grads.push_back(g);
@@ -86,12 +98,8 @@ class OffloadTest : public ckpt::test::DeviceTest {
   }
 
   void expect_same_gradients(const std::function<at::Tensor(Mlp&, const at::Tensor&)>& run) {
-    const auto plain = gradients([](Mlp& block, const at::Tensor& h) { return block(h); });
-    const auto offloaded = gradients(run);
-    ASSERT_EQ(plain.size(), offloaded.size());
-    for (size_t i = 0; i < plain.size(); ++i) {
-      EXPECT_TRUE(bit_equal(plain[i], offloaded[i])) << "gradient " << i;
-    }
+    expect_same_bits(gradients([](Mlp& block, const at::Tensor& h) { return block(h); }),
+                     gradients(run));
   }
 
   std::vector<Mlp> blocks;
@@ -124,14 +132,7 @@ TEST_P(OffloadTest, BackwardInsideTheGuardsScopeGivesThePlainGradients) {
     for (auto& block : blocks) h = block(h);
     h.pow(2).sum().backward();
   }
-  std::vector<at::Tensor> grads{x.grad()};
-  for (auto& block : blocks) {
-    for (auto& g : take_grads(*block)) grads.push_back(g);
-  }
-  ASSERT_EQ(plain.size(), grads.size());
-  for (size_t i = 0; i < plain.size(); ++i) {
-    EXPECT_TRUE(bit_equal(plain[i], grads[i])) << "gradient " << i;
-  }
+  expect_same_bits(plain, gradients_after(x));
   EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
 }
 
@@ -162,12 +163,7 @@ TEST_P(OffloadTest, OneStorageTwiceAmongArgumentsAndResults) {
     for (auto& g : take_grads(*lin)) grads.push_back(g);
     return grads;
   };
-  const auto plain = gradients_of(false);
-  const auto offloaded = gradients_of(true);
-  ASSERT_EQ(plain.size(), offloaded.size());
-  for (size_t i = 0; i < plain.size(); ++i) {
-    EXPECT_TRUE(bit_equal(plain[i], offloaded[i])) << "gradient " << i;
-  }
+  expect_same_bits(gradients_of(false), gradients_of(true));
   EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
 }
 
