@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -20,8 +21,15 @@ struct Result {
   std::string err;
 };
 
+// A file in a folder of the running test's own: ctest runs tests in parallel, each in its own
+// process, so two tests writing a file of the same name would read each other's half-written file.
 inline std::string work_path(const std::string& name) {
-  return std::string(CKPT_TEST_WORK_DIR) + "/" + name;
+  std::string folder = CKPT_TEST_WORK_DIR;
+  if (const auto* test = ::testing::UnitTest::GetInstance()->current_test_info()) {
+    folder += "/work/" + std::string(test->test_suite_name()) + "." + test->name();
+  }
+  std::filesystem::create_directories(folder);
+  return folder + "/" + name;
 }
 
 inline std::string read_text(const std::string& path) {
@@ -47,8 +55,7 @@ inline Result run_shell(const std::string& command, const std::string& err_path)
 
 // Runs `ckpt ARGS` (through sh; `prefix` goes before the binary, e.g. a timeout command).
 inline Result run(const std::string& args, const std::string& prefix = "") {
-  const std::string err_path = work_path(
-      "stderr_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  const std::string err_path = work_path("stderr");
   return run_shell(
       "OMP_NUM_THREADS=1 " + prefix + " " + CKPT_CLI_BINARY + " " + args + " 2>" + err_path,
       err_path);
