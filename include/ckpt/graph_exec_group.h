@@ -13,7 +13,9 @@ struct GroupState;
 /// one graph, a `retain_graph` loop.
 ///
 /// A non-reentrant region belongs to the group that was current on the thread of its forward, or
-/// else to the group current on the thread that runs its backward. Its first backward in the
+/// else to the group current on the thread that calls its backward (also where a device's engine
+/// thread runs the region's node; LibTorch 1.13 does not carry a group there, so with 1.13 make the
+/// group before the forward on a device). Its first backward in the
 /// group recomputes it and keeps the recomputed graph; the later ones run through that graph
 /// instead of recomputing. The group frees those graphs when it ends, so they cost memory until
 /// then: a region's activations stay alive from its first backward in the group to the group's

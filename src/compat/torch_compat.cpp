@@ -16,6 +16,7 @@
 #endif
 
 #include <cstring>
+#include <string_view>
 
 namespace ckpt {
 namespace compat {
@@ -40,6 +41,60 @@ WeakNodePtr weak_node(torch::autograd::Node& node) {
 #else
   return node.weak_from_this();
 #endif
+}
+
+namespace {
+
+// ThreadLocalDebugInfo's slots: a closed enum in older LibTorch (1.13), where nothing is carried;
+// in newer ones (2.15) a type made from the address of a name, so that a library has its own.
+constexpr std::string_view kCarriedSlotName = "ckpt";
+
+template <typename Kind, bool = std::is_enum_v<Kind>>
+struct CarriedSlot {
+  static constexpr bool available = false;
+  static void push(std::shared_ptr<c10::DebugInfoBase> /*state*/) {}
+  static void pop(const c10::DebugInfoBase* /*state*/) {}
+  static c10::DebugInfoBase* get() { return nullptr; }
+};
+
+template <typename Kind>
+struct CarriedSlot<Kind, false> {
+  static constexpr bool available = true;
+  static Kind kind() {
+    static const Kind slot(&kCarriedSlotName);
+    return slot;
+  }
+  static void push(std::shared_ptr<c10::DebugInfoBase> state) {
+    c10::ThreadLocalDebugInfo::_push(kind(), std::move(state));
+  }
+  static void pop(const c10::DebugInfoBase* state) {
+    if (get() != state) return;
+    try {
+      c10::ThreadLocalDebugInfo::_pop(kind());  // throws where another slot was pushed after it
+    } catch (const c10::Error&) {
+    }
+  }
+  static c10::DebugInfoBase* get() { return c10::ThreadLocalDebugInfo::get(kind()); }
+};
+
+using Carried = CarriedSlot<c10::DebugInfoKind>;
+
+}  // namespace
+
+bool carries_thread_state() {
+  return Carried::available;
+}
+
+void carry(std::shared_ptr<c10::DebugInfoBase> state) {
+  Carried::push(std::move(state));
+}
+
+void stop_carrying(const c10::DebugInfoBase* state) {
+  Carried::pop(state);
+}
+
+c10::DebugInfoBase* carried() {
+  return Carried::get();
 }
 
 bool inside_backward() {

@@ -10,6 +10,7 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/function.h>
@@ -56,6 +57,19 @@ WeakNodePtr weak_node(torch::autograd::Node& node);
 /// Whether the calling thread runs a backward pass now (an autograd engine's graph task), so
 /// that `Engine::queue_callback` can defer work to its end.
 bool inside_backward();
+
+/// State the autograd engine carries from the thread that starts a backward to the threads that
+/// run its nodes (a device's engine thread): c10's ThreadLocalDebugInfo, in a slot of ckpt's own.
+/// LibTorch versions whose slots are a closed enum (1.13) carry nothing: `carries_thread_state()`
+/// is false there, `carry` does nothing and `carried` gives null.
+bool carries_thread_state();
+/// Makes `state` carried from the calling thread, until `stop_carrying(state)`.
+void carry(std::shared_ptr<c10::DebugInfoBase> state);
+/// Stops carrying `state` where it is the last one carried; else it stays until what was carried
+/// after it ends (callers tell an ended state apart themselves).
+void stop_carrying(const c10::DebugInfoBase* state);
+/// The state carried to the calling thread last, or null.
+c10::DebugInfoBase* carried();
 
 /// Base of an autograd node that holds more than its next edges (other edges, closures, shared
 /// state). Since 2.13 a node outlives its last owner while weak pointers to it remain: LibTorch

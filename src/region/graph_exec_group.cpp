@@ -21,7 +21,9 @@ bool GroupState::join(std::function<void()> at_end_of_group) {
 }
 
 std::shared_ptr<GroupState> current_graph_exec_group() {
-  return current_group;
+  if (current_group != nullptr) return current_group;
+  auto* carried = dynamic_cast<GroupState*>(compat::carried());
+  return carried != nullptr ? carried->shared_from_this() : nullptr;
 }
 
 }  // namespace detail
@@ -43,6 +45,7 @@ GraphExecGroup::GraphExecGroup() {
               "recomputes, or end it first.");
   state_ = std::make_shared<detail::GroupState>();
   detail::current_group = state_;
+  compat::carry(state_);
 }
 
 GraphExecGroup::~GraphExecGroup() {
@@ -51,6 +54,7 @@ GraphExecGroup::~GraphExecGroup() {
 
 void GraphExecGroup::end() {
   if (detail::current_group == state_) detail::current_group.reset();
+  compat::stop_carrying(state_.get());
   std::vector<std::function<void()>> at_end;
   {
     const std::lock_guard<std::mutex> lock(state_->mutex);

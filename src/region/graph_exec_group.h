@@ -7,6 +7,8 @@
 
 #include "autograd/graph.h"
 
+#include <c10/util/ThreadLocalDebugInfo.h>
+
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -24,8 +26,9 @@ struct RecomputedGraph {
 };
 
 /// A group's regions: for each, what to do when the group ends (the region's node goes back to
-/// recomputing, and lets go of its recomputed graph).
-struct GroupState {
+/// recomputing, and lets go of its recomputed graph). Carried by the autograd engine to the
+/// threads that run a backward started on the group's thread (a device's engine thread).
+struct GroupState : c10::DebugInfoBase, std::enable_shared_from_this<GroupState> {
   std::mutex mutex;
   bool ended = false;
   std::vector<std::function<void()>> at_end;
@@ -34,7 +37,8 @@ struct GroupState {
   bool join(std::function<void()> at_end);
 };
 
-/// The group current on the calling thread, or null.
+/// The group current on the calling thread, or else the one carried to it from the thread that
+/// started the backward it runs, or null.
 std::shared_ptr<GroupState> current_graph_exec_group();
 
 }  // namespace detail

@@ -146,6 +146,41 @@ TEST_P(RecomputeThreadTest, BatchNormStatisticsMoveOncePerStep) {
   for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(bit_equal(ga[i], gb[i])) << i;
 }
 
+// Issue 45, item 5: a group made after the forward, on the thread that calls backward, serves the
+// recompute that runs on the device's thread: one recompute for a gradient penalty, and plain
+// autograd's bits.
+TEST_P(RecomputeThreadTest, AGroupMadeAfterTheForwardServesTheDevicesBackward) {
+  if (!ckpt::compat::carries_thread_state()) {
+    GTEST_SKIP() << "LibTorch " TORCH_VERSION " carries no group to the device's engine thread";
+  }
+  torch::manual_seed(5);
+  torch::nn::Sequential block(torch::nn::Linear(5, 8), torch::nn::Tanh(), torch::nn::Linear(8, 5));
+  block->to(device());
+  int recomputes = 0;
+  const auto f = [&](const at::Tensor& t) {
+    if (ckpt::is_recomputing()) ++recomputes;
+    return block->forward(t).sin();
+  };
+  const auto input = torch::randn({4, 5}, on());
+  const auto penalised_step = [&](bool checkpointed) {
+    const auto x = input.detach().requires_grad_();
+    const auto loss = (checkpointed ? ckpt::checkpoint(f, x) : f(x)).pow(2).sum();
+    ckpt::GraphExecGroup group;
+    const auto gradient = torch::autograd::grad({loss}, {x}, {}, true, true)[0];
+    (loss + gradient.pow(2).sum()).backward();
+    auto grads = take_grads(*block);
+    grads.push_back(x.grad().clone());
+    return grads;
+  };
+  const auto plain = penalised_step(false);
+  const auto grouped = penalised_step(true);
+  EXPECT_EQ(recomputes, 1);
+  ASSERT_EQ(plain.size(), grouped.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(bit_equal(plain[i].cpu(), grouped[i].cpu())) << i;
+  }
+}
+
 CKPT_INSTANTIATE_DEVICE_SUITE(RecomputeThreadTest);
 
 }  // namespace

@@ -426,6 +426,112 @@ TEST_F(PlannedModelTest, ResNetCutInsideItsBlocksRunsLikeThePlainStep) {
 // "recomputed": the regions that take a candidate's outputs drop them and run it again in their
 // backward; in chains, a recomputed candidate's own inputs are recomputed outputs too. Each lowers
 // the smallest budget, and the step stays the plain one to the bit, within the budget.
+// Issue 46, item 2: a U-Net written as users write it, each block a Sequential that starts with
+// the ReLU of what it takes (so that a block's output is the next block's argument, and a skip the
+// decoder block's), the upsampling inside the decoder block: every forced plan with one candidate
+// "recomputed" and every other "checkpointed", and the planner's own plans at the smallest
+// budget, give the plain step's bits.
+struct UpBlockImpl : torch::nn::Module {
+  UpBlockImpl(int64_t in, int64_t out) {
+    namespace nn = torch::nn;
+    up = register_module("up",
+                         nn::ConvTranspose2d(nn::ConvTranspose2dOptions(in, out, 2).stride(2)));
+    body = register_module(
+        "body",
+        nn::Sequential(nn::ReLU(), nn::Conv2d(nn::Conv2dOptions(2 * out, out, 3).padding(1)),
+                       nn::BatchNorm2d(out)));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& skip) {
+    return body->forward(torch::cat({up(torch::relu(x)), skip}, 1));
+  }
+  torch::nn::ConvTranspose2d up{nullptr};
+  torch::nn::Sequential body{nullptr};
+};
+TORCH_MODULE(UpBlock);
+
+struct ReluOutsideUNetImpl : torch::nn::Module {
+  static torch::nn::Sequential block(int64_t in, int64_t out, bool pool) {
+    namespace nn = torch::nn;
+    nn::Sequential block;
+    if (pool) block->push_back(nn::MaxPool2d(2));
+    block->push_back(nn::ReLU());
+    block->push_back(nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).bias(false)));
+    block->push_back(nn::BatchNorm2d(out));
+    block->push_back(nn::ReLU());
+    block->push_back(nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
+    block->push_back(nn::BatchNorm2d(out));
+    return block;
+  }
+  ReluOutsideUNetImpl() {
+    int64_t in = 3, channels = 4;
+    for (int level = 0; level < 3; ++level, channels *= 2) {
+      downs->push_back(block(in, channels, level > 0));
+      in = channels;
+    }
+    bottom = block(in, channels, true);
+    for (int level = 0; level < 3; ++level, channels /= 2)
+      ups->push_back(UpBlock(channels, channels / 2));
+    register_module("downs", downs);
+    register_module("bottom", bottom);
+    register_module("ups", ups);
+    head = register_module("head", torch::nn::Conv2d(channels, 2, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    std::vector<torch::Tensor> skips;
+    torch::Tensor h = x;
+    for (size_t i = 0; i < downs->size(); ++i) {
+      h = ckpt::candidate(downs->ptr<torch::nn::SequentialImpl>(i), h);
+      skips.push_back(h);
+    }
+    h = ckpt::candidate(bottom.ptr(), h);
+    for (size_t i = 0; i < skips.size(); ++i) {
+      h = ckpt::candidate(ups->ptr<UpBlockImpl>(i), h, skips[skips.size() - 1 - i]);
+    }
+    return head(torch::relu(h));
+  }
+  torch::nn::ModuleList downs, ups;
+  torch::nn::Sequential bottom{nullptr};
+  torch::nn::Conv2d head{nullptr};
+};
+TORCH_MODULE(ReluOutsideUNet);
+
+TEST_F(PlannedModelTest, RecomputedCandidatesOfAUNetWrittenAsUsersWriteIt) {
+  const torch::Tensor x = torch::randn({2, 3, 64, 64});
+  const auto make = [] {
+    torch::manual_seed(3);
+    return ReluOutsideUNet();
+  };
+  const auto loss_of = [&](ReluOutsideUNet& model) { return model->forward(x).pow(2).mean(); };
+  std::vector<std::pair<std::string, std::string>> recomputable;  // candidate, option
+  {
+    auto model = make();
+    const ckpt::MeasuredModel measured =
+        ckpt::profile_model(model.ptr(), [&] { return loss_of(model); });
+    for (const auto& candidate : measured.profile.candidates) {
+      for (const auto& option : candidate.options) {
+        if (ckpt::is_recomputed_mode(option.name))
+          recomputable.emplace_back(candidate.name, option.name);
+      }
+    }
+    std::map<std::string, std::string> plan;
+    for (const auto& candidate : measured.profile.candidates) plan[candidate.name] = "checkpointed";
+    for (const auto& [name, option] : recomputable) {
+      SCOPED_TRACE(name + ": " + option);
+      std::map<std::string, std::string> forced = plan;
+      forced[name] = option;
+      expect_planned_like_plain<ReluOutsideUNet>(make(), make(), loss_of, ckpt::Budget::minimum(),
+                                                 1.0, none_over_counted,
+                                                 ckpt::test::only_plan(forced));
+    }
+  }
+  EXPECT_FALSE(recomputable.empty());
+  for (int run = 0; run < 4; ++run) {
+    SCOPED_TRACE("planner's run " + std::to_string(run));
+    expect_planned_like_plain<ReluOutsideUNet>(make(), make(), loss_of, ckpt::Budget::minimum(),
+                                               1.0, none_over_counted);
+  }
+}
+
 class RecomputedOutputsTest : public PlannedModelTest {
  protected:
   static ckpt::models::ModelConfig resnet() {
