@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <typeinfo>
 #include <unordered_set>
@@ -99,6 +100,7 @@ void GraphShape::add(const Node& node) {
   uint64_t z = reinterpret_cast<uintptr_t>(typeid(node).name()) + 0x9e3779b97f4a7c15u;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;  // splitmix64's mixer; a sum, so order is free
   kinds += z ^ (z >> 27);
+  scripted = scripted || std::strstr(typeid(node).name(), "DifferentiableGraphBackward") != nullptr;
 }
 
 size_t BoundaryIndex::EdgeHash::operator()(const std::pair<const Node*, uint32_t>& key) const {

@@ -61,6 +61,10 @@ class BoundaryIndex {
 struct GraphShape {
   size_t nodes = 0;
   uint64_t kinds = 0;
+  /// Whether a TorchScript graph executor built part of it (a differentiable graph's node): the
+  /// profiling executor specialises its graph after a few runs, so two runs of one function may
+  /// build graphs of different shapes that compute the same gradients.
+  bool scripted = false;
 
   void add(const Node& node);
   bool operator==(const GraphShape& other) const {

@@ -80,6 +80,7 @@ void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) co
 
 void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const {
   if (!options.determinism_check() || forward == recomputed) return;
+  if (forward.scripted || recomputed.scripted) return;  // a TorchScript executor specialised
   TORCH_CHECK(false,
               "ckpt::checkpoint: the recomputation of the region built a different autograd "
               "graph (",
