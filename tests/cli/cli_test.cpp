@@ -471,6 +471,24 @@ TEST(Cli, TrainUnetRefusesWhatItCannotRun) {
   expect_refused(unet + "--batch 100000", 2, "--batch must be in [1, 1024]");
   expect_refused(unet + "--plot x.svg", 2, "--plot is for --model gpt");
   expect_refused("train --model resnet", 2, "--model");
+  // Issue 45, item 15: a budget no plan fits is a usage error, as with --model gpt (it was 1).
+  const Result infeasible = run(unet + "--strategy budget:1KiB", "timeout 60");
+  EXPECT_EQ(infeasible.code, 2) << infeasible.err;
+  EXPECT_NE(infeasible.err.find("--strategy budget:1KiB: "), std::string::npos) << infeasible.err;
+  EXPECT_NE(infeasible.err.find("the smallest feasible budget"), std::string::npos)
+      << infeasible.err;
+}
+
+// Issue 45, item 15: an empty value is refused by every command (it was read as "not given"), and
+// an output file that can't be made is refused before any training (it trained, then failed).
+TEST(Cli, EmptyValuesAndPathsWhereNoFileCanBeMadeAreRefusedAtOnce) {
+  expect_refused(kTiny + "--trace ''", 2, "--trace: an empty value");
+  expect_refused(kTiny + "--json ''", 2, "--json: an empty value");
+  expect_refused("plan --chain " + std::string(CKPT_SOURCE_DIR) +
+                     "/data/chains/homogeneous.json --budget min --host-budget ''",
+                 2, "--host-budget: an empty value");
+  expect_refused("bench --quick --no-python --models ''", 2, "--models: an empty value");
+  expect_refused(kTiny + "--trace /proc/version", 2, "--trace: ");
 }
 
 // Issue 29, item 7: with --trace, each run's peak is broken down by kind and by label, in the

@@ -47,6 +47,17 @@ void quiet_libtorch_logs() {
   if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 3;  // fatal
 }
 
+// An option given an empty value ("--trace ''") is a mistake in every command: none reads it as
+// "not given" or as a default.
+void refuse_empty_values(CLI::App& command) {
+  const CLI::Validator not_empty(
+      [](const std::string& text) { return text.empty() ? "an empty value; give one" : ""; }, "");
+  for (CLI::Option* option : command.get_options()) {
+    if (option->get_type_size() > 0) option->check(not_empty);
+  }
+  for (CLI::App* sub : command.get_subcommands({})) refuse_empty_values(*sub);
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "ckpt: activation checkpointing for LibTorch.\n"
@@ -63,6 +74,7 @@ int run(int argc, char** argv) {
   CLI::App* plan = add_plan_command(app, plan_args);
   CLI::App* train = add_train_command(app, train_args);
   CLI::App* bench = add_bench_command(app, bench_args);
+  refuse_empty_values(app);
 
   if (argc <= 1) {
     std::cerr << app.help();

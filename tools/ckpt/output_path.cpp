@@ -8,12 +8,22 @@
 #include <stdexcept>
 #include <system_error>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace ckpt {
 namespace cli {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Where `path` is written before it is renamed into place.
+std::string partial_path(const std::string& path) {
+  return path + ".partial-" + std::to_string(getpid());
+}
+
+}  // namespace
 
 void check_output_path(const std::string& path, const std::string& option) {
   if (path.empty()) return;
@@ -31,6 +41,17 @@ void check_output_path(const std::string& path, const std::string& option) {
   if (access((exists ? file : folder).c_str(), W_OK) != 0) {
     throw UsageError(option + ": '" + (exists ? path : folder.string()) + "' is not writable");
   }
+  // A regular file is written beside itself and renamed over (write_whole_file): make sure a file
+  // can be made there, which permissions alone don't tell (/proc, a read-only mount, as root).
+  if (exists && !fs::is_regular_file(file, error)) return;
+  const std::string probe = partial_path(path);
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    throw UsageError(option + ": cannot make a file in '" + folder.string() + "' to write '" +
+                     path + "'");
+  }
+  close(fd);
+  std::remove(probe.c_str());
 }
 
 namespace {
@@ -55,7 +76,7 @@ void write_whole_file(const std::string& path, const std::string& text, const st
     if (!file || !write_and_close(file, text)) throw std::runtime_error(failed);
     return;
   }
-  const std::string partial = path + ".partial-" + std::to_string(getpid());
+  const std::string partial = partial_path(path);
   std::ofstream file(partial, std::ios::binary);
   const bool written = file && write_and_close(file, text);
   if (!written || std::rename(partial.c_str(), path.c_str()) != 0) {

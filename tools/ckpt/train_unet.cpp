@@ -66,7 +66,13 @@ UnetRun train_unet(const TrainArgs& args, const models::UNetConfig& config, c10:
     const auto [x, classes] = unet_batch(config, args.seed, step, device);
     const auto loss_fn = [&] { return torch::cross_entropy_loss(model->forward(x), classes); };
     optimizer.zero_grad();
-    if (planned && !planned->planned()) planned->plan(loss_fn);  // outside the measured step
+    if (planned && !planned->planned()) {  // outside the measured step
+      try {
+        planned->plan(loss_fn);
+      } catch (const InfeasibleBudget& error) {  // a usage error, as with --model gpt
+        throw UsageError("--strategy " + args.strategy + ": " + error.what_without_backtrace());
+      }
+    }
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
     const auto start = Clock::now();
