@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <map>
@@ -104,6 +105,9 @@ struct WatchedStorage {
 struct CandidateRecord {
   ProfiledCandidate profiled;
   std::vector<WatchedStorage> watched;  // its inputs, then its outputs, each storage once
+  /// It wrote into a tensor argument in place (noted in the `find_saved` step only): as a region
+  /// it copies its arguments, so it drops none of them.
+  bool writes_into_inputs = false;
 };
 
 // One profiled step. Shared with the hooks the step leaves on tensors, which may fire on the
@@ -189,9 +193,13 @@ class NotingHooks final : public torch::autograd::SavedVariableHooks {
 // before; the rest (which takes such an output) runs checkpointed and runs the chain again in its
 // backward. Every region drops the recomputable outputs it takes.
 struct RecomputeTrial {
-  RecomputeTrial(size_t candidates, int length)
-      : length(length), measured(candidates), consumers(candidates) {}
+  RecomputeTrial(std::vector<bool> copies_inputs, int length)
+      : length(length),
+        copies_inputs(std::move(copies_inputs)),
+        measured(this->copies_inputs.size()),
+        consumers(this->copies_inputs.size()) {}
   int length;                                 // of the chains this trial measures
+  std::vector<bool> copies_inputs;            // by candidate: writes into its arguments
   std::vector<bool> measured;                 // by candidate: at the end of a chain so far
   std::vector<std::set<int>> consumers;       // by candidate: those that dropped its outputs
   std::vector<int> depth;                     // by candidate, in the current step (0: kept outputs)
@@ -208,6 +216,10 @@ struct RecomputeTrial {
     std::vector<int> from;
     request.input_sources = outputs.sources_for(inputs, from);
     if (static_cast<size_t>(c) >= measured.size()) return;
+    if (copies_inputs[c]) {  // it keeps copies of its arguments: dropping them would free nothing
+      request.input_sources.clear();
+      from.clear();
+    }
     int deepest = 0;
     for (int p : from) {
       if (p < 0) continue;
@@ -260,6 +272,10 @@ class StepRecorder final : public detail::CandidateRunner {
     if (run_.find_saved) {
       saved_->clear();
       saving_.emplace([saved = saved_] { return std::make_unique<NotingHooks>(saved); });
+      for (const auto& t : inputs) {  // version counters hold no data
+        if (t.defined())
+          input_versions_.emplace_back(t._version(), torch::autograd::impl::version_counter(t));
+      }
     }
     const bool kept = static_cast<size_t>(index) < run_.kept.size() && run_.kept[index];
     return kept ? std::nullopt : run_.mode;
@@ -267,7 +283,16 @@ class StepRecorder final : public detail::CandidateRunner {
 
   void end(std::vector<at::Tensor>& outputs, const detail::RegionRequest& request) override {
     const int index = current_;
-    if (saving_) note_saved_inputs(index);
+    if (saving_) {
+      note_saved_inputs(index);
+      bool written = false;
+      for (const auto& [version, counter] : input_versions_) {
+        written = written || counter.current_version() != version;
+      }
+      input_versions_.clear();
+      const std::lock_guard<std::mutex> lock(record_->mutex);
+      record_->candidates[index].writes_into_inputs = written;
+    }
     if (run_.trial != nullptr) run_.trial->outputs.add(index, outputs, request);
     record_->record(EventKind::ForwardEnd, index);
     {
@@ -310,6 +335,8 @@ class StepRecorder final : public detail::CandidateRunner {
   std::unordered_set<std::string> seen_;
   int current_ = -1;
   std::shared_ptr<StorageSet> saved_ = std::make_shared<StorageSet>();
+  // In the `find_saved` step: the current candidate's tensor arguments' versions at its begin.
+  std::vector<std::pair<int64_t, c10::VariableVersion>> input_versions_;
   std::optional<detail::SavedTensorHooksScope> saving_;
 };
 
@@ -992,10 +1019,25 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
               "choose for in the model's forward: x = ckpt::candidate(block, x);");
   std::vector<ModeRun> modes, with_kept_takers;
   const StorageSettings settings{options.selective_policy()};
+  // A region whose function writes into its argument keeps its activations the first time, and
+  // its call site copies the argument from then on: a step that teaches them first, unmeasured.
+  std::vector<bool> copies_inputs(plain->candidates.size());
+  if (same_candidates(*found, *plain)) {
+    for (size_t c = 0; c < copies_inputs.size(); ++c) {
+      copies_inputs[c] = found->candidates[c].writes_into_inputs;
+    }
+  }
+  bool call_sites_taught =
+      std::find(copies_inputs.begin(), copies_inputs.end(), true) == copies_inputs.end();
   for (const StorageMode& mode : options.storage_modes().all()) {
     std::optional<CheckpointOptions> region = mode.region(settings);
     if (!region || (region->offload() && device.is_cpu())) continue;
     region->preserve_rng_state(options.preserve_rng_state());
+    if (!call_sites_taught) {
+      rng.restore();
+      record_step(setup, {region});
+      call_sites_taught = true;
+    }
     rng.restore();
     auto step = record_step(setup, {region});
     check_same_candidates(*plain, *step, mode.name);
@@ -1018,7 +1060,7 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
         options.storage_modes().at("checkpointed", "ckpt::profile_model").region(settings);
     region->preserve_rng_state(options.preserve_rng_state());
     for (int length = 1; length <= options.max_recompute_chain(); ++length) {
-      RecomputeTrial trial(plain->candidates.size(), length);
+      RecomputeTrial trial(copies_inputs, length);
       run_trials(setup, *plain, *region, rng, trial, runs);
       for (size_t c = 0; c < consumers.size(); ++c) {
         consumers[c].insert(trial.consumers[c].begin(), trial.consumers[c].end());

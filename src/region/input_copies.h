@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/edge.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace ckpt {
@@ -18,7 +19,10 @@ inline uint64_t written_input_bit(size_t i) {
 }
 
 /// Copies of the arguments a call site writes into, taken before the function runs, with the
-/// gradient edges the arguments had then.
+/// gradient edges the arguments had then. An argument that is a view of another tensor (a
+/// planner's alias, a slice) is kept as a copy of its base and its place in it: a write into a
+/// view goes to its base in the forward's graph (CopySlices), so the recompute writes into a view
+/// of the base's copy, made inside the recompute, and its graph leads where the forward's did.
 class InputCopies {
  public:
   InputCopies() = default;
@@ -27,8 +31,8 @@ class InputCopies {
 
   bool empty() const { return copies_.empty(); }
   bool copied(size_t i) const { return i < copies_.size() && copies_[i].defined(); }
-  /// The copy of argument i (undefined where not copied).
-  const at::Tensor& copy(size_t i) const { return copies_.at(i); }
+  /// What is kept for argument i: its copy, or its base's (undefined where not copied).
+  const at::Tensor& kept(size_t i) const { return copies_.at(i); }
   /// A fresh tensor with argument i's value before the write, for one recompute to write into:
   /// with its gradient edge then (the non-reentrant recompute's graph leads where the forward's
   /// did), or detached and requiring grad as the argument did (the reentrant variant's).
@@ -36,9 +40,17 @@ class InputCopies {
   void clear();
 
  private:
-  std::vector<at::Tensor> copies_;  // undefined where not copied
-  std::vector<torch::autograd::Edge> edges_;
+  // Where a copied argument lies in its base's copy.
+  struct Place {
+    std::vector<int64_t> sizes, strides;
+    int64_t offset = 0;  // in elements, from the base's first
+  };
+  at::Tensor value_of(size_t i) const;
+
+  std::vector<at::Tensor> copies_;  // undefined where not copied; a base's copy for a view
+  std::vector<torch::autograd::Edge> edges_;  // the argument's, or for a view its base's
   std::vector<bool> required_grad_;
+  std::vector<std::optional<Place>> places_;  // set for the views kept through their base
 };
 
 }  // namespace detail

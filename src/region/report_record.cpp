@@ -107,7 +107,7 @@ void RegionRecord::add_kept(size_t region, const RegionState& state) {
     if (state.input_copies.copied(i)) {
       kept("copy of argument #" + std::to_string(i),
            "the function writes into the argument in place: the recompute starts from this copy",
-           state.input_copies.copy(i));
+           state.input_copies.kept(i));
     }
   }
   if (state.kept) {

@@ -532,6 +532,49 @@ TEST_F(PlannedModelTest, RecomputedCandidatesOfAUNetWrittenAsUsersWriteIt) {
   }
 }
 
+// Issue 46, item 1: candidates whose blocks start with an in-place ReLU on their argument (as a
+// real U-Net's did), at every budget: the plain step's bits (it failed at the first step with "a
+// gradient edge into AliasBackward0").
+struct InPlaceStartsImpl : torch::nn::Module {
+  InPlaceStartsImpl() {
+    namespace nn = torch::nn;
+    for (int i = 0; i < 4; ++i) {
+      blocks->push_back(nn::Sequential(nn::ReLU(nn::ReLUOptions().inplace(true)),
+                                       nn::Linear(64, 256), nn::Tanh(), nn::Linear(256, 64)));
+    }
+    register_module("blocks", blocks);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = x * 1.0;  // the first block writes into it
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      h = ckpt::candidate(blocks->ptr<torch::nn::SequentialImpl>(i), h);
+    }
+    return h;
+  }
+  torch::nn::ModuleList blocks;
+};
+TORCH_MODULE(InPlaceStarts);
+
+TEST_F(PlannedModelTest, CandidatesThatWriteIntoTheirArgumentRunLikeThePlainStep) {
+  const torch::Tensor x = torch::randn({32, 64}, torch::requires_grad());
+  const auto make = [] {
+    torch::manual_seed(3);
+    return InPlaceStarts();
+  };
+  const auto loss_of = [&](InPlaceStarts& model) { return model->forward(x).pow(2).mean(); };
+  std::map<std::string, std::string> checkpointed;
+  for (int i = 0; i < 4; ++i) checkpointed["blocks." + std::to_string(i)] = "checkpointed";
+  {
+    SCOPED_TRACE("every block checkpointed");
+    expect_planned_like_plain<InPlaceStarts>(make(), make(), loss_of, ckpt::Budget::minimum(), 0.02,
+                                             none_over_counted,
+                                             ckpt::test::only_plan(checkpointed));
+  }
+  SCOPED_TRACE("the planner's own plan at the smallest budget");
+  expect_planned_like_plain<InPlaceStarts>(make(), make(), loss_of, ckpt::Budget::minimum(), 0.02,
+                                           none_over_counted);
+}
+
 class RecomputedOutputsTest : public PlannedModelTest {
  protected:
   static ckpt::models::ModelConfig resnet() {
