@@ -73,11 +73,16 @@ StorageView::StorageView(const at::Tensor& tensor)
     : sizes(tensor.sizes().vec()),
       strides(tensor.strides().vec()),
       offset(tensor.storage_offset()),
-      dtype(tensor.dtype()) {}
+      dtype(tensor.dtype()),
+      conj(tensor.is_conj()),
+      neg(tensor.is_neg()) {}
 
 at::Tensor StorageView::on(const c10::Storage& storage) const {
-  return at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()))
-      .set_(storage, offset, sizes, strides);
+  at::Tensor view = at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()))
+                        .set_(storage, offset, sizes, strides);
+  view._set_conj(conj);
+  view._set_neg(neg);
+  return view;
 }
 
 OffloadGroup::~OffloadGroup() {

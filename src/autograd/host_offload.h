@@ -40,6 +40,7 @@ struct StorageView {
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;
   caffe2::TypeMeta dtype;
+  bool conj = false, neg = false;  // a lazy conjugate or negative view's bits
 };
 
 /// The offloaded data of one scope (an offloaded region's forward, an `OffloadGuard`): each

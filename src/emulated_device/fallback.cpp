@@ -34,9 +34,14 @@ void release_storage(void* context) {
   delete static_cast<c10::Storage*>(context);
 }
 
-void set_view(c10::TensorImpl& impl, const at::Tensor& like) {
+// Gives `view` the geometry of `like`, and its conjugate and negative bits (lazy views: dropping
+// them gives wrong values, and the conjugate fallback called the kernel again without end).
+void set_view(const at::Tensor& view, const at::Tensor& like) {
+  c10::TensorImpl& impl = *view.unsafeGetTensorImpl();
   impl.set_sizes_and_strides(like.sizes(), like.strides());
   impl.set_storage_offset(like.storage_offset());
+  impl._set_conj(like.is_conj());
+  impl._set_neg(like.is_neg());
 }
 
 // A written argument the CPU kernel resized into new memory, or whose sizes it changed: the device
@@ -54,7 +59,7 @@ void write_back(const at::Tensor& device, const at::Tensor& host) {
   }
   if (device.sizes() != host.sizes() || device.strides() != host.strides() ||
       device.storage_offset() != host.storage_offset()) {
-    set_view(*device.unsafeGetTensorImpl(), host);
+    set_view(device, host);
   }
 }
 
@@ -204,14 +209,14 @@ at::Tensor host_alias(const at::Tensor& tensor) {
   auto host = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(host_storage)),
                                                        c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                        tensor.dtype());
-  set_view(*host.unsafeGetTensorImpl(), tensor);
+  set_view(host, tensor);
   return host;
 }
 
 at::Tensor device_view(const c10::Storage& storage, const at::Tensor& like) {
   auto view = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
-  set_view(*view.unsafeGetTensorImpl(), like);
+  set_view(view, like);
   return view;
 }
 

@@ -187,6 +187,8 @@ void register_kernels() {
   static torch::Library* kernels = nullptr;
   static torch::Library* autograd = nullptr;
   static torch::Library* fallback = nullptr;
+  static torch::Library* conjugate = nullptr;
+  static torch::Library* negative = nullptr;
   if (kernels != nullptr) return;
   constexpr auto key = c10::DispatchKey::PrivateUse1;
   kernels = new torch::Library(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
@@ -208,6 +210,17 @@ void register_kernels() {
   autograd = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1,
                                 __FILE__, __LINE__);
   autograd->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  // The copies take conjugate and negative views as they are (the host aliases keep the bits, and
+  // the CPU copy resolves them), as CUDA's copy kernel does. Through LibTorch's fallback for those
+  // bits, a copy would first materialize its source with a clone, which copies again: no end.
+  conjugate = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Conjugate,
+                                 __FILE__, __LINE__);
+  negative = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Negative, __FILE__,
+                                __LINE__);
+  for (torch::Library* bit : {conjugate, negative}) {
+    bit->impl("_copy_from", torch::CppFunction::makeFallthrough());
+    bit->impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+  }
   fallback = new torch::Library(torch::Library::IMPL, "_", key, __FILE__, __LINE__);
   fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
 }

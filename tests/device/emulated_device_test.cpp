@@ -147,6 +147,20 @@ TEST(EmulatedDeviceTest, ViewsAndInPlaceOperatorsShareTheDeviceMemory) {
   EXPECT_EQ(x._version(), 1);
 }
 
+// Issue 45, item 10: conjugate and negative views keep their bit through the CPU kernels (they
+// crashed: the host alias of a device tensor, and the device view of a CPU result, dropped it).
+TEST(EmulatedDeviceTest, ConjugateAndNegativeViewsGiveTheCpuResults) {
+  const auto c = torch::randn({3, 4}, torch::kComplexFloat);
+  const auto t = torch::randn({3, 4});
+  const auto dc = c.to(dev()), dt = t.to(dev());
+  EXPECT_TRUE(dc.conj().is_conj());
+  EXPECT_TRUE(bit_equal(dc.conj().resolve_conj().cpu(), c.conj().resolve_conj()));
+  EXPECT_TRUE(bit_equal((dc.conj() * dc).cpu(), c.conj() * c));
+  EXPECT_TRUE(bit_equal(dc.conj().cpu(), c.conj().resolve_conj()));
+  EXPECT_TRUE(bit_equal((torch::_neg_view(dt) * dt).cpu(), torch::_neg_view(t) * t));
+  EXPECT_TRUE(bit_equal(torch::_neg_view(dt).resolve_neg().cpu(), -t));
+}
+
 TEST(EmulatedDeviceTest, OutVariantsResizeTheDeviceTensor) {
   auto out = torch::empty({0}, on());
   const auto a = torch::ones({2, 3}, on()), b = torch::full({2, 3}, 2.f, on());

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -165,6 +166,26 @@ TEST_P(OffloadTest, OneStorageTwiceAmongArgumentsAndResults) {
   };
   expect_same_bits(gradients_of(false), gradients_of(true));
   EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+}
+
+// Issue 45, item 10: a saved conjugate or negative view comes back with its bit (the stored view
+// kept sizes, strides and offset only, so the gradient came out of the unconjugated values).
+TEST_P(OffloadTest, ConjugateAndNegativeViewsComeBackAsTheyWereSaved) {
+  const auto a0 = torch::randn({4, 5}, on().dtype(torch::kComplexFloat));
+  const auto b0 = torch::randn({4, 5}, on().dtype(torch::kComplexFloat));
+  const auto r0 = torch::randn({4, 5}, on());
+  const auto step = [&](bool offloaded) {
+    auto a = a0.detach().requires_grad_(), b = b0.detach().requires_grad_();
+    auto r = r0.detach().requires_grad_();
+    std::optional<ckpt::OffloadGuard> guard;
+    if (offloaded) guard.emplace();
+    // mul saves each factor for the other's gradient: a conjugate view, a negative view.
+    auto loss = (a * b.conj()).abs().sum() + (r * torch::_neg_view(r.detach())).pow(2).sum();
+    guard.reset();
+    loss.backward();
+    return std::vector<at::Tensor>{a.grad(), b.grad(), r.grad()};
+  };
+  expect_same_bits(step(false), step(true));
 }
 
 TEST_P(OffloadTest, OffloadedRegionGivesThePlainGradients) {
