@@ -160,16 +160,6 @@ PlannedSequentialImpl::PlannedSequentialImpl(const torch::nn::Sequential& chain,
   TORCH_CHECK(!chain.is_empty() && !chain->is_empty(),
               "ckpt::PlannedSequential: the chain is empty. Pass a Sequential of at least one "
               "module.");
-  // The caller's holder is one owner: another means the Sequential is also registered somewhere
-  // (or held twice), most often beside this wrapper in one model (issue 46, item 7).
-  if (chain.ptr().use_count() > 1) {
-    TORCH_WARN(
-        "ckpt::PlannedSequential: the Sequential it wraps is also held elsewhere, as when a model "
-        "registers it beside this wrapper. A module that registers both lists each parameter "
-        "twice in parameters() (LibTorch keeps duplicates), so an optimizer built from that "
-        "list updates each parameter twice. Register the PlannedSequential in the Sequential's "
-        "place, or build the optimizer from one of the two.");
-  }
   size_t index = 0;
   for (const auto& stage : *chain) {
     stages_.push_back(stage);

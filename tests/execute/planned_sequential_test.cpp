@@ -110,31 +110,6 @@ TEST_F(PlannedSequentialTest, GradientsBuffersAndDropoutMatchForEverySolver) {
 }
 
 // Issue 11, item 8: this test used to plan at the smallest budget and never run the chain.
-// Issue 46, item 7: a model that registers the wrapper beside the Sequential it wraps lists each
-// parameter twice (LibTorch's parameters() keeps duplicates): the wrapper says so when it is made.
-struct BothRegisteredImpl : torch::nn::Module {
-  BothRegisteredImpl()
-      : body(register_module("body", make_chain(2))),
-        planned(register_module("planned",
-                                ckpt::PlannedSequential(body, ckpt::Budget::parse("50%")))) {}
-  torch::nn::Sequential body;
-  ckpt::PlannedSequential planned;
-};
-
-TEST_F(PlannedSequentialTest, WrappingASequentialThatIsRegisteredElsewhereWarns) {
-  {
-    ckpt::test::WarningCapture warnings;
-    auto model = std::make_shared<BothRegisteredImpl>();
-    EXPECT_TRUE(warnings.contains("lists each parameter twice"));
-    EXPECT_EQ(model->parameters().size(), 2 * model->body->parameters().size());
-  }
-  ckpt::test::WarningCapture warnings;
-  ckpt::PlannedSequential alone(make_chain(2), ckpt::Budget::parse("50%"));
-  auto chain = make_chain(2);
-  ckpt::PlannedSequential held_once(chain, ckpt::Budget::parse("50%"));
-  EXPECT_FALSE(warnings.contains("lists each parameter twice"));
-}
-
 TEST_F(PlannedSequentialTest, SmallestBudgetRecomputesAndStaysExact) {
   torch::manual_seed(2);
   auto plain = make_blocks(8, 32);
