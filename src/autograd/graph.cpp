@@ -282,9 +282,9 @@ std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge) {
   return [accumulator](const at::Tensor& gradient) { accumulator->apply({gradient}); };
 }
 
-void BorderNode::mark_sole_through_enclosing(size_t k) {
-  if (sole_through_enclosing_.size() <= k) sole_through_enclosing_.resize(num_outputs());
-  sole_through_enclosing_[k] = true;
+void BorderNode::mark_sole_through_enclosing(size_t k, long enclosing_holders) {
+  if (holders_through_enclosing_.size() <= k) holders_through_enclosing_.resize(num_outputs());
+  holders_through_enclosing_[k] = enclosing_holders + 2;
 }
 
 bool is_region_node(const Node& node) {
@@ -294,7 +294,7 @@ bool is_region_node(const Node& node) {
 void accumulate_sole_gradients_early(BorderCapture& border, const Boundary& boundary,
                                      const std::vector<size_t>& needed,
                                      const ExpectedHolders& expected) {
-  std::vector<bool> early(boundary.edges.size(), false);
+  std::vector<long> early(boundary.edges.size(), 0);  // the holders expected where early
   for (size_t k : needed) {
     const long holders = expected(k);
     if (holders < 0 || border.uses(k) != 1) continue;
@@ -305,13 +305,13 @@ void accumulate_sole_gradients_early(BorderCapture& border, const Boundary& boun
     }
     if (auto receiver = early_accumulation(edge)) {
       border.set_receiver(k, std::move(receiver));
-      early[k] = true;
+      early[k] = holders;
     }
   }
   // A nested region whose edge leads into such a leaf may add its gradient early too, sparing
   // the enclosing backward from holding it until the nested one returns.
   for (const auto& [node, edge, k] : border.region_edges()) {
-    if (early[k]) static_cast<BorderNode*>(node)->mark_sole_through_enclosing(edge);
+    if (early[k] > 0) static_cast<BorderNode*>(node)->mark_sole_through_enclosing(edge, early[k]);
   }
 }
 

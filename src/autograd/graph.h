@@ -148,17 +148,21 @@ class BorderNode : public compat::OwningNode {
  public:
   using compat::OwningNode::OwningNode;
   /// An enclosing backward, which redirected next edge k to itself, adds the gradient of that
-  /// edge's leaf into `.grad` as soon as it arrives (it is the leaf's one gradient): this node may
-  /// add it early itself. Set before the enclosing engine run, read during it.
-  void mark_sole_through_enclosing(size_t k);
+  /// edge's leaf into `.grad` as soon as it arrives (it is the leaf's one gradient), expecting
+  /// `enclosing_holders` references to its accumulator: this node may add it early itself, with
+  /// two more (the enclosing region's boundary copy and next edge). Set before the enclosing
+  /// engine run, read during it. Each level of nesting adds its two.
+  void mark_sole_through_enclosing(size_t k, long enclosing_holders);
 
  protected:
-  bool sole_through_enclosing(size_t k) const {
-    return k < sole_through_enclosing_.size() && sole_through_enclosing_[k];
+  /// The holders expected of edge k's accumulator where an enclosing backward vouched that its
+  /// gradient is the leaf's one, or 0.
+  long holders_through_enclosing(size_t k) const {
+    return k < holders_through_enclosing_.size() ? holders_through_enclosing_[k] : 0;
   }
 
  private:
-  std::vector<bool> sole_through_enclosing_;
+  std::vector<long> holders_through_enclosing_;
 };
 
 /// Whether `node` stands for a region (a `BorderNode`), which keeps a copy of its border's edges.

@@ -235,11 +235,13 @@ void NonReentrantBackward::run_recomputed(const RecomputedGraph& graph, const va
 
 // Holders of a border edge's accumulator when nothing else leads to it: the boundary's copy of
 // the edge, this node's next edge, and the region's one edge into it (kept aside by the capture),
-// plus the enclosing region's boundary copy and next edge where it redirected this node's edge
-// (and vouched that it is the one gradient).
+// plus each enclosing region's boundary copy and next edge where they redirected this node's
+// edge (and vouched that it is the one gradient; issue 46, item 6: two levels were counted as one,
+// so regions three deep held every inner gradient until the outer backward ended).
 long NonReentrantBackward::sole_holders(size_t k) const {
   constexpr long kSoleHolders = 3;
-  return kSoleHolders + (sole_through_enclosing(k) ? 2 : 0);
+  const long through_enclosing = holders_through_enclosing(k);
+  return through_enclosing > 0 ? through_enclosing : kSoleHolders;
 }
 
 ReentrantBackward::ReentrantBackward(std::shared_ptr<RegionState> state, edge_list input_edges)
