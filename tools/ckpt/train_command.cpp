@@ -122,6 +122,14 @@ Strategy parse_strategy(const TrainArgs& args) {
                      ": offloading moves activations from an accelerator to host memory, and "
                      "--device cpu has none; use --device emulated or --device cuda");
   }
+  // The report lists what checkpointed regions keep; offloaded ones it does not list yet, and
+  // "0 B in 0 regions" would read as nothing kept (issue 45, item 13).
+  if (strategy.kind == Strategy::Kind::Offload && args.report) {
+    throw UsageError(
+        "--report: the report lists what checkpointed regions keep, and does not list "
+        "offloaded regions yet (--strategy " +
+        strategy.text + "); leave out --report, or use sequential:K or selective:K");
+  }
   return strategy;
 }
 
