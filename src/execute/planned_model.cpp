@@ -282,9 +282,12 @@ std::string PlannedModel::summary() const {
   const Plan& plan = current();
   std::ostringstream out;
   const auto& prediction = plan.solution.prediction;
-  out << "budget " << plan.budget_bytes << " bytes of a plain peak of "
-      << plan.measured.profile.plain_peak_bytes() << "; predicted peak " << prediction.peak_bytes
-      << ", step " << std::setprecision(3) << prediction.time * 1e3 << " ms (plain "
+  // MiB and ms for people, as `ckpt train` prints them; the budget's exact bytes beside it.
+  const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  out << std::fixed << std::setprecision(1) << "budget " << mib(plan.budget_bytes) << " MiB ("
+      << plan.budget_bytes << " bytes) of a plain peak of "
+      << mib(plan.measured.profile.plain_peak_bytes()) << " MiB; predicted peak "
+      << mib(prediction.peak_bytes) << " MiB, step " << prediction.time * 1e3 << " ms (plain "
       << plan.measured.profile.step_time * 1e3 << " ms); " << proven(plan.solution) << "\n";
   const auto& candidates = plan.measured.profile.candidates;
   for (size_t c = 0; c < candidates.size(); ++c) {
