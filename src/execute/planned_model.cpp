@@ -1,5 +1,7 @@
 #include <ckpt/planned_model.h>
 
+#include <ckpt/memory_label.h>
+
 #include "autograd/buffer_guard.h"
 #include "autograd/rng_state.h"
 
@@ -9,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -138,6 +141,8 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
     const std::string mismatch = first_mismatch(expected[next_], resolved, inputs);
     if (!mismatch.empty()) throw PlanMismatch(mismatch);
     const size_t c = next_++;
+    // Its region's memory and report are named after it: "blocks.3/region 1".
+    label_.emplace(resolved);
     if (plan_.regions[c]) {  // a region drops the outputs of "recomputed" candidates it takes
       std::vector<int> producers;
       request.input_sources = recomputable_.sources_for(inputs, producers);
@@ -146,9 +151,10 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
     return plan_.regions[c];
   }
   void end(std::vector<at::Tensor>& outputs, const detail::RegionRequest& request) override {
+    label_.reset();
     recomputable_.add(static_cast<int>(next_) - 1, outputs, request);
   }
-  void abandon() noexcept override {}
+  void abandon() noexcept override { label_.reset(); }
 
   void finish() const {
     const auto& expected = plan_.measured.candidates;
@@ -163,6 +169,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   const detail::CandidateNames& names_;
   size_t next_ = 0;
   detail::RecomputableOutputs recomputable_;  // this step's "recomputed" candidates' outputs
+  std::optional<MemoryLabel> label_;  // the running candidate's (candidates do not nest here)
 };
 
 PlannedModel::PlannedModel(std::shared_ptr<torch::nn::Module> model, Budget budget,

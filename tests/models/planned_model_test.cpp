@@ -5,6 +5,7 @@
 #include <ckpt/candidate.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/planned_model.h>
+#include <ckpt/report.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/ScalarType.h>
@@ -333,6 +334,27 @@ TEST_F(PlannedModelTest, ADroppedTemporaryIsLetGoOfOnce) {
   expect_planned_like_plain<TemporaryChain>(
       make(), make(), [&](TemporaryChain& model) { return model->forward(x).pow(2).mean(); },
       ckpt::Budget::parse("100%"), 0.005, none_over_counted, ckpt::test::only_plan(plan));
+}
+
+// Issue 46, frictions: a planned step's regions are named after their candidates in a kept report
+// (and in memory breakdowns): "c/region 1", where they read "region 1" whichever block ran.
+TEST_F(PlannedModelTest, AReportNamesEachRegionAfterItsCandidate) {
+  const torch::Tensor x = torch::randn({64, 256}, torch::requires_grad());
+  TemporaryChain model;
+  const LossFn loss_fn = [&] { return model->forward(x).pow(2).mean(); };
+  ckpt::PlannedModel planned(model, ckpt::Budget::parse("100%"));
+  ckpt::MeasuredModel measured = ckpt::profile_model(model.ptr(), loss_fn);
+  ckpt::test::only_plan(
+      {{"a", "stored"}, {"b", "checkpointed"}, {"c", "checkpointed"}, {"d", "stored"}})(measured);
+  planned.plan(std::move(measured));
+  ckpt::KeptReport report;
+  {
+    const ckpt::ReportScope scope(report);
+    planned.run(loss_fn).backward();
+  }
+  std::vector<std::string> names;
+  for (const auto& region : report.regions()) names.push_back(region.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"b/region 1", "c/region 1"}));
 }
 
 // Issue 45, item 4: a candidate's output written in place before the next candidate takes it is no
