@@ -100,7 +100,11 @@ void GraphShape::add(const Node& node) {
   uint64_t z = reinterpret_cast<uintptr_t>(typeid(node).name()) + 0x9e3779b97f4a7c15u;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;  // splitmix64's mixer; a sum, so order is free
   kinds += z ^ (z >> 27);
-  scripted = scripted || std::strstr(typeid(node).name(), "DifferentiableGraphBackward") != nullptr;
+  // Only torch::jit's node types ("N5torch3jit..." mangled) are searched: this runs per node of
+  // every region's walk, and autograd's own nodes fail the prefix at its seventh character.
+  const char* type = typeid(node).name();
+  scripted = scripted || (std::strncmp(type, "N5torch3jit", 11) == 0 &&
+                          std::strstr(type, "DifferentiableGraphBackward") != nullptr);
 }
 
 size_t BoundaryIndex::EdgeHash::operator()(const std::pair<const Node*, uint32_t>& key) const {
