@@ -70,6 +70,20 @@ MemoryStats memory_stats(int index);
 /// Restarts device `index`'s high-water mark at what is allocated now.
 void reset_peak_memory(int index);
 
+/// Gives every device of the emulated accelerator a capacity of `bytes` (counted as
+/// memory_stats() counts) from now on: an allocation that would take a device past it raises
+/// LibTorch's own out-of-memory error (`c10::OutOfMemoryError`), as a full GPU does. Memory
+/// already allocated stays. `bytes` <= 0 removes the limit. For testing code that must survive
+/// running out of memory (`ckpt::OutOfMemory::Replan`).
+///
+/// Example:
+/// ```
+/// ckpt::emulated_device::set_memory_limit(int64_t{64} << 20);  // 64 MiB per device
+/// // ... a step that needs more raises c10::OutOfMemoryError
+/// ckpt::emulated_device::set_memory_limit(0);  // no limit
+/// ```
+void set_memory_limit(int64_t bytes);
+
 /// A test hook: while it lives, work enqueued on `stream` (a non-default stream of the emulated
 /// device) does not run, so a test can observe what a missing wait would read.
 ///

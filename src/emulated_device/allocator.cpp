@@ -44,12 +44,20 @@ c10::DataPtr DeviceMemory::allocate_on(c10::DeviceIndex device, size_t bytes) co
   mark_used(device);
   if (bytes == 0) return {nullptr, device_of_index(device)};
   const size_t rounded = (bytes + kRounding - 1) / kRounding * kRounding;
-  void* data = std::aligned_alloc(kRounding, rounded);
-  TORCH_CHECK(data != nullptr, "ckpt::emulated_device: out of memory allocating ", rounded,
-              " bytes on ", device_of_index(device), " (host memory).");
   std::lock_guard<std::mutex> lock(mutex_);
-  blocks_.emplace(data, Block{device, rounded});
   auto& stats = stats_[static_cast<size_t>(device)];
+  // Worded as CUDA's caching allocator words it, so that code matching its message works here.
+  TORCH_CHECK_WITH(OutOfMemoryError,
+                   limit_ <= 0 || stats.bytes.current + static_cast<int64_t>(rounded) <= limit_,
+                   "ckpt::emulated_device: out of memory. Tried to allocate ", rounded,
+                   " bytes on ", device_of_index(device), " with ", stats.bytes.current,
+                   " bytes allocated of a limit of ", limit_,
+                   " bytes (ckpt::emulated_device::set_memory_limit).");
+  void* data = std::aligned_alloc(kRounding, rounded);
+  TORCH_CHECK_WITH(OutOfMemoryError, data != nullptr,
+                   "ckpt::emulated_device: out of memory allocating ", rounded, " bytes on ",
+                   device_of_index(device), " (host memory).");
+  blocks_.emplace(data, Block{device, rounded});
   increase(stats.bytes, static_cast<int64_t>(rounded));
   increase(stats.blocks, 1);
   return {data, data, &free_block, device_of_index(device)};
@@ -108,6 +116,11 @@ void DeviceMemory::reset_accumulated(c10::DeviceIndex device) const {
   auto& stats = stats_[static_cast<size_t>(device)];
   stats.bytes.allocated = stats.bytes.freed = 0;
   stats.blocks.allocated = stats.blocks.freed = 0;
+}
+
+void DeviceMemory::set_limit(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  limit_ = std::max<int64_t>(bytes, 0);
 }
 
 }  // namespace detail

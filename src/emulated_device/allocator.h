@@ -38,6 +38,10 @@ class DeviceMemory final : public compat::DeviceAllocatorBase {
   void reset_peak(c10::DeviceIndex device) const override;
   void reset_accumulated(c10::DeviceIndex device) const override;
 
+  /// Each device's capacity from now on: an allocation that would take a device past it raises
+  /// LibTorch's OutOfMemoryError. `bytes` <= 0: no limit.
+  void set_limit(int64_t bytes);
+
  protected:
   /// A block on the calling thread's current device.
   c10::DataPtr allocate_bytes(size_t bytes) const override;
@@ -53,6 +57,7 @@ class DeviceMemory final : public compat::DeviceAllocatorBase {
   mutable std::mutex mutex_;
   mutable std::unordered_map<const void*, Block> blocks_;
   mutable std::array<compat::AllocatorStats, kMaxDevices> stats_{};
+  int64_t limit_ = 0;  // guarded by mutex_; 0: none
 };
 
 }  // namespace detail

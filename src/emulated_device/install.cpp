@@ -151,6 +151,10 @@ void reset_peak_memory(int index) {
   detail::DeviceMemory::instance().reset_peak(static_cast<c10::DeviceIndex>(index));
 }
 
+void set_memory_limit(int64_t bytes) {
+  detail::DeviceMemory::instance().set_limit(bytes);
+}
+
 StreamHold::StreamHold(c10::Stream stream) : stream_(stream) {
   detail::hold(stream_);
 }

@@ -214,6 +214,28 @@ TEST(EmulatedDeviceTest, TheAllocatorKeepsCudaStyleStatistics) {
   EXPECT_EQ(ckpt::emulated_device::memory_stats(0).peak_allocated_bytes, after.allocated_bytes);
 }
 
+TEST(EmulatedDeviceTest, AMemoryLimitRaisesLibTorchsOutOfMemoryErrorAndFreesNothing) {
+  struct NoLimitAfterwards {
+    ~NoLimitAfterwards() { ckpt::emulated_device::set_memory_limit(0); }
+  } restore;
+  const int64_t before = ckpt::emulated_device::memory_stats(0).allocated_bytes;
+  ckpt::emulated_device::set_memory_limit(before + (1 << 20));
+  auto kept = torch::ones({1 << 17}, on());  // 512 KiB of the 1 MiB left
+  try {
+    auto more = torch::empty({1 << 18}, on());  // 1 MiB more: past the limit
+    ADD_FAILURE() << "no out-of-memory error";
+  } catch (const c10::OutOfMemoryError& error) {
+    EXPECT_NE(std::string(error.what()).find("out of memory"), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(torch::equal(kept.cpu(), torch::ones({1 << 17})));
+  EXPECT_EQ(ckpt::emulated_device::memory_stats(0).allocated_bytes, before + (1 << 19));
+  auto fits = torch::empty({1 << 17}, on());    // exactly up to the limit
+  auto other = torch::empty({1 << 18}, on(1));  // each device has the limit of its own
+  ckpt::emulated_device::set_memory_limit(0);
+  auto unlimited = torch::empty({1 << 20}, on());
+  EXPECT_EQ(unlimited.numel(), 1 << 20);
+}
+
 TEST(EmulatedDeviceTest, MemoryTrackerReadsItThroughTheDeviceGenericAllocatorInterface) {
   if (!ckpt::MemoryTracker::can_measure(dev(1))) {
     GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no device-generic allocator statistics";
