@@ -53,6 +53,16 @@ struct CheckpointOptions {
   /// that shows both sequences, aligned at their first difference, when they differ, as
   /// PyTorch's `debug=True` does. Costs a name per operator. Default: false
   TORCH_ARG(bool, debug) = false;
+  /// Check the recompute by value: the forward records a checksum of every operator's outputs
+  /// (their bytes, so the check is exact), and the recompute compares each operator's as it runs;
+  /// the first that differs raises an error naming the operator, its position in the region, its
+  /// output's shape and both checksums, and what can cause it (a nondeterministic kernel, state
+  /// outside the region changed before the backward, a random draw from a generator the region
+  /// does not replay). Operators whose outputs hold no values of their own (`empty`, views) are
+  /// skipped. Costs a pass over every output (and its copy to the host on an accelerator) in the
+  /// forward and in the recompute, and runs the recompute in full (no early stop); off, it costs
+  /// nothing. `set_checkpoint_check_values` overrides it. Default: false
+  TORCH_ARG(bool, check_values) = false;
   /// Called once per region when its forward starts (PyTorch's `context_fn`): the contexts the
   /// forward and the recomputes run in. Composes with `policy`. An exception it, or a context,
   /// throws propagates with grad mode, RNG, autocast and buffers as they were. Default: none
@@ -104,6 +114,18 @@ class CheckpointDebugGuard {
  private:
   std::optional<bool> previous_;
 };
+
+/// Overrides the `check_values` option of every region whose forward starts from now on, in the
+/// whole process: true or false for every region, std::nullopt for each region's own option (the
+/// default).
+///
+/// Example:
+/// ```
+/// ckpt::set_checkpoint_check_values(true);  // every region checks its recompute by value
+/// ```
+void set_checkpoint_check_values(std::optional<bool> enabled);
+/// The process-wide override of `check_values`; std::nullopt when there is none.
+std::optional<bool> checkpoint_check_values();
 
 /// Overrides the `early_stop` option of every region whose recompute starts from now on, in the
 /// whole process (PyTorch's `set_checkpoint_early_stop`): true or false for every region,

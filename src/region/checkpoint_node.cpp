@@ -87,7 +87,8 @@ void NonReentrantBackward::release_variables() {
 std::shared_ptr<const RecomputedGraph> NonReentrantBackward::recompute() const {
   for (bool early = state_->options.early_stop();; early = false) {
     auto graph = std::make_shared<RecomputedGraph>();
-    EarlyStopRun early_stop(*state_->site, early);
+    // Every kernel must run for its values to be checked.
+    EarlyStopRun early_stop(*state_->site, early, /*forbidden=*/state_->options.check_values());
     variable_list outputs = state_->run_recompute(/*replacement=*/nullptr, early_stop.mode());
     state_->check_recomputed(outputs);
     for (size_t slot : state_->connected) {

@@ -224,7 +224,8 @@ void EarlyStopMode::taint(const c10::OperatorHandle& op, const torch::jit::Stack
   for (const c10::Storage& storage : writes) add(storage);
 }
 
-EarlyStopRun::EarlyStopRun(CallSite& site, bool enabled) : site_(site) {
+EarlyStopRun::EarlyStopRun(CallSite& site, bool enabled, bool forbidden) : site_(site) {
+  if (forbidden) return;
   if (const std::optional<bool> global = checkpoint_early_stop()) enabled = *global;
   if (!enabled || site.early_stop_failed.load()) return;
   std::shared_ptr<const EarlyStopPlan> plan;

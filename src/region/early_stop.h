@@ -115,8 +115,9 @@ class EarlyStopMode : public DispatchMode {
 /// or skipping on it.
 class EarlyStopRun {
  public:
-  /// `enabled`: the region's option, unless the process-wide override says otherwise.
-  EarlyStopRun(CallSite& site, bool enabled);
+  /// `enabled`: the region's option, unless the process-wide override says otherwise; off
+  /// whatever they say where `forbidden` (a recompute checked by value runs every kernel).
+  EarlyStopRun(CallSite& site, bool enabled, bool forbidden = false);
   /// The mode to install, outermost, around the recompute; null when off.
   DispatchMode* mode();
   /// Call once the recomputed outputs are dropped. Stores what a full recompute learned, and

@@ -11,6 +11,7 @@ namespace {
 // -1: no override; 0 and 1: every region's option is false or true.
 std::atomic<int8_t> debug_override{-1};
 std::atomic<int8_t> early_stop_override{-1};
+std::atomic<int8_t> check_values_override{-1};
 
 int8_t encode(std::optional<bool> enabled) {
   return enabled ? static_cast<int8_t>(*enabled) : int8_t{-1};
@@ -53,6 +54,14 @@ CheckpointEarlyStopGuard::CheckpointEarlyStopGuard(std::optional<bool> enabled)
 
 CheckpointEarlyStopGuard::~CheckpointEarlyStopGuard() {
   set_checkpoint_early_stop(previous_);
+}
+
+void set_checkpoint_check_values(std::optional<bool> enabled) {
+  check_values_override.store(encode(enabled));
+}
+
+std::optional<bool> checkpoint_check_values() {
+  return decode(check_values_override.load());
 }
 
 }  // namespace ckpt

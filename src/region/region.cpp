@@ -110,21 +110,24 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
   // What the function writes outside the region's sight (the running statistics of a module a
   // lambda captures) goes back afterwards. Its mode goes in last: it sees every call first.
   OutsideStateWatch outside(replacement != nullptr ? *replacement : inputs, modules);
-  if (!kept && !options.debug()) {
+  if (!kept && !options.debug() && !options.check_values()) {
     const DispatchModeGuard outside_guard(outside);
     return recompute(replacement);
   }
   std::optional<ReplayMode> replay;
   std::vector<std::string> recompute_ops;
   RecordingMode recording(recompute_ops);
+  ValueCheckingMode checking(forward_values);
   std::vector<at::Tensor> recomputed;
   {
-    std::optional<DispatchModeGuard> replay_guard, recording_guard;
+    std::optional<DispatchModeGuard> replay_guard, recording_guard, checking_guard;
     if (kept) {
       const bool consume = !torch::autograd::get_current_graph_task_keep_graph();
       replay_guard.emplace(replay.emplace(options.policy(), *kept, consume));
     }
     if (options.debug()) recording_guard.emplace(recording);
+    // Outside the replay: a kept output is checked as the replay hands it out.
+    if (options.check_values()) checking_guard.emplace(checking);
     const DispatchModeGuard outside_guard(outside);
     recomputed = recompute(replacement);
   }
@@ -231,6 +234,8 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
   const LabelScope label(state.memory_label);  // what the region stashes is its own
   state.options = options;
   if (const std::optional<bool> debug = checkpoint_debug_enabled()) state.options.debug(*debug);
+  if (const std::optional<bool> check = checkpoint_check_values())
+    state.options.check_values(*check);
   state.input_copies = InputCopies(inputs, site_->written_inputs.load());
   for (size_t i = 0; i < inputs.size(); ++i) {
     TORCH_CHECK(!inputs[i].defined() || !inputs[i].is_inference(),
@@ -302,6 +307,10 @@ Region::ForwardScope::ForwardScope(Region& region)
     recording_ = std::make_unique<RecordingMode>(state.forward_ops);
     recording_guard_ = std::make_unique<DispatchModeGuard>(*recording_);
   }
+  if (state.options.check_values()) {
+    values_ = std::make_unique<ValueRecordingMode>(state.forward_values);
+    values_guard_ = std::make_unique<DispatchModeGuard>(*values_);
+  }
 }
 
 Region::ForwardScope::~ForwardScope() = default;
@@ -328,6 +337,7 @@ void Region::prepare_second_forward() {
   site_->keeps_forward_graph.store(true);
   state.kept->entries.clear();
   state.forward_ops.clear();
+  state.forward_values.clear();
   state.rng->restore();
   TORCH_WARN(
       "ckpt::checkpoint: the function ran a backward through its own intermediates inside a "

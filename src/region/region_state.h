@@ -13,6 +13,7 @@
 #include "input_copies.h"
 #include "recomputed_input.h"
 #include "selective.h"
+#include "value_check.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -66,8 +67,9 @@ struct RegionState {
   // The region's memory label ("region N" under the caller's); its recompute runs under
   // "<it>/recompute".
   std::shared_ptr<LabelNode> memory_label;
-  std::unique_ptr<KeptOutputs> kept;     // with a selective policy: what the forward kept
-  std::vector<std::string> forward_ops;  // with debug: the operators the forward ran
+  std::unique_ptr<KeptOutputs> kept;       // with a selective policy: what the forward kept
+  std::vector<std::string> forward_ops;    // with debug: the operators the forward ran
+  std::vector<OutputSums> forward_values;  // with check_values: its operators' output checksums
   bool released = false;
   // Separate backward passes through different outputs (one loss each): which connected outputs
   // had theirs without retain_graph, those of the engine's current call, and the outputs handed

@@ -113,6 +113,7 @@ struct RegionState;
 class RegionMarker;
 class CachingMode;
 class RecordingMode;
+class ValueRecordingMode;
 class DispatchModeGuard;
 class BufferGuard;
 class ReportMode;
@@ -188,6 +189,8 @@ class Region {
     std::unique_ptr<DispatchModeGuard> report_guard_;
     std::unique_ptr<RecordingMode> recording_;  // innermost: it sees the calls the cache answers
     std::unique_ptr<DispatchModeGuard> recording_guard_;
+    std::unique_ptr<ValueRecordingMode> values_;  // with check_values
+    std::unique_ptr<DispatchModeGuard> values_guard_;
   };
 
  public:

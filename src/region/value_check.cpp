@@ -1,0 +1,141 @@
+#include "value_check.h"
+
+#include <c10/core/DispatchKey.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <unordered_set>
+
+namespace ckpt {
+namespace detail {
+namespace {
+
+// Operators whose outputs hold no values of their own: uninitialised memory, or a view of a
+// tensor whose values the operator that wrote them is checked for.
+bool holds_no_values(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  if (name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
+      name == "aten::new_empty" || name == "aten::new_empty_strided" ||
+      name == "aten::empty_permuted" || name == "aten::resize_" || name == "aten::set_") {
+    return true;
+  }
+  for (const c10::Argument& ret : op.schema().returns()) {
+    const c10::AliasInfo* alias = ret.alias_info();
+    if (alias != nullptr && !alias->isWrite()) return true;  // a view
+  }
+  return false;
+}
+
+// FNV-1a over the tensor's bytes in logical order, eight at a time: equal values to the bit give
+// equal checksums, and one flipped bit changes it.
+uint64_t checksum(const at::Tensor& tensor) {
+  // ckpt's own calls here are no operator of the region: no mode sees them.
+  const c10::impl::ExcludeDispatchKeyGuard no_modes(c10::DispatchKey::Fake);
+  const at::Tensor host = tensor.cpu().contiguous();
+  const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
+  const size_t count = host.numel() * host.element_size();
+  constexpr uint64_t kPrime = 1099511628211ULL;
+  uint64_t hash = 14695981039346656037ULL;
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    uint64_t word = 0;
+    std::memcpy(&word, bytes + i, 8);
+    hash = (hash ^ word) * kPrime;
+  }
+  for (; i < count; ++i) hash = (hash ^ bytes[i]) * kPrime;
+  return hash;
+}
+
+bool checkable(const at::Tensor& tensor) {
+  return tensor.layout() == c10::kStrided && tensor.has_storage() &&
+         tensor.device().type() != c10::DeviceType::Meta && !tensor.is_quantized();
+}
+
+// The call's outputs: the returns left on the stack after it ran. An output the call wrote into
+// is checked only where an earlier call of the region made its storage: a write into state from
+// outside (a BatchNorm's `num_batches_tracked += 1`) starts the recompute from the value the
+// forward left, which the region puts back afterwards, so it differs by design.
+OutputSums sums_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                   std::unordered_set<const c10::StorageImpl*>& made) {
+  OutputSums sums;
+  sums.op = &op.operator_name();
+  const auto& returns = op.schema().returns();
+  const size_t first = stack.size() - returns.size();
+  for (size_t i = first; i < stack.size(); ++i) {
+    const bool written = returns[i - first].alias_info() != nullptr;
+    for_each_tensor(stack[i], [&](const at::Tensor& t) {
+      if (!checkable(t)) return;
+      if (written && made.count(storage_of(t)) == 0) return;
+      if (!written) made.insert(storage_of(t));
+      sums.outputs.push_back({checksum(t), t.sizes().vec(), t.scalar_type()});
+    });
+  }
+  return sums;
+}
+
+std::string hex(uint64_t value) {
+  std::ostringstream out;
+  out << "0x" << std::hex << std::setw(16) << std::setfill('0') << value;
+  return out.str();
+}
+
+std::string describe(const OutputSums::Output& output) {
+  return c10::str(c10::toString(output.dtype), " ", c10::IntArrayRef(output.sizes));
+}
+
+// What makes a recompute differ from its forward, for the error.
+constexpr const char* kCauses =
+    " A recompute differs from its forward where a kernel is not deterministic (on CUDA, "
+    "atomics in index_add_, scatter_add_, embedding's backward: "
+    "at::globalContext().setDeterministicAlgorithms(true, false) makes them so), where state "
+    "outside the region changed between the forward and the backward (a tensor or a global a "
+    "lambda reads, written in place after the forward), or where the function draws from a "
+    "random generator the region does not replay (a torch::Generator of your own: ckpt replays "
+    "the default generators of the CPU and of the arguments' device). Its gradients would not "
+    "be those of the forward.";
+
+}  // namespace
+
+void ValueRecordingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run(op, stack);
+  if (!holds_no_values(op)) record_.push_back(sums_of(op, *stack, made_));
+}
+
+void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run(op, stack);
+  if (holds_no_values(op)) return;
+  const size_t position = next_++;
+  const std::string name = operator_label(op.operator_name());
+  TORCH_CHECK(position < record_.size(),
+              "ckpt::checkpoint (check_values): the recompute of the region ran ", name,
+              " as its checked operator #", position, ", after the ", record_.size(),
+              " the forward ran.", kCauses);
+  const OutputSums& expected = record_[position];
+  TORCH_CHECK(expected.op == &op.operator_name(),
+              "ckpt::checkpoint (check_values): the recompute of the region ran ", name,
+              " as its checked operator #", position, " where the forward ran ",
+              operator_label(*expected.op), ".", kCauses);
+  const OutputSums now = sums_of(op, *stack, made_);
+  TORCH_CHECK(now.outputs.size() == expected.outputs.size(),
+              "ckpt::checkpoint (check_values): ", name, " (checked operator #", position,
+              " of the region) returned ", now.outputs.size(), " tensors in the recompute and ",
+              expected.outputs.size(), " in the forward.", kCauses);
+  for (size_t i = 0; i < now.outputs.size(); ++i) {
+    const OutputSums::Output& a = expected.outputs[i];
+    const OutputSums::Output& b = now.outputs[i];
+    if (a.checksum == b.checksum && a.sizes == b.sizes && a.dtype == b.dtype) continue;
+    TORCH_CHECK(false,
+                "ckpt::checkpoint (check_values): the recompute of the region computed "
+                "other values than its forward, first at ",
+                name, " (checked operator #", position, " of the region), output #", i, ": ",
+                describe(b), " with checksum ", hex(b.checksum), " in the recompute, ", describe(a),
+                " with checksum ", hex(a.checksum), " in the forward.", kCauses);
+  }
+}
+
+}  // namespace detail
+}  // namespace ckpt

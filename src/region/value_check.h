@@ -1,0 +1,54 @@
+#pragma once
+
+// CheckpointOptions::check_values: a checksum of every operator's outputs, recorded in the forward
+// by one dispatch mode and compared in the recompute by another, which names the first operator
+// whose outputs differ.
+
+#include "autograd/dispatch_mode.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <unordered_set>
+#include <vector>
+
+namespace ckpt {
+namespace detail {
+
+/// What the forward recorded of one operator call whose outputs hold values of their own.
+struct OutputSums {
+  const c10::OperatorName* op = nullptr;
+  struct Output {
+    uint64_t checksum = 0;
+    std::vector<int64_t> sizes;
+    c10::ScalarType dtype = c10::ScalarType::Undefined;
+  };
+  std::vector<Output> outputs;  // the call's tensor outputs, in stack order
+};
+
+/// Records the checksums of each call's outputs (the forward's side).
+class ValueRecordingMode : public DispatchMode {
+ public:
+  explicit ValueRecordingMode(std::vector<OutputSums>& record) : record_(record) {}
+  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
+
+ private:
+  std::vector<OutputSums>& record_;
+  std::unordered_set<const c10::StorageImpl*> made_;  // storages the region's calls made
+};
+
+/// Compares each call's outputs with what the forward recorded at the same position (the
+/// recompute's side), raising an error at the first that differs.
+class ValueCheckingMode : public DispatchMode {
+ public:
+  explicit ValueCheckingMode(const std::vector<OutputSums>& record) : record_(record) {}
+  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
+
+ private:
+  const std::vector<OutputSums>& record_;
+  size_t next_ = 0;
+  std::unordered_set<const c10::StorageImpl*> made_;  // storages the recompute's calls made
+};
+
+}  // namespace detail
+}  // namespace ckpt

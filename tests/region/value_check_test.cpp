@@ -1,0 +1,160 @@
+// Issue 51, item 2: CheckpointOptions::check_values. The forward records a checksum of every
+// operator's outputs and the recompute compares: a recompute that computes other values than its
+// forward (a nondeterministic kernel, state outside the region written before the backward, a
+// draw from a generator the region does not replay) raises an error naming the first operator
+// that differs, where it would otherwise give wrong gradients without a word.
+
+#include <ckpt/ckpt.h>
+#include <ckpt/selective.h>
+
+#include "support/support.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ckpt::test::bit_equal;
+
+// An operator of one's own that gives another result at every call, as a kernel with unordered
+// atomics may: its CPU kernel adds a call counter.
+std::atomic<int> noisy_calls{0};
+
+at::Tensor noisy_kernel(const at::Tensor& x) {
+  return x + static_cast<double>(noisy_calls.fetch_add(1));
+}
+
+TORCH_LIBRARY(ckpt_value_check_test, m) {
+  m.def("noisy(Tensor x) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(ckpt_value_check_test, CPU, m) {
+  m.impl("noisy", &noisy_kernel);
+}
+
+at::Tensor noisy(const at::Tensor& x) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("ckpt_value_check_test::noisy", "")
+                             .typed<at::Tensor(const at::Tensor&)>();
+  return op.call(x);
+}
+
+const ckpt::CheckpointOptions kChecked = ckpt::CheckpointOptions().check_values(true);
+
+struct ValueCheckTest : ckpt::test::SeedingFixture {
+  torch::nn::Linear first{16, 32}, second{32, 16};
+  torch::nn::BatchNorm1d norm{32};
+  torch::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+
+  torch::Tensor block(const torch::Tensor& input, torch::nn::BatchNorm1d& bn) {
+    return second(torch::dropout(torch::relu(bn(first(input))), 0.3, true));
+  }
+
+  // One step's loss, input gradient, parameter gradients and buffers.
+  std::vector<torch::Tensor> step(const c10::optional<ckpt::CheckpointOptions>& options) {
+    for (auto* m : std::vector<torch::nn::Module*>{first.get(), second.get(), norm.get()}) {
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+    }
+    x.mutable_grad().reset();
+    const auto fn = [this](const torch::Tensor& t, torch::nn::BatchNorm1d& bn) {
+      return block(t, bn);
+    };
+    torch::manual_seed(11);
+    torch::Tensor y = options ? ckpt::checkpoint(*options, fn, x, norm) : fn(x, norm);
+    torch::Tensor loss = y.pow(2).mean();
+    loss.backward();
+    std::vector<torch::Tensor> result{loss.detach(), x.grad().clone()};
+    for (auto* m : std::vector<torch::nn::Module*>{first.get(), second.get(), norm.get()}) {
+      for (auto& p : m->parameters()) result.push_back(p.grad().clone());
+      for (auto& b : m->buffers()) result.push_back(b.clone());
+    }
+    return result;
+  }
+};
+
+void expect_bitwise(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bit_equal(a[i], b[i])) << "tensor #" << i;
+}
+
+TEST_F(ValueCheckTest, ADeterministicRegionPassesAndGivesThePlainStepsBits) {
+  const auto state = norm->buffers();
+  std::vector<torch::Tensor> saved;
+  for (const auto& b : state) saved.push_back(b.clone());
+  const auto restore = [&] {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < state.size(); ++i) state[i].copy_(saved[i]);
+  };
+  const auto plain = step(c10::nullopt);
+  for (const auto& options :
+       {kChecked, ckpt::CheckpointOptions(kChecked).policy(ckpt::save_matmuls()),
+        ckpt::CheckpointOptions(kChecked).use_reentrant(true),
+        ckpt::CheckpointOptions(kChecked).early_stop(true)}) {
+    restore();
+    expect_bitwise(step(options), plain);
+  }
+}
+
+TEST_F(ValueCheckTest, ANondeterministicOperatorIsNamedWithBothChecksums) {
+  const auto fn = [](const torch::Tensor& t) {
+    return (t * torch::sigmoid(noisy(t.detach()))).sum();
+  };
+  torch::Tensor loss = ckpt::checkpoint(kChecked, fn, x);
+  CKPT_EXPECT_THROWS_WITH(loss.backward(),
+                          "first at ckpt_value_check_test::noisy (checked operator #0 of the "
+                          "region), output #0: Float [8, 16] with checksum 0x");
+  // Unchecked, the same region gives gradients of another mask, without a word.
+  x.mutable_grad().reset();
+  torch::Tensor unchecked = ckpt::checkpoint(fn, x);
+  EXPECT_NO_THROW(unchecked.backward());
+}
+
+TEST_F(ValueCheckTest, StateOutsideTheRegionWrittenBeforeTheBackwardIsFound) {
+  torch::Tensor scale = torch::full({16}, 2.0);
+  const auto fn = [&scale](const torch::Tensor& t) { return (t * scale).tanh().sum(); };
+  torch::Tensor loss = ckpt::checkpoint(kChecked, fn, x);
+  scale.mul_(3);  // a tensor the lambda reads, not an argument: no version check sees it
+  try {
+    loss.backward();
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_NE(message.find("first at aten::mul.Tensor (checked operator #0"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("state outside the region changed"), std::string::npos) << message;
+  }
+}
+
+TEST_F(ValueCheckTest, ADrawFromAGeneratorTheRegionDoesNotReplayIsFound) {
+  at::Generator own = at::make_generator<at::CPUGeneratorImpl>(42);
+  const auto fn = [&own](const torch::Tensor& t) {
+    return (t * torch::rand({16}, own, torch::TensorOptions())).sum();
+  };
+  torch::Tensor loss = ckpt::checkpoint(kChecked, fn, x);
+  CKPT_EXPECT_THROWS_WITH(loss.backward(), "first at aten::rand");
+}
+
+TEST_F(ValueCheckTest, TheProcessWideSwitchChecksEveryRegionAndOperatorsWithoutValuesAreSkipped) {
+  torch::Tensor scale = torch::full({16}, 2.0);
+  const auto fn = [&scale](const torch::Tensor& t) {
+    torch::Tensor scratch = torch::empty({64});  // uninitialised: differs, and is not checked
+    torch::Tensor view = t.view({16, 8});        // a view: its base is checked
+    return (view.view({8, 16}) * scale).sum() + scratch.numel();
+  };
+  ckpt::set_checkpoint_check_values(true);
+  torch::Tensor passing = ckpt::checkpoint(fn, x);
+  EXPECT_NO_THROW(passing.backward());
+  torch::Tensor failing = ckpt::checkpoint(fn, x);
+  scale.add_(1);
+  CKPT_EXPECT_THROWS_WITH(failing.backward(), "computed other values than its forward");
+  ckpt::set_checkpoint_check_values(c10::nullopt);
+  EXPECT_EQ(ckpt::checkpoint_check_values(), c10::nullopt);
+  torch::Tensor unchecked = ckpt::checkpoint(fn, x);
+  scale.add_(1);
+  EXPECT_NO_THROW(unchecked.backward());
+}
+
+}  // namespace
