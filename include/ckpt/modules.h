@@ -214,6 +214,26 @@ void apply_checkpointing(
     const std::function<bool(const std::string& name, const torch::nn::Module& module)>& predicate,
     const CheckpointOptions& options = {});
 
+/// Marks, in place, every element of a `Sequential` in `root` for which `predicate(name, module)`
+/// is true as a candidate of `ckpt::PlannedModel` (`ckpt::candidate`, <ckpt/candidate.h>), without
+/// editing the model's source: the element becomes a wrapper whose forward is
+/// `ckpt::candidate(element, x)`, named after the element's path. The walk is that of
+/// `apply_checkpointing`, with its rules: names and parameters are unchanged, a match is not
+/// marked again inside (candidates do not nest), and a match that is not a `Sequential`'s element
+/// (a member, or an element of a `ModuleList`, which your forward calls directly) raises an error
+/// before anything changes: mark those where your forward calls them
+/// (`ckpt::candidates<Block>(list, x)` for a `ModuleList`). Elements take and return one tensor.
+///
+/// Example:
+/// ```
+/// ckpt::apply_candidates(*model, [](const std::string& name, const torch::nn::Module&) {
+///   return name.rfind("blocks.", 0) == 0 && name.find('.', 7) == std::string::npos;
+/// });
+/// ```
+void apply_candidates(
+    torch::nn::Module& root,
+    const std::function<bool(const std::string& name, const torch::nn::Module& module)>& predicate);
+
 /// The parameters of `module` and its submodules, each once. LibTorch's `parameters()` lists a
 /// module registered at two places (a `PlannedSequential` registered beside the `Sequential` it
 /// runs) twice, and an optimizer built from that list updates those parameters twice.

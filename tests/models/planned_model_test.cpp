@@ -4,6 +4,7 @@
 
 #include <ckpt/candidate.h>
 #include <ckpt/memory_tracker.h>
+#include <ckpt/modules.h>
 #include <ckpt/planned_model.h>
 #include <ckpt/report.h>
 
@@ -950,4 +951,68 @@ TEST_F(PlannedModelErrorTest, WithoutAPlannerACandidateIsItsBlock) {
   EXPECT_TRUE(bit_equal(marked, model->a(x)));
   EXPECT_TRUE(marked.grad_fn() != nullptr);
   EXPECT_EQ(marked.grad_fn()->name(), model->a(x).grad_fn()->name());
+}
+
+// ckpt::apply_candidates marks a Sequential's elements without editing the model: PlannedModel
+// sees them by their paths, parameter names stay, and the planned step is the plain step's.
+struct WideBlockImpl : torch::nn::Module {
+  torch::nn::Linear up{64, 256}, down{256, 64};
+  WideBlockImpl() {
+    register_module("up", up);
+    register_module("down", down);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + down(torch::gelu(up(x))); }
+};
+TORCH_MODULE(WideBlock);
+
+TEST_F(PlannedModelTest, ApplyCandidatesMarksTheElementsOfASequential) {
+  const auto make = [] {
+    torch::manual_seed(5);
+    return torch::nn::Sequential(WideBlock(), torch::nn::ReLU(), WideBlock(), WideBlock(),
+                                 torch::nn::Dropout(0.25));
+  };
+  torch::nn::Sequential plain = make(), marked = make();
+  std::vector<std::string> names_before;
+  for (const auto& item : marked->named_parameters()) names_before.push_back(item.key());
+  ckpt::apply_candidates(*marked, [](const std::string& name, const torch::nn::Module& module) {
+    return name.find('.') == std::string::npos && module.as<torch::nn::ReLUImpl>() == nullptr;
+  });
+  std::vector<std::string> names_after;
+  for (const auto& item : marked->named_parameters()) names_after.push_back(item.key());
+  EXPECT_EQ(names_before, names_after);
+  const torch::Tensor x = torch::randn({512, 64}, torch::requires_grad());
+  ckpt::PlannedModel planned(marked, ckpt::Budget::minimum());
+  planned.plan([&] { return marked->forward(x).pow(2).mean(); });
+  std::vector<std::string> candidates;
+  int kept = 0;
+  for (const auto& c : planned.measured().profile.candidates) {
+    candidates.push_back(c.name);
+    kept += planned.mode_of(c.name) == "stored" ? 1 : 0;
+  }
+  EXPECT_EQ(candidates, (std::vector<std::string>{"0", "2", "3", "4"}));
+  EXPECT_LT(kept, 4) << planned.summary();
+  const StepResult expected =
+      measured_step(*plain, [&] { return plain->forward(x).pow(2).mean(); });
+  const StepResult got = measured_step(
+      *marked, [&] { return planned.run([&] { return marked->forward(x).pow(2).mean(); }); });
+  expect_same_step(expected, got);
+  // Without a planner the marked model is the model.
+  torch::manual_seed(9);
+  const torch::Tensor a = marked->forward(x);
+  torch::manual_seed(9);
+  EXPECT_TRUE(bit_equal(a, plain->forward(x)));
+}
+
+TEST_F(PlannedModelTest, ApplyCandidatesRefusesWhatItCannotMarkAndChangesNothing) {
+  struct ListedImpl : torch::nn::Module {
+    torch::nn::ModuleList blocks{torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)};
+    ListedImpl() { register_module("blocks", blocks); }
+  };
+  auto model = std::make_shared<ListedImpl>();
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::apply_candidates(*model, [](const std::string& name,
+                                        const torch::nn::Module&) { return name == "blocks.1"; }),
+      "ckpt::candidates<Block>(list, x)");
+  EXPECT_NE(model->blocks->ptr(1)->as<torch::nn::LinearImpl>(), nullptr);
+  CKPT_EXPECT_THROWS_WITH(ckpt::apply_candidates(*model, nullptr), "the predicate is empty");
 }
