@@ -25,6 +25,9 @@
 #include <vector>
 
 namespace ckpt {
+namespace detail {
+class StepStart;
+}  // namespace detail
 
 /// Options of `PlannedModel`.
 struct PlannedModelOptions {
@@ -44,6 +47,11 @@ struct PlannedModelOptions {
   /// `InputChange::Error` raises an error that says what changed. Either way the step's state
   /// (buffers, RNG) is put back first. Default: `InputChange::Replan`
   TORCH_ARG(InputChange, on_input_change) = InputChange::Replan;
+  /// What a step that runs out of device memory does (see `OutOfMemory`). With `Replan`, `run`
+  /// keeps `loss_fn` until the loss's backward ends, to run the step again if the backward runs
+  /// out (so what it captures must outlive that backward), and keeps a host copy of the parameter
+  /// gradients that exist before the step (none after `zero_grad()`). Default: `OutOfMemory::Raise`
+  TORCH_ARG(OutOfMemory, on_out_of_memory) = OutOfMemory::Raise;
   /// Whether each step's backward creates the parameter gradients, as after `zero_grad()`, so
   /// that the budget counts them. Default: true
   TORCH_ARG(bool, count_parameter_gradients) = true;
@@ -95,7 +103,11 @@ class PlannedModel {
       : PlannedModel(std::shared_ptr<torch::nn::Module>(model.ptr()), budget, std::move(options)) {}
 
   /// Runs `loss_fn` (the forward to the step's loss) with each candidate in its planned storage
-  /// mode and returns the loss; call `backward()` on it. Plans first if needed.
+  /// mode and returns the loss; call `backward()` on it. Plans first if needed. With
+  /// `on_out_of_memory(OutOfMemory::Replan)`, a step that runs out of device memory in `run` or
+  /// in the loss's `backward()` runs again under a plan for less (`OutOfMemory`); that
+  /// backward must be `loss.backward()` (not `torch::autograd::grad`, nor a second backward of
+  /// the same loss), and this `PlannedModel` must outlive it.
   at::Tensor run(const std::function<at::Tensor()>& loss_fn);
   /// Profiles the step `loss_fn` (running it several times, state put back) and solves.
   void plan(const std::function<at::Tensor()>& loss_fn);
@@ -126,7 +138,16 @@ class PlannedModel {
     std::vector<bool> recomputable;                         // per candidate: "recomputed"
   };
   class Runner;
+  class RetryingBackward;
 
+  at::Tensor run_checked(const std::function<at::Tensor()>& loss_fn);
+  at::Tensor run_surviving(const std::function<at::Tensor()>& loss_fn);
+  // After the step ran out of memory: puts its state back, plans for less (or adds the figures to
+  // `error`, which passes on), and runs the forward again.
+  at::Tensor run_again(c10::OutOfMemoryError& error, detail::StepStart& start,
+                       const std::function<at::Tensor()>& loss_fn, bool in_backward);
+  void replan_for_less(c10::OutOfMemoryError& error, std::optional<int64_t> held_bytes,
+                       bool in_backward);
   at::Tensor run_planned(const std::function<at::Tensor()>& loss_fn);
   const Plan& current() const;
 

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,7 @@
 namespace ckpt {
 namespace detail {
 struct OptionForwards;  // how the executor runs each storage option of the profile
+class ScheduleRunner;   // one forward and backward of the chain under a schedule
 }  // namespace detail
 
 /// A memory budget: bytes ("512MiB"), a percentage of the chain's no-checkpoint peak ("40%"),
@@ -75,6 +77,22 @@ enum class InputChange {
   Replan,
   /// Raises an error, keeping the plan: plan with a sample of the largest input instead.
   Error,
+};
+
+/// What a planned step does when the device runs out of memory (LibTorch's
+/// `c10::OutOfMemoryError`) in its forward or its backward: a plan is a prediction, and the
+/// memory left to the step may be less than it was when the plan was made.
+enum class OutOfMemory {
+  /// The error passes on, as from any step.
+  Raise,
+  /// The step survives: what it made is let go of, its state (RNG, module buffers, parameter
+  /// gradients) is put back as it was before the step, the budget is lowered to what the failed
+  /// step held on the device when it ran out (or, where that can't be measured, below the
+  /// current plan's predicted peak), the step runs again under the plan for that budget, and the
+  /// new plan stays, with a warning of one line. Gradients, buffers and RNG end as those of a run
+  /// that planned the smaller budget from the start, to the bit. Where the plan is already the
+  /// smallest feasible one, the error passes on with the plan's figures added.
+  Replan,
 };
 
 /// Options for `PlannedSequential`.
@@ -115,6 +133,12 @@ struct PlannedSequentialOptions {
   /// What an input the plan may not hold does (see `InputChange`). A plan made from a given
   /// profile (`plan(profile)`) runs any input. Default: `InputChange::Replan`
   TORCH_ARG(InputChange, on_input_change) = InputChange::Replan;
+  /// What a step that runs out of device memory does (see `OutOfMemory`). With `Replan`, the
+  /// chain's backward keeps its input until the backward ends, to run the chain again if it must,
+  /// each forward copies the chain's buffers and (to the host) the parameter gradients that exist
+  /// (none after `zero_grad()`), and the chain's backward always runs the planned schedule (so
+  /// this module must outlive it). Default: `OutOfMemory::Raise`
+  TORCH_ARG(OutOfMemory, on_out_of_memory) = OutOfMemory::Raise;
 };
 
 namespace detail {
@@ -206,6 +230,17 @@ class PlannedSequentialImpl : public torch::nn::Module {
   /// error), as `options.on_input_change()` says.
   std::shared_ptr<const detail::ChainPlan> plan_for(const torch::Tensor& input);
   const detail::ChainPlan& planned_or_error() const;
+  /// With OutOfMemory::Replan: what runs the chain again from `input` after it ran out of device
+  /// memory under `plan` (the state of the step's start put back, under a plan for less).
+  std::function<std::pair<std::shared_ptr<detail::ScheduleRunner>, at::Tensor>(
+      c10::OutOfMemoryError&, bool in_backward)>
+  run_again_function(const torch::Tensor& input, std::shared_ptr<const detail::ChainPlan> plan);
+  /// The plan for less after the chain ran out of memory under `failed`, or `error` with the
+  /// failed plan's figures added where none leaves more room.
+  std::shared_ptr<const detail::ChainPlan> replan_for_less(c10::OutOfMemoryError& error,
+                                                           const detail::ChainPlan& failed,
+                                                           std::optional<int64_t> held_bytes,
+                                                           bool in_backward);
 
   std::vector<torch::nn::AnyModule> stages_;
   Budget budget_;

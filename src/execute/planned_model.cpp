@@ -4,13 +4,20 @@
 
 #include "autograd/buffer_guard.h"
 #include "autograd/rng_state.h"
+#include "compat/torch_compat.h"
+#include "out_of_memory.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -181,6 +188,11 @@ PlannedModel::PlannedModel(std::shared_ptr<torch::nn::Module> model, Budget budg
 at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
   if (!at::GradMode::is_enabled()) return loss_fn();  // nothing is saved: candidates run plainly
   if (!plan_) plan(loss_fn);
+  if (options_.on_out_of_memory() == OutOfMemory::Replan) return run_surviving(loss_fn);
+  return run_checked(loss_fn);
+}
+
+at::Tensor PlannedModel::run_checked(const std::function<at::Tensor()>& loss_fn) {
   const auto step = [&] { return run_planned(loss_fn); };
   std::string change;
   if (std::optional<at::Tensor> loss = run_or_put_back(model_, step, change)) return *loss;
@@ -195,6 +207,125 @@ at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
   TORCH_CHECK(false, "ckpt::PlannedModel: ", change,
               " right after profiling the same step: the model's candidates change from one "
               "forward to the next. Mark only blocks that every step reaches in the same order.");
+}
+
+// The step's loss for the caller: its backward runs the backward of the loss `loss_fn` returned
+// (a backward inside a backward, as the reentrant checkpoint runs one), and where that runs out
+// of device memory, lets go of the step's graph and runs the step again under a plan for less.
+class PlannedModel::RetryingBackward final : public compat::OwningNode {
+ public:
+  RetryingBackward(PlannedModel& owner, std::shared_ptr<detail::StepStart> start,
+                   std::function<at::Tensor()> loss_fn, at::Tensor loss)
+      : owner_(owner),
+        start_(std::move(start)),
+        loss_fn_(std::move(loss_fn)),
+        loss_(std::move(loss)) {}
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(loss_.defined(),
+                "ckpt::PlannedModel: Trying to backward through a step's loss a second time. "
+                "With OutOfMemory::Replan its backward runs once, without retain_graph: run the "
+                "step again.");
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "ckpt::PlannedModel: with OutOfMemory::Replan, the loss has no double backward "
+                "(create_graph=true). Use OutOfMemory::Raise for higher-order gradients.");
+    TORCH_CHECK(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(),
+                "ckpt::PlannedModel: with OutOfMemory::Replan, call loss.backward(): the step's "
+                "backward gives the parameters their gradients itself, so torch::autograd::grad "
+                "and backward(inputs=...) can't be served.");
+    for (;;) {
+      try {
+        torch::autograd::backward({loss_}, {grads[0]});
+        loss_.reset();
+        return {};
+      } catch (c10::OutOfMemoryError& error) {
+        loss_.reset();  // the step's graph: what ran out of memory lets go of it first
+        loss_ = owner_.run_again(error, *start_, loss_fn_, /*in_backward=*/true);
+      }
+    }
+  }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    loss_.reset();
+  }
+  std::string name() const override { return "ckpt::PlannedModelStepBackward"; }
+
+ private:
+  void release_owned() override {
+    loss_.reset();
+    loss_fn_ = nullptr;
+  }
+
+  PlannedModel& owner_;
+  std::shared_ptr<detail::StepStart> start_;
+  std::function<at::Tensor()> loss_fn_;
+  at::Tensor loss_;
+};
+
+at::Tensor PlannedModel::run_surviving(const std::function<at::Tensor()>& loss_fn) {
+  auto start = std::make_shared<detail::StepStart>(*model_, model_->parameters());
+  at::Tensor loss;
+  try {
+    loss = run_checked(loss_fn);
+  } catch (c10::OutOfMemoryError& error) {
+    loss = run_again(error, *start, loss_fn, /*in_backward=*/false);
+  }
+  if (!loss.requires_grad()) return loss;
+  auto node = compat::make_node<RetryingBackward>(*this, std::move(start), loss_fn, loss);
+  at::Tensor result = loss.detach();
+  torch::autograd::impl::set_gradient_edge(
+      result, torch::autograd::Edge(node, node->add_input_metadata(result)));
+  return result;
+}
+
+at::Tensor PlannedModel::run_again(c10::OutOfMemoryError& error, detail::StepStart& start,
+                                   const std::function<at::Tensor()>& loss_fn, bool in_backward) {
+  for (;;) {
+    start.restore_buffers_and_gradients();
+    if (!in_backward) start.rng().restore();  // also where the error passes on
+    replan_for_less(error, start.held_bytes(), in_backward);
+    start.start_again();
+    const at::AutoGradMode grad_mode(true);  // inside the engine, grad mode is off
+    // The forward draws what it drew the first time. Run again from the backward, the stream
+    // then goes on from where the program had taken it; in the forward, from the forward's end.
+    std::optional<detail::RngFork> from_start;
+    if (in_backward) from_start.emplace(start.rng());
+    try {
+      return run_planned(loss_fn);
+    } catch (c10::OutOfMemoryError& again) {
+      error = again;
+    }
+  }
+}
+
+void PlannedModel::replan_for_less(c10::OutOfMemoryError& error, std::optional<int64_t> held_bytes,
+                                   bool in_backward) {
+  const Plan& failed = current();
+  const int64_t old_budget = failed.budget_bytes;
+  const int64_t predicted = failed.solution.prediction.peak_bytes;
+  plan::ModelSolverOptions solver;
+  solver.host_budget_bytes = options_.host_budget_bytes();
+  solver.max_exact_nodes = options_.max_exact_nodes();
+  solver.relative_gap = options_.relative_gap();
+  const int64_t smallest =
+      plan_budget(failed.measured.profile, solver, Budget::minimum(), options_).bytes;
+  const int64_t next =
+      std::max(smallest, detail::budget_after_out_of_memory(predicted, held_bytes));
+  Plan previous = failed;
+  const Budget kept = budget_;
+  budget_ = Budget::bytes(next);
+  plan(MeasuredModel(previous.measured));
+  if (current().solution.prediction.peak_bytes >= predicted) {  // no plan leaves more room
+    budget_ = kept;
+    plan_ = std::move(previous);
+    detail::explain_no_smaller_plan(error, "ckpt::PlannedModel", old_budget, predicted, smallest);
+    throw error;
+  }
+  TORCH_WARN(detail::replanned_message("ckpt::PlannedModel", in_backward ? "backward" : "forward",
+                                       error, old_budget, next,
+                                       current().solution.prediction.peak_bytes));
 }
 
 at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn) {

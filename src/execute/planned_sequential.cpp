@@ -5,6 +5,7 @@
 
 #include "compat/torch_compat.h"
 #include "joined_stages.h"
+#include "out_of_memory.h"
 #include "schedule_runner.h"
 
 #include <ATen/core/grad_mode.h>
@@ -14,10 +15,12 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 #include <unordered_set>
 
 namespace ckpt {
@@ -25,14 +28,22 @@ namespace {
 
 using torch::autograd::variable_list;
 
+// With OutOfMemory::Replan: after the chain ran out of device memory, puts its state back, plans
+// for less and runs the forward again; the runner holds what the backward needs.
+using RunAgain = std::function<std::pair<std::shared_ptr<detail::ScheduleRunner>, at::Tensor>(
+    c10::OutOfMemoryError& error, bool in_backward)>;
+
 // Stands for the whole chain in the autograd graph. Its next edges: the input's (when it needs a
 // gradient), then the accumulators of the chain's parameters, so that each parameter's
 // accumulator runs once per backward with its gradient summed over the stages that use it.
 class PlannedBackward final : public compat::OwningNode {
  public:
   PlannedBackward(std::shared_ptr<detail::ScheduleRunner> runner, torch::autograd::edge_list next,
-                  bool has_input)
-      : OwningNode(std::move(next)), runner_(std::move(runner)), has_input_(has_input) {}
+                  bool has_input, RunAgain again)
+      : OwningNode(std::move(next)),
+        runner_(std::move(runner)),
+        has_input_(has_input),
+        again_(std::move(again)) {}
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -47,9 +58,35 @@ class PlannedBackward final : public compat::OwningNode {
     // backward(inputs=...) only the input's gradient is computed.
     const bool accumulate = torch::autograd::Engine::get_default_engine().is_checkpoint_valid();
     auto runner = std::move(runner_);
-    detail::LeafGradients leaves(runner->single_stage_leaves());
+    if (!again_) return run(*runner, std::move(grads[0]), accumulate);
+    for (;;) {
+      try {
+        return run(*runner, grads[0], accumulate);
+      } catch (c10::OutOfMemoryError& error) {
+        runner.reset();  // what the schedule stored: let go of it first
+        runner = again_(error, /*in_backward=*/true).first;
+      }
+    }
+  }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    runner_.reset();
+    again_ = nullptr;
+  }
+
+  std::string name() const override { return "ckpt::PlannedSequentialBackward"; }
+
+ private:
+  void release_owned() override {
+    runner_.reset();
+    again_ = nullptr;
+  }
+
+  variable_list run(detail::ScheduleRunner& runner, at::Tensor grad, bool accumulate) {
+    detail::LeafGradients leaves(runner.single_stage_leaves());
     // Hand δ_L over rather than keep it for the whole backward: the schedule frees it early.
-    at::Tensor input_grad = runner->backward(std::move(grads[0]), accumulate ? &leaves : nullptr);
+    at::Tensor input_grad = runner.backward(std::move(grad), accumulate ? &leaves : nullptr);
     variable_list result;
     result.reserve(num_outputs());
     if (has_input_) result.push_back(std::move(input_grad));
@@ -60,18 +97,9 @@ class PlannedBackward final : public compat::OwningNode {
     return result;
   }
 
-  void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    runner_.reset();
-  }
-
-  std::string name() const override { return "ckpt::PlannedSequentialBackward"; }
-
- private:
-  void release_owned() override { runner_.reset(); }
-
   std::shared_ptr<detail::ScheduleRunner> runner_;
   bool has_input_;
+  RunAgain again_;  // with OutOfMemory::Replan
 };
 
 // The planning layer reports a bad solver or budget as std::invalid_argument; the module reports
@@ -298,7 +326,10 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
   const std::shared_ptr<const detail::ChainPlan> plan =
       differentiated || !planned() ? plan_for(input) : nullptr;
   // A schedule that recomputes nothing is the plain chain: run it as such, adding nothing.
-  if (!differentiated || (plan->keeps_everything && !observer_ && !detail::active_report())) {
+  // (Surviving an out-of-memory error needs the planned backward, whatever it runs.)
+  const bool surviving = options.on_out_of_memory() == OutOfMemory::Replan;
+  if (!differentiated ||
+      (plan->keeps_everything && !observer_ && !detail::active_report() && !surviving)) {
     torch::Tensor x = input;
     for (auto& stage : stages_) x = stage.forward<torch::Tensor>(x);
     return x;
@@ -307,9 +338,18 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
               "ckpt::PlannedSequential: the input is an inference tensor (created under "
               "c10::InferenceMode), which autograd cannot save for the backward pass. Create it "
               "outside InferenceMode, or pass a clone made outside it.");
+  RunAgain again;
+  if (options.on_out_of_memory() == OutOfMemory::Replan) again = run_again_function(input, plan);
   auto runner = std::make_shared<detail::ScheduleRunner>(
       plan->stages, plan->schedule, plan->option_forwards, options.preserve_rng_state(), observer_);
-  torch::Tensor output = runner->forward(input);
+  torch::Tensor output;
+  try {
+    output = runner->forward(input);
+  } catch (c10::OutOfMemoryError& error) {
+    if (!again) throw;
+    runner.reset();
+    std::tie(runner, output) = again(error, /*in_backward=*/false);
+  }
   torch::autograd::edge_list next;
   if (input.requires_grad()) next.push_back(torch::autograd::impl::gradient_edge(input));
   std::unordered_set<const void*> seen;  // a tied weight registered in two stages is one edge
@@ -318,12 +358,80 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
       next.push_back(torch::autograd::impl::gradient_edge(parameter));
     }
   }
-  auto node =
-      compat::make_node<PlannedBackward>(std::move(runner), std::move(next), input.requires_grad());
+  auto node = compat::make_node<PlannedBackward>(std::move(runner), std::move(next),
+                                                 input.requires_grad(), std::move(again));
   torch::Tensor result = output.variable_data();
   torch::autograd::impl::set_gradient_edge(
       result, torch::autograd::Edge(node, node->add_input_metadata(result)));
   return result;
+}
+
+// Runs the chain again from `input` after it ran out of memory (see RunAgain): the state of the
+// step's start put back, under the plan for less, as often as the device runs out again.
+std::function<std::pair<std::shared_ptr<detail::ScheduleRunner>, at::Tensor>(c10::OutOfMemoryError&,
+                                                                             bool)>
+PlannedSequentialImpl::run_again_function(const torch::Tensor& input,
+                                          std::shared_ptr<const detail::ChainPlan> plan) {
+  auto start = std::make_shared<detail::StepStart>(*this, std::vector<at::Tensor>{input});
+  return [this, start, input, plan](c10::OutOfMemoryError& error, bool in_backward) mutable {
+    for (;;) {
+      start->restore_buffers_and_gradients();
+      if (!in_backward) start->rng().restore();  // also where the error passes on
+      plan = replan_for_less(error, *plan, start->held_bytes(), in_backward);
+      start->start_again();
+      const at::AutoGradMode grad_mode(true);  // inside the engine, grad mode is off
+      // The stages draw what they drew the first time; the stream then goes on from where the
+      // program had taken it (in the backward), or from the forward's end.
+      std::optional<detail::RngFork> from_start;
+      if (in_backward) from_start.emplace(start->rng());
+      auto runner = std::make_shared<detail::ScheduleRunner>(
+          plan->stages, plan->schedule, plan->option_forwards, options.preserve_rng_state(),
+          observer_);
+      try {
+        torch::Tensor output = runner->forward(input);
+        return std::make_pair(std::move(runner), std::move(output));
+      } catch (c10::OutOfMemoryError& again) {
+        error = again;
+      }
+    }
+  };
+}
+
+std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::replan_for_less(
+    c10::OutOfMemoryError& error, const detail::ChainPlan& failed,
+    std::optional<int64_t> held_bytes, bool in_backward) {
+  plan::OptimalOptions optimal;
+  optimal.slots = options.slots();
+  optimal.host_budget_bytes = options.host_budget_bytes();
+  const int64_t smallest = std::min(plan::min_feasible_budget_bytes(failed.profile, optimal),
+                                    failed.no_checkpoint_peak_bytes);
+  const int64_t predicted = failed.prediction.peak_bytes;
+  const int64_t next =
+      std::max(smallest, detail::budget_after_out_of_memory(predicted, held_bytes));
+  std::shared_ptr<detail::ChainPlan> smaller;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const Budget kept = budget_;
+    budget_ = Budget::bytes(next);
+    try {
+      smaller = solve(failed.stages, failed.profile, failed.no_checkpoint_peak_bytes);
+    } catch (...) {
+      budget_ = kept;
+      throw;
+    }
+    if (smaller->prediction.peak_bytes >= predicted) {  // no schedule leaves more room
+      budget_ = kept;
+      detail::explain_no_smaller_plan(error, "ckpt::PlannedSequential", failed.budget_bytes,
+                                      predicted, smallest);
+      throw error;
+    }
+    smaller->input = failed.input;
+    plan_ = smaller;
+  }
+  TORCH_WARN(detail::replanned_message("ckpt::PlannedSequential",
+                                       in_backward ? "backward" : "forward", error,
+                                       failed.budget_bytes, next, smaller->prediction.peak_bytes));
+  return smaller;
 }
 
 bool PlannedSequentialImpl::planned() const {

@@ -3,6 +3,7 @@
 // step's gradients to the bit, dropout included, and stay within the budget and the prediction.
 
 #include <ckpt/ckpt.h>
+#include <ckpt/emulated_device.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/planned_model.h>
 
@@ -11,6 +12,7 @@
 #include "support/residual_tower.h"
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace {
@@ -113,5 +115,220 @@ TEST_P(PlannedModelDeviceTest, AMixedPlanRunsAtItsPrediction) {
 }
 
 CKPT_INSTANTIATE_DEVICE_SUITE(PlannedModelDeviceTest);
+
+// Issue 51, item 1: OutOfMemory::Replan. The emulated device given a capacity raises LibTorch's
+// out-of-memory error as a full GPU does (the CUDA instance would need the GPU filled, so it
+// runs only where the device can be limited).
+class OutOfMemoryTest : public PlannedModelDeviceTest {
+ protected:
+  void SetUp() override {
+    PlannedModelDeviceTest::SetUp();
+    if (type() != c10::DeviceType::PrivateUse1) {
+      GTEST_SKIP() << "a capacity can be set on the emulated device only";
+    }
+  }
+  void TearDown() override { ckpt::emulated_device::set_memory_limit(0); }
+
+  // Copies on the host, so that what a test keeps takes none of the device's capacity.
+  static std::vector<at::Tensor> on_host(const std::vector<at::Tensor>& tensors) {
+    std::vector<at::Tensor> copies;
+    for (const auto& t : tensors) copies.push_back(t.defined() ? t.cpu() : t);
+    return copies;
+  }
+
+  // Limits the device to what is allocated now and `step_bytes` more.
+  void limit_to(int64_t step_bytes) const {
+    ckpt::emulated_device::set_memory_limit(
+        ckpt::emulated_device::memory_stats(device().index()).allocated_bytes + step_bytes);
+  }
+
+  // The predicted peak of the plan for the smallest feasible budget.
+  static int64_t smallest_peak(Tower& tower, const ckpt::MeasuredModel& measured) {
+    ckpt::PlannedModel probe(tower, ckpt::Budget::minimum());
+    probe.plan(ckpt::MeasuredModel(measured));
+    return probe.solution().prediction.peak_bytes;
+  }
+};
+
+TEST_P(OutOfMemoryTest, APlannedModelStepRunsAgainUnderAPlanForLess) {
+  CKPT_SKIP_IF(missing_rng());
+  CKPT_SKIP_IF(missing_memory_statistics());
+  const at::Tensor x = torch::randn({128, 64}, on());
+  const std::vector<at::Tensor> plain = on_host(plain_step(x).grads);
+  // A limit set after the forward makes the backward run out; one halfway between the smallest
+  // plan and the plain peak, the forward.
+  for (const bool in_backward : {true, false}) {
+    SCOPED_TRACE(in_backward ? "backward" : "forward");
+    Tower tower = make_tower();
+    const auto loss = [&] { return tower->forward(x).pow(2).mean(); };
+    ckpt::PlannedModel planned(
+        tower, ckpt::Budget::parse("100%"),
+        ckpt::PlannedModelOptions().on_out_of_memory(ckpt::OutOfMemory::Replan));
+    planned.plan(loss);
+    const int64_t full = planned.solution().prediction.peak_bytes;
+    const int64_t smallest = smallest_peak(tower, planned.measured());
+    ASSERT_LT(smallest, full * 3 / 4) << planned.summary();
+    for (auto& p : tower->parameters()) p.mutable_grad().reset();
+    ckpt::test::WarningCapture warnings;
+    seed(1);
+    if (!in_backward) limit_to((smallest + full) / 2);
+    at::Tensor loss_value = planned.run(loss);
+    if (in_backward) limit_to(32 << 10);  // the forward fitted; its backward needs more
+    loss_value.backward();
+    ckpt::emulated_device::set_memory_limit(0);
+    const std::vector<at::Tensor> survived = on_host(take_grads(*tower));
+    // The first run that ran out did so where the limit was set for; a rerun may run out again.
+    ASSERT_GE(warnings.messages.size(), 1u);
+    EXPECT_NE(warnings.messages[0].find(std::string("ran out of device memory in its ") +
+                                        (in_backward ? "backward" : "forward")),
+              std::string::npos)
+        << warnings.messages[0];
+    EXPECT_LT(planned.solution().prediction.peak_bytes, full) << planned.summary();
+    ASSERT_EQ(survived.size(), plain.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_TRUE(bit_equal(survived[i], plain[i])) << "gradient " << i;
+    }
+    // The plan stays: the next step fits at once.
+    const size_t warned = warnings.messages.size();
+    const std::vector<at::Tensor> next =
+        on_host(step(tower, [&] { return planned.run(loss); }).grads);
+    EXPECT_EQ(warnings.messages.size(), warned);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_TRUE(bit_equal(next[i], plain[i])) << "gradient " << i;
+    }
+    ckpt::emulated_device::set_memory_limit(0);
+  }
+}
+
+// The identity, whose backward raises LibTorch's out-of-memory error once when armed.
+struct OutOfMemoryAtInput : torch::autograd::Function<OutOfMemoryAtInput> {
+  static inline bool armed = false;
+  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
+                                                 torch::autograd::variable_list grads) {
+    const bool fail = armed;
+    armed = false;
+    TORCH_CHECK_WITH(OutOfMemoryError, !fail, "out of memory (raised by the test)");
+    return grads;
+  }
+};
+
+TEST_P(OutOfMemoryTest, GradientsKeptBetweenStepsAreAddedToOnceAndNoRoomIsAnError) {
+  CKPT_SKIP_IF(missing_rng());
+  CKPT_SKIP_IF(missing_memory_statistics());
+  const at::Tensor x = torch::randn({128, 64}, on());
+  Tower tower = make_tower();
+  const auto loss = [&] { return tower->forward(x).pow(2).mean(); };
+  ckpt::PlannedModel planned(
+      tower, ckpt::Budget::parse("100%"),
+      ckpt::PlannedModelOptions().on_out_of_memory(ckpt::OutOfMemory::Replan));
+  planned.plan(loss);
+  const auto copy_grads = [&] {  // to the host: the device's capacity is the step's
+    std::vector<at::Tensor> grads;
+    for (const auto& p : tower->parameters()) grads.push_back(p.grad().cpu());
+    return grads;
+  };
+  seed(1);
+  planned.run(loss).backward();  // gradient accumulation: the next step adds to these
+  const std::vector<at::Tensor> first = copy_grads();
+  // The backward runs out at its last node, the input's, when every parameter's gradient was
+  // added to: the run again must start from the gradients of before the step.
+  const at::Tensor input = x.detach().requires_grad_();
+  const auto loss_at_input = [&] {
+    return tower->forward(OutOfMemoryAtInput::apply(input)).pow(2).mean();
+  };
+  seed(1);
+  {
+    ckpt::test::WarningCapture warnings;
+    at::Tensor loss_value = planned.run(loss_at_input);
+    OutOfMemoryAtInput::armed = true;
+    loss_value.backward();
+    EXPECT_FALSE(OutOfMemoryAtInput::armed);
+    EXPECT_TRUE(warnings.contains("in its backward"));
+  }
+  const std::vector<at::Tensor> twice = copy_grads();
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_TRUE(bit_equal(twice[i], first[i] + first[i])) << "gradient " << i;
+  }
+  // Below the smallest plan the error passes on, with the figures, and nothing moved.
+  limit_to(smallest_peak(tower, planned.measured()) / 2);
+  const at::Tensor rng_before = rng_state(0);
+  ckpt::test::WarningCapture replans;  // each run that ran out on the way down says so
+  try {
+    planned.run(loss).backward();
+    ADD_FAILURE() << "no error";
+  } catch (const c10::OutOfMemoryError& error) {
+    EXPECT_NE(std::string(error.what()).find("no plan leaves more room"), std::string::npos)
+        << error.what();
+  }
+  ckpt::emulated_device::set_memory_limit(0);
+  const std::vector<at::Tensor> after = copy_grads();
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_TRUE(bit_equal(after[i], twice[i])) << "gradient " << i;
+  }
+  EXPECT_TRUE(bit_equal(rng_state(0), rng_before));
+}
+
+TEST_P(OutOfMemoryTest, APlannedSequentialStepRunsAgainUnderAPlanForLess) {
+  CKPT_SKIP_IF(missing_rng());
+  CKPT_SKIP_IF(missing_memory_statistics());
+  const auto make_chain = [&] {
+    torch::manual_seed(0);
+    torch::nn::Sequential chain;
+    for (int i = 0; i < 8; ++i) {
+      chain->push_back(torch::nn::Linear(64, 64));
+      chain->push_back(torch::nn::Tanh());
+      chain->push_back(torch::nn::Dropout(0.2));
+    }
+    chain->to(device());
+    return chain;
+  };
+  const at::Tensor x = torch::randn({256, 64}, on()).requires_grad_();
+  const auto grads_of = [&](torch::nn::Module& module) {
+    std::vector<at::Tensor> grads = on_host(take_grads(module));
+    grads.push_back(x.grad().cpu());
+    x.mutable_grad().reset();
+    return grads;
+  };
+  // The loss keeps nothing of the chain's output, as the planner's model has it.
+  const at::Tensor target = torch::randn({256, 64}, on());
+  torch::nn::Sequential plain = make_chain();
+  seed(1);
+  (plain->forward(x) * target).sum().backward();
+  const std::vector<at::Tensor> expected = grads_of(*plain);
+  for (const bool in_backward : {true, false}) {
+    SCOPED_TRACE(in_backward ? "backward" : "forward");
+    torch::nn::Sequential chain = make_chain();
+    ckpt::PlannedSequential planned(
+        chain, ckpt::Budget::parse("100%"),
+        ckpt::PlannedSequentialOptions().on_out_of_memory(ckpt::OutOfMemory::Replan));
+    planned->plan(x);
+    const int64_t full = planned->prediction().peak_bytes;
+    ckpt::test::WarningCapture warnings;
+    seed(1);
+    if (!in_backward) limit_to(full / 2);
+    at::Tensor loss_value = (planned->forward(x) * target).sum();
+    // The forward fitted; the loss's backward (64 KiB) fits, the chain's needs more.
+    if (in_backward) limit_to(96 << 10);
+    loss_value.backward();
+    ckpt::emulated_device::set_memory_limit(0);
+    // The first run that ran out did so where the limit was set for; a rerun may run out again.
+    ASSERT_GE(warnings.messages.size(), 1u);
+    EXPECT_NE(warnings.messages[0].find(std::string("ran out of device memory in its ") +
+                                        (in_backward ? "backward" : "forward")),
+              std::string::npos)
+        << warnings.messages[0];
+    EXPECT_LT(planned->prediction().peak_bytes, full);
+    const std::vector<at::Tensor> got = grads_of(*planned);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_TRUE(bit_equal(got[i], expected[i])) << "gradient " << i;
+    }
+  }
+}
+
+CKPT_INSTANTIATE_DEVICE_SUITE(OutOfMemoryTest);
 
 }  // namespace
