@@ -8,7 +8,9 @@
 //           sequential_reentrant:K | selective:K (K segments under save_matmuls()) | budget:B;
 //           planned:BUDGET (e.g. planned:100%), the same as budget:BUDGET; intercepted:K (K
 //           segments under a policy that keeps nothing: the dispatch modes' interception alone;
-//           prints how many operator calls the policy saw). Prefixed with penalty: (for example
+//           prints how many operator calls the policy saw); checked:K (K segments, each
+//           recompute checked by value); surviving:BUDGET (planned:BUDGET with
+//           OutOfMemory::Replan). Prefixed with penalty: (for example
 //           penalty:sequential:16), each step is a gradient-penalty step instead: the input's
 //           gradient with create_graph, then one backward of the loss plus the gradient's squared
 //           norm; with grouped_penalty: both passes run in one ckpt::GraphExecGroup.
@@ -37,34 +39,46 @@ using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
 int64_t g_policy_calls = 0;  // operator calls the "intercepted" method's policy saw
 
-// The methods are the strategies of `ckpt train --strategy` (models/strategy.h), plus two
+// The methods are the strategies of `ckpt train --strategy` (models/strategy.h), plus four
 // spellings of this program's own: planned:BUDGET (budget:BUDGET, planned with a profiler fit for
-// callgrind) and intercepted:K (selective:K under a policy that keeps nothing).
+// callgrind), surviving:BUDGET (the same with OutOfMemory::Replan), intercepted:K (selective:K
+// under a policy that keeps nothing) and checked:K (sequential:K with
+// CheckpointOptions::check_values).
 Forward method_forward(const std::string& method, torch::nn::Sequential model,
                        const torch::Tensor& sample) {
   const bool intercepted = method.rfind("intercepted:", 0) == 0;
+  const bool checked = method.rfind("checked:", 0) == 0;
   std::string text = method;
   if (intercepted) text = "selective:" + method.substr(std::string("intercepted:").size());
+  if (checked) text = "sequential:" + method.substr(std::string("checked:").size());
+  const bool surviving = method.rfind("surviving:", 0) == 0;
   if (method.rfind("planned:", 0) == 0)
     text = "budget:" + method.substr(std::string("planned:").size());
+  if (surviving) text = "budget:" + method.substr(std::string("surviving:").size());
   const auto strategy = ckpt::models::parse_strategy(text, static_cast<int64_t>(model->size()));
   if (strategy.kind == ckpt::models::Strategy::Kind::Budget) {
     // One repeat per measurement: under callgrind every profiled step is slow, and the plan at
     // the budgets counted here (the plain peak) does not depend on the times.
     const auto profiler = std::make_shared<ckpt::MeasuringProfiler>(
         ckpt::ProfileOptions().repeats(1).warmup(0).calibrate_to_step(false));
-    ckpt::PlannedSequential planned(model, strategy.budget,
-                                    ckpt::PlannedSequentialOptions().profiler(profiler));
+    ckpt::PlannedSequential planned(
+        model, strategy.budget,
+        ckpt::PlannedSequentialOptions().profiler(profiler).on_out_of_memory(
+            surviving ? ckpt::OutOfMemory::Replan : ckpt::OutOfMemory::Raise));
     planned->plan(sample);
     std::cerr << "schedule: " << ckpt::plan::to_string(planned->schedule()) << "\n";
     return [planned](const torch::Tensor& x) mutable { return planned->forward(x); };
   }
-  if (!intercepted) return ckpt::models::chain_forward(strategy, model);
+  if (!intercepted && !checked) return ckpt::models::chain_forward(strategy, model);
   auto options = ckpt::models::checkpoint_options(strategy);
-  options.policy(ckpt::SelectivePolicy([](const ckpt::OpCall&) {
-    ++g_policy_calls;
-    return ckpt::CheckpointPolicy::PreferRecompute;
-  }));
+  if (checked) {
+    options.check_values(true);
+  } else {
+    options.policy(ckpt::SelectivePolicy([](const ckpt::OpCall&) {
+      ++g_policy_calls;
+      return ckpt::CheckpointPolicy::PreferRecompute;
+    }));
+  }
   return [=](const torch::Tensor& x) {
     return ckpt::checkpoint_sequential(model, strategy.segments, x, options);
   };
@@ -110,7 +124,8 @@ int main(int argc, char** argv) try {
       ->required()
       ->check(CLI::IsMember({"mlp", "resnet", "transformer", "small", "small_gelu"}));
   app.add_option("method", method,
-                 "a strategy of `ckpt train --strategy`, planned:BUDGET or intercepted:K, "
+                 "a strategy of `ckpt train --strategy`, planned:BUDGET, surviving:BUDGET, "
+                 "intercepted:K or checked:K, "
                  "optionally prefixed with penalty: or grouped_penalty:")
       ->required();
   app.add_option("steps", steps, "training steps")->required()->check(CLI::PositiveNumber);
