@@ -72,9 +72,11 @@ void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) co
     TORCH_CHECK(now == outputs[i], "ckpt::checkpoint: the recomputation of the region produced ",
                 describe(now), " as output #", i, ", but the forward pass produced ",
                 describe(outputs[i]),
-                ". The checkpointed function must compute the same thing when it runs again "
-                "(no branches on global state); pass CheckpointOptions().determinism_check(false) "
-                "to skip this check.");
+                ". The checkpointed function must compute the same thing when it runs again: a "
+                "branch on a global, a counter or a tensor's value changed since the forward "
+                "computes something else. CheckpointOptions().debug(true) shows the operators "
+                "of both runs and check_values(true) names the first that computes other values; "
+                "determinism_check(false) skips this check.");
   }
 }
 
@@ -91,7 +93,8 @@ void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& 
               "sees (the checkpointed module, module arguments, Checkpointed, "
               "checkpoint_sequential, PlannedSequential), but not those a lambda captures; pass "
               "them as arguments. Otherwise the checkpointed function must compute the same thing "
-              "when it runs again; CheckpointOptions().determinism_check(false) skips this check.");
+              "when it runs again: CheckpointOptions().debug(true) shows the operators of both "
+              "runs where they part; determinism_check(false) skips this check.");
 }
 
 std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>* replacement,

@@ -27,6 +27,9 @@ TEST_P(CheckpointErrorsTest, DeterminismCheckNamesTheOutputAndTheDifference) {
   auto a = torch::randn({1}, torch::requires_grad());
   auto out = ckpt::checkpoint(options(), fn, a);
   CKPT_EXPECT_THROWS_WITH(out.sum().backward(), "produced a tensor of shape [2]");
+  calls = 0;  // and the message says how to find the operator
+  CKPT_EXPECT_THROWS_WITH(ckpt::checkpoint(options(), fn, a).sum().backward(),
+                          "check_values(true) names the first");
 }
 
 TEST_P(CheckpointErrorsTest, DeterminismCheckCanBeTurnedOff) {
@@ -38,6 +41,20 @@ TEST_P(CheckpointErrorsTest, DeterminismCheckCanBeTurnedOff) {
   auto a = torch::randn({3}, torch::requires_grad());
   ckpt::checkpoint(options().determinism_check(false), fn, a).sum().backward();
   EXPECT_TRUE(bit_equal(a.grad(), -a.detach().sin()));
+}
+
+// What the determinism check cannot see, the value check names, in both variants.
+TEST_P(CheckpointErrorsTest, ValueCheckFindsWhatTheDeterminismCheckCannot) {
+  int calls = 0;
+  auto fn = [&](const torch::Tensor& x) {
+    ++calls;
+    return calls == 1 ? x.sin() : x.cos();
+  };
+  auto a = torch::randn({3}, torch::requires_grad());
+  auto out = ckpt::checkpoint(options().check_values(true), fn, a);
+  CKPT_EXPECT_THROWS_WITH(out.sum().backward(),
+                          "ran aten::cos as its checked operator #0 where "
+                          "the forward ran aten::sin");
 }
 
 TEST_P(CheckpointErrorsTest, DtypeChangeInRecomputeIsReported) {
