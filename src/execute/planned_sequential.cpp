@@ -102,6 +102,102 @@ class PlannedBackward final : public compat::OwningNode {
   RunAgain again_;  // with OutOfMemory::Replan
 };
 
+// The plain chain under OutOfMemory::Replan: it ran on a detached `start`, and its backward runs
+// inside this node (a backward within the backward, as the reentrant checkpoint runs one), so
+// that where it runs out of memory the chain runs again under a plan for less.
+class RetryingChainBackward final : public compat::OwningNode {
+ public:
+  RetryingChainBackward(at::Tensor output, at::Tensor start, torch::autograd::edge_list next,
+                        RunAgain again)
+      : OwningNode(std::move(next)),
+        output_(std::move(output)),
+        start_(std::move(start)),
+        again_(std::move(again)) {}
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(output_.defined(),
+                "ckpt::PlannedSequential: Trying to backward through the planned chain a second "
+                "time; with OutOfMemory::Replan its backward runs once: run the forward again.");
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "ckpt::PlannedSequential does not support double backward (create_graph=true). "
+                "Use ckpt::checkpoint or checkpoint_sequential for higher-order gradients.");
+    const bool accumulate = torch::autograd::Engine::get_default_engine().is_checkpoint_valid();
+    at::Tensor input_grad;
+    try {
+      input_grad = run_plain(grads[0], accumulate);
+    } catch (c10::OutOfMemoryError& error) {
+      output_.reset();  // the chain's graph: let go of it first
+      input_grad = run_planned(error, grads[0], accumulate);
+    }
+    release_owned();
+    variable_list result;
+    if (num_outputs() > 0) result.push_back(std::move(input_grad));
+    return result;
+  }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    release_owned();
+  }
+  std::string name() const override { return "ckpt::PlannedSequentialBackward"; }
+
+ private:
+  void release_owned() override {
+    output_.reset();
+    start_.reset();
+    again_ = nullptr;
+  }
+
+  // The plain chain's backward: the parameters' gradients go where a plain backward puts them
+  // (none inside autograd::grad), the input's comes back.
+  at::Tensor run_plain(const at::Tensor& grad, bool accumulate) {
+    if (!accumulate) {
+      if (!start_.requires_grad()) return {};
+      return torch::autograd::grad({output_}, {start_}, {grad})[0];
+    }
+    torch::autograd::backward({output_}, {grad});
+    at::Tensor input_grad = start_.grad();
+    if (start_.requires_grad()) start_.mutable_grad().reset();
+    return input_grad;
+  }
+
+  // The chain again under plans for less, as often as it runs out.
+  at::Tensor run_planned(c10::OutOfMemoryError& error, const at::Tensor& grad, bool accumulate) {
+    for (;;) {
+      auto runner = again_(error, /*in_backward=*/true).first;
+      try {
+        detail::LeafGradients leaves(runner->single_stage_leaves());
+        at::Tensor input_grad = runner->backward(grad, accumulate ? &leaves : nullptr);
+        if (accumulate) leaves.accumulate_rest();  // what the engine would add for PlannedBackward
+        return input_grad;
+      } catch (c10::OutOfMemoryError& again) {
+        error = again;
+      }
+    }
+  }
+
+  at::Tensor output_;
+  at::Tensor start_;  // the input, detached: where the plain chain's backward ends
+  RunAgain again_;
+};
+
+// The plain chain under OutOfMemory::Replan (a store-everything plan): run as it is, its
+// backward run by a RetryingChainBackward.
+torch::Tensor run_plain_surviving(std::vector<torch::nn::AnyModule> stages,
+                                  const torch::Tensor& input, RunAgain again) {
+  const torch::Tensor start = input.detach().requires_grad_(input.requires_grad());
+  torch::Tensor x = start;
+  for (auto& stage : stages) x = stage.forward<torch::Tensor>(x);
+  torch::autograd::edge_list next;
+  if (input.requires_grad()) next.push_back(torch::autograd::impl::gradient_edge(input));
+  auto node = compat::make_node<RetryingChainBackward>(x, start, std::move(next), std::move(again));
+  torch::Tensor result = x.variable_data();
+  torch::autograd::impl::set_gradient_edge(
+      result, torch::autograd::Edge(node, node->add_input_metadata(result)));
+  return result;
+}
+
 // The planning layer reports a bad solver or budget as std::invalid_argument; the module reports
 // it as LibTorch does, as c10::Error.
 template <class PlanningCall>
@@ -326,10 +422,10 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
   const std::shared_ptr<const detail::ChainPlan> plan =
       differentiated || !planned() ? plan_for(input) : nullptr;
   // A schedule that recomputes nothing is the plain chain: run it as such, adding nothing.
-  // (Surviving an out-of-memory error needs the planned backward, whatever it runs.)
+  const bool plain =
+      plan == nullptr || (plan->keeps_everything && !observer_ && !detail::active_report());
   const bool surviving = options.on_out_of_memory() == OutOfMemory::Replan;
-  if (!differentiated ||
-      (plan->keeps_everything && !observer_ && !detail::active_report() && !surviving)) {
+  if (!differentiated || (plain && !surviving)) {
     torch::Tensor x = input;
     for (auto& stage : stages_) x = stage.forward<torch::Tensor>(x);
     return x;
@@ -339,11 +435,15 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
               "c10::InferenceMode), which autograd cannot save for the backward pass. Create it "
               "outside InferenceMode, or pass a clone made outside it.");
   RunAgain again;
-  if (options.on_out_of_memory() == OutOfMemory::Replan) again = run_again_function(input, plan);
-  auto runner = std::make_shared<detail::ScheduleRunner>(
-      plan->stages, plan->schedule, plan->option_forwards, options.preserve_rng_state(), observer_);
+  if (surviving) again = run_again_function(input, plan);
+  std::shared_ptr<detail::ScheduleRunner> runner;
   torch::Tensor output;
   try {
+    // The planned stages: a first stage that writes into its input runs on a copy of it.
+    if (plain) return run_plain_surviving(plan->stages, input, again);
+    runner = std::make_shared<detail::ScheduleRunner>(plan->stages, plan->schedule,
+                                                      plan->option_forwards,
+                                                      options.preserve_rng_state(), observer_);
     output = runner->forward(input);
   } catch (c10::OutOfMemoryError& error) {
     if (!again) throw;

@@ -843,3 +843,46 @@ TEST_F(PlannedSequentialTest, StagesThatWriteIntoTheirInputPlanAndRunExactly) {
   const auto a = take_grads(*plain), b = take_grads(*chain);
   for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(bit_equal(b[k], a[k])) << "parameter " << k;
 }
+
+namespace {
+
+// OutOfMemory::Replan runs a store-everything plan as the plain chain with a backward node of its
+// own (where an out-of-memory error would be caught): the plain gradients, a first stage that
+// writes into its input included, and inside autograd::grad the input's gradient alone.
+TEST(PlannedSequentialSurvivingTest, AStoreEverythingPlanGivesThePlainGradients) {
+  const auto make = [] {
+    torch::manual_seed(0);
+    return torch::nn::Sequential(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)),
+                                 torch::nn::Linear(16, 32), torch::nn::Tanh(),
+                                 torch::nn::Dropout(0.2), torch::nn::Linear(32, 16));
+  };
+  torch::nn::Sequential plain = make(), chain = make();
+  ckpt::PlannedSequential planned(
+      chain, ckpt::Budget::parse("100%"),
+      ckpt::PlannedSequentialOptions().on_out_of_memory(ckpt::OutOfMemory::Replan));
+  const torch::Tensor w = torch::randn({8, 16}, torch::requires_grad());
+  planned->plan(w * 2);
+  ASSERT_EQ(planned->prediction().forward_count, 5) << "a store-everything plan";
+  const auto step = [&](const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
+    torch::manual_seed(3);
+    forward(w * 2).pow(2).sum().backward();  // the input is not a leaf: ReLU writes into it
+    std::vector<torch::Tensor> result{w.grad().clone()};
+    w.mutable_grad().reset();
+    return result;
+  };
+  std::vector<torch::Tensor> expected =
+      step([&](const torch::Tensor& x) { return plain->forward(x); });
+  std::vector<torch::Tensor> got =
+      step([&](const torch::Tensor& x) { return planned->forward(x); });
+  for (auto& g : take_grads(*plain)) expected.push_back(g);
+  for (auto& g : take_grads(*planned)) got.push_back(g);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bit_equal(got[i], expected[i])) << i;
+  torch::manual_seed(3);
+  const torch::Tensor input_grad = torch::autograd::grad({planned->forward(w * 2).sum()}, {w})[0];
+  torch::manual_seed(3);
+  EXPECT_TRUE(bit_equal(input_grad, torch::autograd::grad({plain->forward(w * 2).sum()}, {w})[0]));
+  for (const auto& p : planned->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+}  // namespace
