@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,8 +151,8 @@ TEST_F(ValueCheckTest, TheProcessWideSwitchChecksEveryRegionAndOperatorsWithoutV
   torch::Tensor failing = ckpt::checkpoint(fn, x);
   scale.add_(1);
   CKPT_EXPECT_THROWS_WITH(failing.backward(), "computed other values than its forward");
-  ckpt::set_checkpoint_check_values(c10::nullopt);
-  EXPECT_EQ(ckpt::checkpoint_check_values(), c10::nullopt);
+  ckpt::set_checkpoint_check_values(std::nullopt);
+  EXPECT_FALSE(ckpt::checkpoint_check_values().has_value());
   torch::Tensor unchecked = ckpt::checkpoint(fn, x);
   scale.add_(1);
   EXPECT_NO_THROW(unchecked.backward());
