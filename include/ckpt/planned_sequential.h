@@ -136,8 +136,8 @@ struct PlannedSequentialOptions {
   /// What a step that runs out of device memory does (see `OutOfMemory`). With `Replan`, the
   /// chain's backward keeps its input until the backward ends, to run the chain again if it must,
   /// each forward copies the chain's buffers and (to the host) the parameter gradients that exist
-  /// (none after `zero_grad()`), and the chain's backward always runs the planned schedule (so
-  /// this module must outlive it). Default: `OutOfMemory::Raise`
+  /// (none after `zero_grad()`), and the chain's backward runs in a node of its own (so this
+  /// module must outlive it). Default: `OutOfMemory::Raise`
   TORCH_ARG(OutOfMemory, on_out_of_memory) = OutOfMemory::Raise;
 };
 
