@@ -6,28 +6,30 @@
 
 #include <cstring>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 
 namespace ckpt {
 namespace detail {
 namespace {
 
-// Operators whose outputs hold no values of their own: uninitialised memory, or a view of a
-// tensor whose values the operator that wrote them is checked for.
-bool holds_no_values(const c10::OperatorHandle& op) {
-  const std::string& name = op.operator_name().name;
-  if (name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
-      name == "aten::new_empty" || name == "aten::new_empty_strided" ||
-      name == "aten::empty_permuted" || name == "aten::resize_" || name == "aten::set_") {
-    return true;
-  }
+// Operators whose outputs hold no values of their own: uninitialised memory (`empty` and its kin),
+// or a view of a tensor whose values the operator that wrote them is checked for.
+bool is_view(const c10::OperatorHandle& op) {
   for (const c10::Argument& ret : op.schema().returns()) {
     const c10::AliasInfo* alias = ret.alias_info();
-    if (alias != nullptr && !alias->isWrite()) return true;  // a view
+    if (alias != nullptr && !alias->isWrite()) return true;
   }
   return false;
+}
+
+bool is_uninitialised(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
+         name == "aten::new_empty" || name == "aten::new_empty_strided" ||
+         name == "aten::empty_permuted" || name == "aten::resize_" || name == "aten::set_";
 }
 
 // FNV-1a over the tensor's bytes in logical order, eight at a time: equal values to the bit give
@@ -55,12 +57,15 @@ bool checkable(const at::Tensor& tensor) {
          tensor.device().type() != c10::DeviceType::Meta && !tensor.is_quantized();
 }
 
-// The call's outputs: the returns left on the stack after it ran. An output the call wrote into
-// is checked only where an earlier call of the region made its storage: a write into state from
-// outside (a BatchNorm's `num_batches_tracked += 1`) starts the recompute from the value the
-// forward left, which the region puts back afterwards, so it differs by design.
-OutputSums sums_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                   std::unordered_set<const c10::StorageImpl*>& made) {
+// The call's outputs: the returns left on the stack after it ran; none for a view. An output the
+// call wrote into is checked only where an earlier call of the region made its storage: a write
+// into state from outside (a BatchNorm's `num_batches_tracked += 1`) starts the recompute from the
+// value the forward left, which the region puts back afterwards, so it differs by design. An
+// uninitialised output is made, not checked.
+std::optional<OutputSums> sums_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                  MadeStorages& made) {
+  if (is_view(op)) return std::nullopt;
+  const bool uninitialised = is_uninitialised(op);
   OutputSums sums;
   sums.op = &op.operator_name();
   const auto& returns = op.schema().returns();
@@ -69,11 +74,12 @@ OutputSums sums_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack
     const bool written = returns[i - first].alias_info() != nullptr;
     for_each_tensor(stack[i], [&](const at::Tensor& t) {
       if (!checkable(t)) return;
-      if (written && made.count(storage_of(t)) == 0) return;
-      if (!written) made.insert(storage_of(t));
+      if (!written) made.add(t);
+      if (uninitialised || (written && !made.contains(t))) return;
       sums.outputs.push_back({checksum(t), t.sizes().vec(), t.scalar_type()});
     });
   }
+  if (uninitialised) return std::nullopt;
   return sums;
 }
 
@@ -102,12 +108,13 @@ constexpr const char* kCauses =
 
 void ValueRecordingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run(op, stack);
-  if (!holds_no_values(op)) record_.push_back(sums_of(op, *stack, made_));
+  if (std::optional<OutputSums> sums = sums_of(op, *stack, made_)) record_.push_back(*sums);
 }
 
 void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run(op, stack);
-  if (holds_no_values(op)) return;
+  const std::optional<OutputSums> now = sums_of(op, *stack, made_);
+  if (!now) return;
   const size_t position = next_++;
   const std::string name = operator_label(op.operator_name());
   TORCH_CHECK(position < record_.size(),
@@ -119,14 +126,13 @@ void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
               "ckpt::checkpoint (check_values): the recompute of the region ran ", name,
               " as its checked operator #", position, " where the forward ran ",
               operator_label(*expected.op), ".", kCauses);
-  const OutputSums now = sums_of(op, *stack, made_);
-  TORCH_CHECK(now.outputs.size() == expected.outputs.size(),
+  TORCH_CHECK(now->outputs.size() == expected.outputs.size(),
               "ckpt::checkpoint (check_values): ", name, " (checked operator #", position,
-              " of the region) returned ", now.outputs.size(), " tensors in the recompute and ",
+              " of the region) returned ", now->outputs.size(), " tensors in the recompute and ",
               expected.outputs.size(), " in the forward.", kCauses);
-  for (size_t i = 0; i < now.outputs.size(); ++i) {
+  for (size_t i = 0; i < now->outputs.size(); ++i) {
     const OutputSums::Output& a = expected.outputs[i];
-    const OutputSums::Output& b = now.outputs[i];
+    const OutputSums::Output& b = now->outputs[i];
     if (a.checksum == b.checksum && a.sizes == b.sizes && a.dtype == b.dtype) continue;
     TORCH_CHECK(false,
                 "ckpt::checkpoint (check_values): the recompute of the region computed "

@@ -9,11 +9,27 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 namespace ckpt {
 namespace detail {
+
+/// The storages one run's calls made, held weakly: a storage freed and its address used again is
+/// not one of them.
+class MadeStorages {
+ public:
+  void add(const at::Tensor& t) {
+    made_.insert_or_assign(storage_of(t), t.storage().getWeakStorageImpl());
+  }
+  bool contains(const at::Tensor& t) const {
+    const auto found = made_.find(storage_of(t));
+    return found != made_.end() && found->second.lock().get() == storage_of(t);
+  }
+
+ private:
+  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> made_;
+};
 
 /// What the forward recorded of one operator call whose outputs hold values of their own.
 struct OutputSums {
@@ -34,7 +50,7 @@ class ValueRecordingMode : public DispatchMode {
 
  private:
   std::vector<OutputSums>& record_;
-  std::unordered_set<const c10::StorageImpl*> made_;  // storages the region's calls made
+  MadeStorages made_;
 };
 
 /// Compares each call's outputs with what the forward recorded at the same position (the
@@ -47,7 +63,7 @@ class ValueCheckingMode : public DispatchMode {
  private:
   const std::vector<OutputSums>& record_;
   size_t next_ = 0;
-  std::unordered_set<const c10::StorageImpl*> made_;  // storages the recompute's calls made
+  MadeStorages made_;
 };
 
 }  // namespace detail
