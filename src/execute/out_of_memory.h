@@ -6,6 +6,7 @@
 #include "autograd/rng_state.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
@@ -26,19 +27,40 @@ class StepStart {
   /// `device_tensors`: tensors on the step's device (its parameters, or its input).
   StepStart(const torch::nn::Module& model, const std::vector<at::Tensor>& device_tensors);
 
-  /// Puts the buffers and the gradients back as they were at the start. (The RNG is put back by
-  /// an `RngFork` of `rng()` around the forward that runs again, so that it ends where it is.)
-  void restore_buffers_and_gradients() const;
-  const RngStash& rng() const { return rng_; }
-
   /// The most bytes the step held on its device above its start, where the device's allocator
   /// keeps statistics and the step raised their high-water mark; none otherwise.
   std::optional<int64_t> held_bytes() const;
+  /// Runs the step again after it ran out of memory with `error`, as often as it runs out: each
+  /// time the buffers, gradients (and, in the forward, the RNG) go back to the step's start,
+  /// `replan(error, held_bytes())` plans for less (or raises `error` where nothing leaves more
+  /// room), and `run()` runs under grad mode. From the backward, `run` draws what the step drew
+  /// the first time and the RNG then goes on from where the program had taken it.
+  template <class Replan, class Run>
+  auto run_again(c10::OutOfMemoryError& error, bool in_backward, Replan&& replan, Run&& run) {
+    for (;;) {
+      restore_buffers_and_gradients();
+      if (!in_backward) rng_.restore();  // also where the error passes on
+      replan(error, held_bytes());
+      start_again();
+      const at::AutoGradMode grad_mode(true);  // inside the engine, grad mode is off
+      std::optional<RngFork> from_start;
+      if (in_backward) from_start.emplace(rng_);
+      try {
+        return run();
+      } catch (c10::OutOfMemoryError& again) {
+        error = again;
+      }
+    }
+  }
+
+ private:
   /// Starts measuring at what is allocated now; called again for another run of the step, it
   /// starts the device's high-water mark again there (a failed run's peak would hide the next).
   void start_again();
 
- private:
+  /// Puts the buffers and the gradients back as they were at the start.
+  void restore_buffers_and_gradients() const;
+
   RngStash rng_;
   std::vector<at::Tensor> buffers_, buffer_copies_;
   std::vector<at::Tensor> parameters_, gradient_copies_;  // an undefined copy: it had none

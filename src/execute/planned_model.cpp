@@ -282,22 +282,12 @@ at::Tensor PlannedModel::run_surviving(const std::function<at::Tensor()>& loss_f
 
 at::Tensor PlannedModel::run_again(c10::OutOfMemoryError& error, detail::StepStart& start,
                                    const std::function<at::Tensor()>& loss_fn, bool in_backward) {
-  for (;;) {
-    start.restore_buffers_and_gradients();
-    if (!in_backward) start.rng().restore();  // also where the error passes on
-    replan_for_less(error, start.held_bytes(), in_backward);
-    start.start_again();
-    const at::AutoGradMode grad_mode(true);  // inside the engine, grad mode is off
-    // The forward draws what it drew the first time. Run again from the backward, the stream
-    // then goes on from where the program had taken it; in the forward, from the forward's end.
-    std::optional<detail::RngFork> from_start;
-    if (in_backward) from_start.emplace(start.rng());
-    try {
-      return run_planned(loss_fn);
-    } catch (c10::OutOfMemoryError& again) {
-      error = again;
-    }
-  }
+  return start.run_again(
+      error, in_backward,
+      [&](c10::OutOfMemoryError& failed, std::optional<int64_t> held) {
+        replan_for_less(failed, held, in_backward);
+      },
+      [&] { return run_planned(loss_fn); });
 }
 
 void PlannedModel::replan_for_less(c10::OutOfMemoryError& error, std::optional<int64_t> held_bytes,

@@ -474,26 +474,18 @@ PlannedSequentialImpl::run_again_function(const torch::Tensor& input,
                                           std::shared_ptr<const detail::ChainPlan> plan) {
   auto start = std::make_shared<detail::StepStart>(*this, std::vector<at::Tensor>{input});
   return [this, start, input, plan](c10::OutOfMemoryError& error, bool in_backward) mutable {
-    for (;;) {
-      start->restore_buffers_and_gradients();
-      if (!in_backward) start->rng().restore();  // also where the error passes on
-      plan = replan_for_less(error, *plan, start->held_bytes(), in_backward);
-      start->start_again();
-      const at::AutoGradMode grad_mode(true);  // inside the engine, grad mode is off
-      // The stages draw what they drew the first time; the stream then goes on from where the
-      // program had taken it (in the backward), or from the forward's end.
-      std::optional<detail::RngFork> from_start;
-      if (in_backward) from_start.emplace(start->rng());
-      auto runner = std::make_shared<detail::ScheduleRunner>(
-          plan->stages, plan->schedule, plan->option_forwards, options.preserve_rng_state(),
-          observer_);
-      try {
-        torch::Tensor output = runner->forward(input);
-        return std::make_pair(std::move(runner), std::move(output));
-      } catch (c10::OutOfMemoryError& again) {
-        error = again;
-      }
-    }
+    return start->run_again(
+        error, in_backward,
+        [&](c10::OutOfMemoryError& failed, std::optional<int64_t> held) {
+          plan = replan_for_less(failed, *plan, held, in_backward);
+        },
+        [&] {
+          auto runner = std::make_shared<detail::ScheduleRunner>(
+              plan->stages, plan->schedule, plan->option_forwards, options.preserve_rng_state(),
+              observer_);
+          torch::Tensor output = runner->forward(input);
+          return std::make_pair(std::move(runner), std::move(output));
+        });
   };
 }
 
