@@ -12,6 +12,7 @@
 #include "support/residual_tower.h"
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -142,6 +143,16 @@ class OutOfMemoryTest : public PlannedModelDeviceTest {
         ckpt::emulated_device::memory_stats(device().index()).allocated_bytes + step_bytes);
   }
 
+  // A PlannedModel of `tower` at the plain peak that survives running out of memory, planned.
+  static std::unique_ptr<ckpt::PlannedModel> surviving(Tower& tower,
+                                                       const std::function<at::Tensor()>& loss) {
+    auto planned = std::make_unique<ckpt::PlannedModel>(
+        tower, ckpt::Budget::parse("100%"),
+        ckpt::PlannedModelOptions().on_out_of_memory(ckpt::OutOfMemory::Replan));
+    planned->plan(loss);
+    return planned;
+  }
+
   // The predicted peak of the plan for the smallest feasible budget.
   static int64_t smallest_peak(Tower& tower, const ckpt::MeasuredModel& measured) {
     ckpt::PlannedModel probe(tower, ckpt::Budget::minimum());
@@ -155,24 +166,31 @@ TEST_P(OutOfMemoryTest, APlannedModelStepRunsAgainUnderAPlanForLess) {
   CKPT_SKIP_IF(missing_memory_statistics());
   const at::Tensor x = torch::randn({128, 64}, on());
   const std::vector<at::Tensor> plain = on_host(plain_step(x).grads);
-  // A limit set after the forward makes the backward run out; one halfway between the smallest
-  // plan and the plain peak, the forward.
+  // A limit set after the forward makes the backward run out; the forward's error is raised in it.
   for (const bool in_backward : {true, false}) {
     SCOPED_TRACE(in_backward ? "backward" : "forward");
     Tower tower = make_tower();
     const auto loss = [&] { return tower->forward(x).pow(2).mean(); };
-    ckpt::PlannedModel planned(
-        tower, ckpt::Budget::parse("100%"),
-        ckpt::PlannedModelOptions().on_out_of_memory(ckpt::OutOfMemory::Replan));
-    planned.plan(loss);
+    const auto surviving_plan = surviving(tower, loss);
+    ckpt::PlannedModel& planned = *surviving_plan;
     const int64_t full = planned.solution().prediction.peak_bytes;
     const int64_t smallest = smallest_peak(tower, planned.measured());
     ASSERT_LT(smallest, full * 3 / 4) << planned.summary();
     for (auto& p : tower->parameters()) p.mutable_grad().reset();
     ckpt::test::WarningCapture warnings;
     seed(1);
-    if (!in_backward) limit_to((smallest + full) / 2);
-    at::Tensor loss_value = planned.run(loss);
+    // Where the forward runs out depends on the plan the timings gave the smallest budget, so
+    // the forward's error is raised by the step itself, after the tower ran (and drew dropout's
+    // masks), once.
+    bool fail_forward = !in_backward;
+    const auto step_loss = [&] {
+      at::Tensor value = loss();
+      const bool fail = fail_forward;
+      fail_forward = false;
+      TORCH_CHECK_WITH(OutOfMemoryError, !fail, "out of memory (raised by the test)");
+      return value;
+    };
+    at::Tensor loss_value = planned.run(step_loss);
     if (in_backward) limit_to(32 << 10);  // the forward fitted; its backward needs more
     loss_value.backward();
     ckpt::emulated_device::set_memory_limit(0);
@@ -221,10 +239,8 @@ TEST_P(OutOfMemoryTest, GradientsKeptBetweenStepsAreAddedToOnceAndNoRoomIsAnErro
   const at::Tensor x = torch::randn({128, 64}, on());
   Tower tower = make_tower();
   const auto loss = [&] { return tower->forward(x).pow(2).mean(); };
-  ckpt::PlannedModel planned(
-      tower, ckpt::Budget::parse("100%"),
-      ckpt::PlannedModelOptions().on_out_of_memory(ckpt::OutOfMemory::Replan));
-  planned.plan(loss);
+  const auto surviving_plan = surviving(tower, loss);
+  ckpt::PlannedModel& planned = *surviving_plan;
   const auto copy_grads = [&] {  // to the host: the device's capacity is the step's
     std::vector<at::Tensor> grads;
     for (const auto& p : tower->parameters()) grads.push_back(p.grad().cpu());
@@ -279,6 +295,7 @@ TEST_P(OutOfMemoryTest, APlannedSequentialStepRunsAgainUnderAPlanForLess) {
     torch::nn::Sequential chain;
     for (int i = 0; i < 8; ++i) {
       chain->push_back(torch::nn::Linear(64, 64));
+      chain->push_back(torch::nn::BatchNorm1d(64));
       chain->push_back(torch::nn::Tanh());
       chain->push_back(torch::nn::Dropout(0.2));
     }
@@ -286,18 +303,22 @@ TEST_P(OutOfMemoryTest, APlannedSequentialStepRunsAgainUnderAPlanForLess) {
     return chain;
   };
   const at::Tensor x = torch::randn({256, 64}, on()).requires_grad_();
-  const auto grads_of = [&](torch::nn::Module& module) {
-    std::vector<at::Tensor> grads = on_host(take_grads(module));
-    grads.push_back(x.grad().cpu());
+  // What a step leaves: the gradients, the buffers (BatchNorm's statistics moved once) and where
+  // the device's random stream stands.
+  const auto state_of = [&](torch::nn::Module& module) {
+    std::vector<at::Tensor> state = on_host(take_grads(module));
+    state.push_back(x.grad().cpu());
     x.mutable_grad().reset();
-    return grads;
+    for (const auto& buffer : module.buffers()) state.push_back(buffer.cpu());
+    state.push_back(rng_state(0));
+    return state;
   };
   // The loss keeps nothing of the chain's output, as the planner's model has it.
   const at::Tensor target = torch::randn({256, 64}, on());
   torch::nn::Sequential plain = make_chain();
   seed(1);
   (plain->forward(x) * target).sum().backward();
-  const std::vector<at::Tensor> expected = grads_of(*plain);
+  const std::vector<at::Tensor> expected = state_of(*plain);
   for (const bool in_backward : {true, false}) {
     SCOPED_TRACE(in_backward ? "backward" : "forward");
     torch::nn::Sequential chain = make_chain();
@@ -321,10 +342,10 @@ TEST_P(OutOfMemoryTest, APlannedSequentialStepRunsAgainUnderAPlanForLess) {
               std::string::npos)
         << warnings.messages[0];
     EXPECT_LT(planned->prediction().peak_bytes, full);
-    const std::vector<at::Tensor> got = grads_of(*planned);
+    const std::vector<at::Tensor> got = state_of(*planned);
     ASSERT_EQ(got.size(), expected.size());
     for (size_t i = 0; i < expected.size(); ++i) {
-      EXPECT_TRUE(bit_equal(got[i], expected[i])) << "gradient " << i;
+      EXPECT_TRUE(bit_equal(got[i], expected[i])) << "gradient, buffer or RNG state " << i;
     }
   }
 }
