@@ -9,6 +9,7 @@
 #include <ckpt/memory_label.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/model_profiler.h>
+#include <ckpt/modeled_device.h>
 #include <ckpt/modules.h>
 #include <ckpt/offload.h>
 #include <ckpt/options.h>

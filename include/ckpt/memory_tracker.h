@@ -91,8 +91,9 @@ std::vector<at::Tensor> optimizer_state_tensors(const torch::optim::Optimizer& o
 /// ```
 class MemoryTracker {
  public:
-  /// Tracks `device` (CPU by default; an accelerator without an index means index 0), counting
-  /// the allocations of `scope`.
+  /// Tracks `device` (CPU by default; an accelerator without an index means index 0; the meta
+  /// device counts as the active `ckpt::ModeledDevice` rounds), counting the allocations of
+  /// `scope`.
   explicit MemoryTracker(c10::Device device = c10::Device(c10::DeviceType::CPU),
                          MemoryScope scope = MemoryScope::Process);
   ~MemoryTracker();

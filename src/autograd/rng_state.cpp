@@ -33,7 +33,8 @@ at::Generator cpu_generator() {
 // 1.13; before 2.3, every type but CUDA): its random draws can't be replayed in the recompute.
 // Said once per type and process, as a training loop would repeat it at every step.
 void warn_if_unreachable(const std::vector<at::Tensor>& inputs, c10::DeviceType type) {
-  if (type == c10::DeviceType::CPU) return;
+  // Meta tensors have no values, so no random numbers to replay.
+  if (type == c10::DeviceType::CPU || type == c10::DeviceType::Meta) return;
   const bool on_device = std::any_of(inputs.begin(), inputs.end(), [&](const at::Tensor& t) {
     return t.defined() && t.device().type() == type;
   });

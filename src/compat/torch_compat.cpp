@@ -175,7 +175,7 @@ at::Generator default_generator(c10::Device device) {
 }
 
 void synchronize(c10::Device device) {
-  if (device.is_cpu()) return;
+  if (device.is_cpu() || device.is_meta()) return;
   const auto* guard = c10::impl::getDeviceGuardImpl(device.type());
   guard->synchronizeStream(guard->getStream(device));
 }

@@ -3,6 +3,7 @@
 #include <ckpt/memory_label.h>
 
 #include "compat/torch_compat.h"
+#include "measure/meta_memory.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -297,6 +298,10 @@ MemoryTracker::MemoryTracker(c10::Device device, MemoryScope scope) : device_(de
               device_,
               "; an accelerator's caching allocator keeps one count per device. Use "
               "MemoryScope::Process there.");
+  if (device_.is_meta()) {  // a modeled device (<ckpt/modeled_device.h>)
+    detail::reset_meta_peak();
+    return;
+  }
   // An accelerator's caching allocator keeps one high-water mark per device: start it here.
   if (!device_.has_index()) device_.set_index(0);
   compat::reset_device_peak(device_);
@@ -312,16 +317,22 @@ MemoryTracker::~MemoryTracker() {
 }
 
 int64_t MemoryTracker::current_bytes() const {
+  if (device_.is_meta()) return detail::meta_allocated_bytes();
   if (slot_ < 0) return compat::device_memory_stats(device_).allocated_bytes;
   return CountingAllocator::instance().current(thread_);
 }
 
 int64_t MemoryTracker::peak_bytes() const {
+  if (device_.is_meta()) return detail::meta_peak_bytes();
   if (slot_ < 0) return compat::device_memory_stats(device_).peak_allocated_bytes;
   return CountingAllocator::instance().peak(slot_);
 }
 
 void MemoryTracker::reset_peak() {
+  if (device_.is_meta()) {
+    detail::reset_meta_peak();
+    return;
+  }
   if (slot_ < 0) {
     compat::reset_device_peak(device_);
     return;
@@ -422,7 +433,7 @@ std::ostream& operator<<(std::ostream& out, const MemoryBreakdown& breakdown) {
 }
 
 bool MemoryTracker::can_measure(c10::Device device) {
-  return device.is_cpu() || compat::device_memory_measurable(device.type());
+  return device.is_cpu() || device.is_meta() || compat::device_memory_measurable(device.type());
 }
 
 }  // namespace ckpt

@@ -125,9 +125,8 @@ struct StepRecord {
   void record(EventKind kind, int candidate) {
     const std::lock_guard<std::mutex> lock(mutex);
     if (!open) return;
-    if (!device.is_cpu()) compat::synchronize(device);
     events.push_back({kind, candidate, tracker->current_bytes(), tracker->peak_bytes(),
-                      offload_stats().host_bytes, Clock::now()});
+                      offload_stats().host_bytes, detail::clock_now(device)});
     tracker->reset_peak();
     const int at = static_cast<int>(events.size()) - 1;
     for (auto& c : candidates) {
@@ -376,10 +375,9 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup, StepRun run) {
   record->tracker = setup.tracker;
   record->device = setup.device;
   StepRecorder recorder(*setup.names, std::move(run), record);
-  compat::synchronize(setup.device);
+  record->start_time = detail::clock_now(setup.device);
   setup.tracker->reset_peak();
   record->start_bytes = setup.tracker->current_bytes();
-  record->start_time = Clock::now();
   run_loss_and_backward(setup, recorder);
   record->record(EventKind::StepEnd, -1);
   const std::lock_guard<std::mutex> lock(record->mutex);
@@ -1031,7 +1029,7 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
       std::find(copies_inputs.begin(), copies_inputs.end(), true) == copies_inputs.end();
   for (const StorageMode& mode : options.storage_modes().all()) {
     std::optional<CheckpointOptions> region = mode.region(settings);
-    if (!region || (region->offload() && device.is_cpu())) continue;
+    if (!region || (region->offload() && (device.is_cpu() || device.is_meta()))) continue;
     region->preserve_rng_state(options.preserve_rng_state());
     if (!call_sites_taught) {
       rng.restore();

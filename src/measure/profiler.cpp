@@ -6,6 +6,7 @@
 #include "autograd/rng_state.h"
 #include "autograd/stage_graph.h"
 #include "compat/torch_compat.h"
+#include "measure/meta_memory.h"
 #include "measure/step_measure.h"
 
 #include <ckpt/plan/simulator.h>
@@ -79,8 +80,7 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
     const int64_t host_before = offload_stats().host_bytes;
-    compat::synchronize(device);
-    auto start = Clock::now();
+    auto start = detail::clock_now(device);
     detail::StageGraph graph(forward, x, input_grad);
     const double forward_time = seconds_since(start, device);
     offloaded = std::max(offloaded, offload_stats().host_bytes - host_before);
@@ -93,8 +93,7 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
     const GradientBuffers buffers(stage);
     tracker.reset_peak();
     const int64_t before_backward = tracker.current_bytes();
-    compat::synchronize(device);
-    start = Clock::now();
+    start = detail::clock_now(device);
     at::Tensor input_grad_value = graph.backward(grad_output, /*accumulate_parameters=*/true);
     const double backward_time = seconds_since(start, device);
     backward_tmp = std::max(
@@ -132,8 +131,7 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
     result.output = at::Tensor();
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
-    compat::synchronize(device);
-    const auto start = Clock::now();
+    const auto start = detail::clock_now(device);
     result.output = stage.forward<at::Tensor>(x);
     const double time = seconds_since(start, device);
     result.tmp_bytes =
@@ -152,6 +150,10 @@ void check_can_profile(const std::vector<torch::nn::AnyModule>& stages,
               " can't be measured with this LibTorch build (device memory needs LibTorch 2.9 or "
               "later and an accelerator whose allocator keeps statistics). Profile on the CPU, or "
               "plan from a chain measured elsewhere.");
+  TORCH_CHECK(!sample_input.is_meta() || detail::modeling_on_this_thread(), function,
+              ": the sample input is a meta tensor, which has no memory or time of its own; "
+              "profile it under a ckpt::ModeledDevice (<ckpt/modeled_device.h>) that says which "
+              "device to count and time it as.");
 }
 
 // Memory of the sample's device: the counting allocator on the CPU, this thread's allocations
@@ -192,8 +194,7 @@ PlainStep measure_plain_step(const std::vector<torch::nn::AnyModule>& stages,
                                                           : SwappedGradients::Start::ZeroBuffers);
   tracker.reset_peak();
   const int64_t before = tracker.current_bytes();
-  compat::synchronize(sample_input.device());
-  const auto start = Clock::now();
+  const auto start = detail::clock_now(sample_input.device());
   run_plain_step(stages, sample_input);
   const double seconds = seconds_since(start, sample_input.device());
   return {seconds, tracker.peak_bytes() - before};
@@ -226,7 +227,8 @@ void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   const StorageSettings settings{options.selective_policy()};
   for (const StorageMode& mode : options.storage_modes().all()) {
     const std::optional<CheckpointOptions> region = mode.region(settings);
-    if (!region || (region->offload() && x.device().is_cpu())) continue;  // no host to go to
+    // No host to go to on the CPU; meta tensors have no data to copy there.
+    if (!region || (region->offload() && (x.device().is_cpu() || x.device().is_meta()))) continue;
     plan::StorageOption option =
         measure_full_storage(stage, stage_forward(stage, region), x, input_grad, options, tracker);
     option.name = mode.name;

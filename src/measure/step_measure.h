@@ -4,6 +4,7 @@
 // gradients a measured step starts from.
 
 #include "compat/torch_compat.h"
+#include "measure/meta_memory.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -19,10 +20,19 @@ namespace detail {
 
 using Clock = std::chrono::steady_clock;
 
-// Host time since `start`, once the device has finished the work queued on it.
-inline double seconds_since(Clock::time_point start, c10::Device device) {
+// The profilers' clock on `device`, once it has finished the work queued on it: host time, or,
+// on the meta device, the time a `ModeledDevice`'s cost model charged.
+inline Clock::time_point clock_now(c10::Device device) {
+  if (device.is_meta()) {
+    return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(modeled_seconds())));
+  }
   compat::synchronize(device);
-  return std::chrono::duration<double>(Clock::now() - start).count();
+  return Clock::now();
+}
+
+inline double seconds_since(Clock::time_point start, c10::Device device) {
+  return std::chrono::duration<double>(clock_now(device) - start).count();
 }
 
 inline double median(std::vector<double> values) {

@@ -137,3 +137,41 @@ TEST(CliChainFile, TooManyStagesAdviseMergingThem) {
 }
 
 }  // namespace
+
+namespace {
+
+// Planning without the device (issue 51, item 3): a bench model measured on the meta device under
+// a device profile, the budget by default what the device's memory leaves.
+TEST(CliPlanModel, ABenchModelIsPlannedFromADeviceProfileWithoutTheDevice) {
+  const std::string profile = write_file(
+      "h100.json", R"({"name": "H100", "memory_bytes": 85899345920, "allocation_granularity": 512,
+                       "flops_per_second": 9.89e14, "bytes_per_second": 3.35e12,
+                       "seconds_per_operator": 5e-6})");
+  const Result fits =
+      run("plan --model transformer --quick --device-profile " + profile + " --json");
+  ASSERT_EQ(fits.code, 0) << fits.err;
+  const json plan = json::parse(fits.out);
+  EXPECT_TRUE(plan["feasible"].get<bool>());
+  EXPECT_EQ(plan["stages"].get<int>(), 4);
+  // The device's 80 GiB less the model's parameters and input.
+  EXPECT_LT(plan["budget_bytes"].get<int64_t>(), int64_t{80} << 30);
+  EXPECT_GT(plan["budget_bytes"].get<int64_t>(), int64_t{79} << 30);
+  EXPECT_EQ(plan["predicted_peak_bytes"].get<int64_t>() % 512, 0);  // whole allocator blocks
+
+  const Result small =
+      run("plan --model transformer --quick --device-profile " + profile + " --budget min --json");
+  ASSERT_EQ(small.code, 0) << small.err;
+  EXPECT_GT(json::parse(small.out)["forward_count"].get<int>(), 4);
+
+  expect_refused("plan --model transformer --quick", 2, "needs --device-profile");
+  expect_refused("plan --model nosuch --device-profile " + profile, 2, "unknown model 'nosuch'");
+  const std::string no_memory = write_file(
+      "no_memory.json", R"({"name": "X", "memory_bytes": 0, "allocation_granularity": 512,
+                            "flops_per_second": 1e12, "bytes_per_second": 1e11,
+                            "seconds_per_operator": 5e-6})");
+  expect_refused("plan --model mlp --quick --device-profile " + no_memory, 2,
+                 "pass --device-memory");
+  expect_refused("plan --budget 1MiB", 2, "--chain FILE.json or --model NAME");
+}
+
+}  // namespace

@@ -8,6 +8,9 @@
 #include "train_args.h"
 #include "units.h"
 
+#include <ckpt/modeled_device.h>
+
+#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -46,6 +49,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
                        "the CPU and CUDA only)")
       ->type_name("DEVICE")
       ->capture_default_str();
+  command
+      ->add_option("--device-profile", args.device_profile_path,
+                   "Measure --device for planning without it (`ckpt plan --model ... "
+                   "--device-profile FILE`), write its profile to FILE and stop")
+      ->type_name("FILE.json");
   command->add_flag("--no-python", args.no_python, "Skip torch.utils.checkpoint");
   command->add_flag("--no-planned", args.no_planned, "Skip ckpt's planned schedules");
   command->add_flag("--no-rss", args.no_rss,
@@ -225,6 +233,16 @@ int run_bench(const BenchArgs& given) {
   validate_threads(args.threads, MachineLimits::of_this_machine(), "--threads");
   const c10::Device device = parse_device_option(args);
   args.device = device.str();
+  if (!args.device_profile_path.empty()) {
+    at::set_num_threads(args.threads);
+    const DeviceProfile profile = DeviceProfile::measure(device);
+    profile.save(args.device_profile_path);
+    std::cout << "device profile of " << profile.name << " written to " << args.device_profile_path
+              << ": " << profile.flops_per_second / 1e9 << " GFLOP/s, "
+              << profile.bytes_per_second / 1e9 << " GB/s, " << profile.seconds_per_operator * 1e6
+              << " us per operator, memory " << format_bytes(profile.memory_bytes) << "\n";
+    return kExitOk;
+  }
   if (!args.offload_summary_path.empty() && device.is_cpu()) {
     throw UsageError(
         "--offload-summary: offloading moves activations from an accelerator to host memory, and "

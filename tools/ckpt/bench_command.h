@@ -11,6 +11,7 @@ namespace ckpt {
 namespace cli {
 
 struct BenchArgs {
+  std::string device_profile_path;  // --device-profile: measure --device, write it, and stop
   std::vector<std::string> models;
   int steps = 15;
   int warmup = 3;

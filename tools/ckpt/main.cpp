@@ -3,6 +3,7 @@
 
 #include "bench_command.h"
 #include "errors.h"
+#include "model_chain.h"
 #include "plan_command.h"
 #include "train_command.h"
 
@@ -93,7 +94,7 @@ int run(int argc, char** argv) {
   }
 
   try {
-    if (plan->parsed()) return run_plan(plan_args, std::cout);
+    if (plan->parsed()) return run_plan(plan_args, std::cout, &modeled_bench_chain);
     if (train->parsed()) return run_train(train_args);
     if (bench->parsed()) return run_bench(bench_args);
   } catch (const UsageError& e) {

@@ -35,14 +35,34 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& args) {
   CLI::App* command = app.add_subcommand(
       "plan", "Find the fastest checkpointing schedule of a chain (a JSON file) under a budget");
   command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  command->add_option("--chain", args.chain_path, "Chain description (JSON, see docs/cli.md)")
-      ->required()
-      ->type_name("FILE.json");
+  CLI::Option* chain =
+      command->add_option("--chain", args.chain_path, "Chain description (JSON, see docs/cli.md)")
+          ->type_name("FILE.json");
+  CLI::Option* model =
+      command
+          ->add_option("--model", args.model,
+                       "A bench model (mlp, resnet, transformer, small, small_gelu) measured "
+                       "without the device: on the meta device, under --device-profile")
+          ->type_name("NAME")
+          ->excludes(chain);
+  chain->excludes(model);
+  command->add_flag("--quick", args.quick, "With --model: the bench's small sizes");
+  command
+      ->add_option("--device-profile", args.device_profile_path,
+                   "With --model: the device to plan for (JSON, written by `ckpt bench "
+                   "--device-profile FILE` on it, or by hand)")
+      ->type_name("FILE.json")
+      ->needs(model);
+  command
+      ->add_option("--device-memory", args.device_memory,
+                   "With --model: the device's memory (80GiB), instead of the profile's")
+      ->type_name("BYTES")
+      ->needs(model);
   command
       ->add_option("--budget", args.budget,
                    "Memory budget: bytes (1048576, 512MiB, 2GB, ...), a percentage of the "
-                   "chain's no-checkpoint peak (40%), or min (the smallest feasible budget)")
-      ->required()
+                   "chain's no-checkpoint peak (40%), or min (the smallest feasible budget). "
+                   "With --model, by default the device's memory less the parameters and input")
       ->type_name("BYTES");
   command
       ->add_option("--solver", args.solver,
@@ -180,8 +200,9 @@ std::string percent_of(double part, double whole, const char* format) {
 }
 
 void write_text(const PlanReport& r, const PlanArgs& args, std::ostream& out) {
-  out << "chain:      " << args.chain_path << " (" << r.chain.size() << " stages, input "
-      << format_bytes(r.chain.input_bytes) << ")\n";
+  out << "chain:      "
+      << (args.model.empty() ? args.chain_path : "model " + args.model + " (modeled)") << " ("
+      << r.chain.size() << " stages, input " << format_bytes(r.chain.input_bytes) << ")\n";
   const std::string detail =
       r.outcome.solver == "optimal"
           ? " (exact in bytes where it finishes in time, else " + std::to_string(args.slots) +
@@ -216,19 +237,55 @@ void write_text(const PlanReport& r, const PlanArgs& args, std::ostream& out) {
 
 }  // namespace
 
-int run_plan(const PlanArgs& args, std::ostream& out) {
+namespace {
+
+// --model's chain, and the budget the device leaves where --budget is not given.
+plan::Chain modeled_chain(const PlanArgs& args, ModelChainSource source,
+                          std::string& default_budget) {
+  if (args.device_profile_path.empty()) {
+    throw UsageError("--model " + args.model +
+                     " needs --device-profile FILE: the device to plan for (write one with "
+                     "`ckpt bench --device-profile FILE` on that device)");
+  }
+  if (source == nullptr) throw UsageError("--model: this program can't measure models");
+  const ModeledChain modeled = source(args);
+  if (args.budget.empty()) {
+    if (modeled.device_memory_bytes <= 0) {
+      throw UsageError("--model: the profile of " + modeled.device_name +
+                       " gives no memory; pass --device-memory (80GiB) or --budget");
+    }
+    const int64_t left = modeled.device_memory_bytes - modeled.resident_bytes;
+    if (left <= 0) {
+      throw UsageError("--model: the parameters and input (" +
+                       format_bytes(modeled.resident_bytes) + ") don't fit in the device's " +
+                       format_bytes(modeled.device_memory_bytes));
+    }
+    default_budget = std::to_string(left);
+  }
+  return modeled.chain;
+}
+
+}  // namespace
+
+int run_plan(const PlanArgs& args, std::ostream& out, ModelChainSource model_chain) {
   if (args.slots < 1) {
     throw UsageError("--slots must be a positive integer, but got " + std::to_string(args.slots));
   }
+  if (args.chain_path.empty() && args.model.empty()) {
+    throw UsageError("plan needs --chain FILE.json or --model NAME");
+  }
+  if (!args.chain_path.empty() && args.budget.empty()) throw UsageError("--chain needs --budget");
   PlanReport report;
   report.host_budget_bytes = parse_host_budget(args.host_budget);
-  report.chain = load_chain_file(args.chain_path);
+  std::string budget = args.budget;
+  report.chain = args.model.empty() ? load_chain_file(args.chain_path)
+                                    : modeled_chain(args, model_chain, budget);
   check_table_limit(args, report.chain, report.host_budget_bytes);
   report.baseline = plan::simulate(report.chain, plan::solve_no_checkpoint(report.chain));
   plan::OptimalOptions host;
   host.host_budget_bytes = report.host_budget_bytes;
   report.min_budget = plan::min_feasible_budget_bytes(report.chain, host);
-  report.budget_bytes = parse_budget(args.budget, report.baseline.peak_bytes, report.min_budget);
+  report.budget_bytes = parse_budget(budget, report.baseline.peak_bytes, report.min_budget);
   report.outcome = solve_with(report.chain, report.budget_bytes, args.solver, args.slots,
                               report.host_budget_bytes);
   report.message = report.outcome.message;

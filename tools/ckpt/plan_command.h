@@ -20,6 +20,11 @@ namespace cli {
 
 struct PlanArgs {
   std::string chain_path;
+  // --model: a bench model planned without the device (docs/cli.md, "Planning without the device")
+  std::string model;
+  bool quick = false;
+  std::string device_profile_path;
+  std::string device_memory;
   std::string budget;
   std::string solver = "optimal";
   int slots = 500;
@@ -41,7 +46,18 @@ int64_t parse_host_budget(const std::string& text);
 CLI::App* add_plan_command(CLI::App& app, PlanArgs& args);
 
 /// Runs `ckpt plan`; prints to `out`. Returns the exit code.
-int run_plan(const PlanArgs& args, std::ostream& out);
+/// A bench model's chain as measured on the meta device under a device profile, and the bytes
+/// that live through its step besides (parameters, input).
+struct ModeledChain {
+  plan::Chain chain;
+  int64_t resident_bytes = 0;
+  int64_t device_memory_bytes = 0;  // of the profile, or --device-memory
+  std::string device_name;
+};
+using ModelChainSource = ModeledChain (*)(const PlanArgs& args);
+
+/// Runs `ckpt plan`; `--model` needs `model_chain` (the program's LibTorch part supplies it).
+int run_plan(const PlanArgs& args, std::ostream& out, ModelChainSource model_chain = nullptr);
 
 }  // namespace cli
 }  // namespace ckpt

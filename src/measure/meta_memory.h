@@ -1,0 +1,23 @@
+#pragma once
+
+// What the measuring code reads of a modeled device (<ckpt/modeled_device.h>): the meta device's
+// allocation count and the modeled clock.
+
+#include <cstdint>
+
+namespace ckpt {
+namespace detail {
+
+/// Bytes allocated on the meta device and still live, each allocation rounded as the modeled
+/// device's allocator rounds it.
+int64_t meta_allocated_bytes();
+/// The high-water mark of `meta_allocated_bytes()` since the last `reset_meta_peak()`.
+int64_t meta_peak_bytes();
+void reset_meta_peak();
+/// Whether a `ModeledDevice` is active on this thread.
+bool modeling_on_this_thread();
+/// Seconds the cost model has charged to operators on meta tensors since the process started.
+double modeled_seconds();
+
+}  // namespace detail
+}  // namespace ckpt

@@ -1,0 +1,180 @@
+// Planning without the device (issue 51, item 3): every bench model profiled on the meta device
+// under a ModeledDevice predicts the peaks of a real profile, and the plan it chooses fits when
+// the real model runs it.
+
+#include <ckpt/memory_tracker.h>
+#include <ckpt/modeled_device.h>
+#include <ckpt/plan/simulator.h>
+#include <ckpt/plan/solvers.h>
+#include <ckpt/planned_sequential.h>
+#include <ckpt/profiler.h>
+
+#include "bench_models.h"
+#include "support/support.h"
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ckpt::models::build_model;
+using ckpt::models::model_config;
+using ckpt::models::model_names;
+
+// The CPU as the counting allocator counts it; the throughputs only decide times.
+ckpt::DeviceProfile cpu_profile() {
+  ckpt::DeviceProfile profile;
+  profile.name = "cpu (modeled)";
+  profile.allocation_granularity = 1;
+  profile.count_cpu_scratch = true;
+  return profile;
+}
+
+std::vector<torch::nn::AnyModule> stages_of(const torch::nn::Sequential& model) {
+  return {model->begin(), model->end()};
+}
+
+double relative_difference(int64_t modeled, int64_t real) {
+  return std::abs(static_cast<double>(modeled - real)) / static_cast<double>(real);
+}
+
+// The peaks a plan of the modeled chain predicts, against the same schedule simulated on the
+// real chain, at the store-everything budget, the smallest one and halfway.
+void expect_peaks_within_two_percent(const ckpt::plan::Chain& modeled,
+                                     const ckpt::plan::Chain& real) {
+  ASSERT_EQ(modeled.size(), real.size());
+  ckpt::plan::OptimalOptions options;
+  const int64_t smallest = ckpt::plan::min_feasible_budget_bytes(modeled, options);
+  const int64_t largest =
+      ckpt::plan::simulate(modeled, ckpt::plan::solve_no_checkpoint(modeled)).peak_bytes;
+  EXPECT_LE(
+      relative_difference(
+          largest, ckpt::plan::simulate(real, ckpt::plan::solve_no_checkpoint(real)).peak_bytes),
+      0.02);
+  EXPECT_LE(relative_difference(smallest, ckpt::plan::min_feasible_budget_bytes(real, options)),
+            0.02);
+  for (int64_t budget : {smallest, (smallest + largest) / 2, largest}) {
+    const auto plan = ckpt::plan::solve_optimal(modeled, budget, options);
+    ASSERT_TRUE(plan.has_value()) << budget;
+    const int64_t predicted = ckpt::plan::simulate(modeled, *plan).peak_bytes;
+    const int64_t on_real = ckpt::plan::simulate(real, *plan).peak_bytes;
+    EXPECT_LE(relative_difference(predicted, on_real), 0.02)
+        << "budget " << budget << ": modeled " << predicted << ", real profile " << on_real;
+  }
+}
+
+TEST(ModeledDeviceTest, AMetaProfileOfEveryBenchModelPredictsTheRealProfilesPeaks) {
+  for (const std::string& name : model_names()) {
+    SCOPED_TRACE(name);
+    const auto config = model_config(name, /*quick=*/true);
+    auto model = build_model(config);
+    const auto x = ckpt::models::make_input(config);
+    const auto real = ckpt::profile_chain(stages_of(model), x);
+
+    auto meta = build_model(config);
+    ckpt::move_to_meta(*meta);
+    ckpt::plan::Chain modeled;
+    {
+      const ckpt::ModeledDevice device(cpu_profile());
+      modeled = ckpt::profile_chain(stages_of(meta),
+                                    torch::empty(x.sizes(), x.options().device(torch::kMeta)));
+      EXPECT_GT(device.seconds(), 0.0);
+    }
+    expect_peaks_within_two_percent(modeled, real);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// A step's peak above what lived before it, with the model's output consumed by a loss that
+// does not keep it (as in training).
+int64_t measured_step_peak(ckpt::PlannedSequential& planned, const torch::Tensor& x) {
+  for (auto& p : planned->parameters()) p.mutable_grad().reset();
+  ckpt::MemoryTracker tracker;
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes() - static_cast<int64_t>(x.nbytes());
+  planned(x).sum().backward();
+  return tracker.peak_bytes() - before;
+}
+
+TEST(ModeledDeviceTest, APlanMadeWithoutTheDeviceFitsWhenTheModelRunsIt) {
+  for (const std::string name : {"resnet", "transformer"}) {
+    SCOPED_TRACE(name);
+    auto config = model_config(name, /*quick=*/true);
+    config.batch *= 8;  // activations well above the few kilobytes a step holds besides
+    auto model = build_model(config);
+    const auto x = ckpt::models::make_input(config);
+    auto profiler = std::make_shared<ckpt::ModeledProfiler>(cpu_profile());
+    ckpt::PlannedSequential probe(model, ckpt::Budget::minimum(),
+                                  ckpt::PlannedSequentialOptions().profiler(profiler));
+    // Clones that keep a graph into the parameters alive while they plan, as a user's code may.
+    std::vector<torch::Tensor> before;
+    for (const auto& t : model->parameters()) before.push_back(t.clone());
+    for (const auto& t : model->buffers()) before.push_back(t.clone());
+    probe->plan(x);
+    size_t i = 0;  // planning neither read nor changed the model's values
+    for (const auto& t : model->parameters()) EXPECT_TRUE(ckpt::test::bit_equal(t, before[i++]));
+    for (const auto& t : model->buffers()) EXPECT_TRUE(ckpt::test::bit_equal(t, before[i++]));
+    const int64_t smallest = probe->budget_bytes();
+    // Above the smallest budget, where the planner's model of the step is close enough for a
+    // plan from a real profile to fit too (at the smallest, both measure a few percent above it).
+    for (const int64_t budget : {smallest * 5 / 4, smallest * 3 / 2}) {
+      ckpt::PlannedSequential planned(model, ckpt::Budget::bytes(budget),
+                                      ckpt::PlannedSequentialOptions().profiler(profiler));
+      planned->plan(x);
+      const int64_t measured = measured_step_peak(planned, x);
+      EXPECT_LE(measured, budget) << "measured " << measured << ", predicted "
+                                  << planned->prediction().peak_bytes;
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// A model that reads a value in its forward, or takes a boolean mask, can't be planned without
+// its values: the error names the operator.
+TEST(ModeledDeviceTest, ReadingValuesIsRefusedWithTheOperatorsName) {
+  ckpt::DeviceProfile profile = cpu_profile();
+  const ckpt::ModeledDevice device(profile);
+  const auto x = torch::empty({4, 8}, torch::kMeta);
+  CKPT_EXPECT_THROWS_WITH(x.sum().item<float>(), "aten::_local_scalar_dense reads tensor values");
+  CKPT_EXPECT_THROWS_WITH(x.index({x > 0}), "reads tensor values");
+  CKPT_EXPECT_THROWS_WITH(x.nonzero(), "aten::nonzero reads tensor values");
+  CKPT_EXPECT_THROWS_WITH(ckpt::ModeledDevice{profile}, "already active on this thread");
+}
+
+TEST(ModeledDeviceTest, AMetaSampleWithoutAModeledDeviceIsRefused) {
+  auto model = build_model(model_config("small", /*quick=*/true));
+  ckpt::move_to_meta(*model);
+  for (const auto& p : model->parameters()) EXPECT_TRUE(p.is_meta());
+  CKPT_EXPECT_THROWS_WITH(ckpt::profile_chain(stages_of(model), torch::empty({4, 8}, torch::kMeta)),
+                          "profile it under a ckpt::ModeledDevice");
+}
+
+TEST(ModeledDeviceTest, ADeviceProfileRoundTripsThroughItsFileAndBadFilesSayWhy) {
+  ckpt::DeviceProfile profile = cpu_profile();
+  profile.memory_bytes = int64_t{80} << 30;
+  profile.flops_per_second = 9.89e14;
+  const std::string path = ::testing::TempDir() + "device.json";
+  profile.save(path);
+  const auto read = ckpt::DeviceProfile::load(path);
+  EXPECT_EQ(read.name, profile.name);
+  EXPECT_EQ(read.memory_bytes, profile.memory_bytes);
+  EXPECT_EQ(read.flops_per_second, profile.flops_per_second);
+  EXPECT_EQ(read.count_cpu_scratch, profile.count_cpu_scratch);
+  CKPT_EXPECT_THROWS_WITH(ckpt::DeviceProfile::load(path + ".missing"), "can't read");
+  {
+    std::ofstream out(path);
+    out << R"({"name": "x", "memory_bytes": 1})";
+  }
+  CKPT_EXPECT_THROWS_WITH(ckpt::DeviceProfile::load(path), "has no \"allocation_granularity\"");
+}
+
+}  // namespace
