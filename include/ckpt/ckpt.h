@@ -18,5 +18,6 @@
 #include <ckpt/profiler.h>
 #include <ckpt/recompute.h>
 #include <ckpt/report.h>
+#include <ckpt/resilient_step.h>
 #include <ckpt/sequential.h>
 #include <ckpt/storage_mode.h>

@@ -53,6 +53,14 @@ class StepStart {
     }
   }
 
+  /// Puts the buffers, the gradients and the RNG back as they were at the start, and measures the
+  /// next run of the step from there.
+  void rewind() {
+    restore_buffers_and_gradients();
+    rng_.restore();
+    start_again();
+  }
+
  private:
   /// Starts measuring at what is allocated now; called again for another run of the step, it
   /// starts the device's high-water mark again there (a failed run's peak would hide the next).
