@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
               cpu.seconds_per_operator * 1e6);
   std::printf(
       "| model | largest peak difference | real profile (s) | meta profile (s) | "
-      "budget | predicted | measured | fits |\n|---|---|---|---|---|---|---|---|\n");
+      "budget | predicted | measured | fits | real profile's plan: predicted | measured |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : ckpt::models::model_names()) compare(name, quick, cpu);
 }

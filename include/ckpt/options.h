@@ -63,6 +63,11 @@ struct CheckpointOptions {
   /// forward and in the recompute, and runs the recompute in full (no early stop); off, it costs
   /// nothing. `set_checkpoint_check_values` overrides it. Default: false
   TORCH_ARG(bool, check_values) = false;
+  /// With `check_values`: checksum only the outputs of these operators ("aten::mm" for every
+  /// overload, "aten::add.Tensor" for one), a sample that costs a pass over their outputs alone;
+  /// every other operator is still checked for its place, shapes and dtypes. Empty: every
+  /// operator's outputs. Default: empty
+  TORCH_ARG(std::vector<std::string>, check_values_ops);
   /// Called once per region when its forward starts (PyTorch's `context_fn`): the contexts the
   /// forward and the recomputes run in. Composes with `policy`. An exception it, or a context,
   /// throws propagates with grad mode, RNG, autocast and buffers as they were. Default: none

@@ -120,7 +120,7 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
   std::optional<ReplayMode> replay;
   std::vector<std::string> recompute_ops;
   RecordingMode recording(recompute_ops);
-  ValueCheckingMode checking(forward_values);
+  ValueCheckingMode checking(forward_values, ValueSample(options.check_values_ops()));
   std::vector<at::Tensor> recomputed;
   {
     std::optional<DispatchModeGuard> replay_guard, recording_guard, checking_guard;
@@ -311,7 +311,8 @@ Region::ForwardScope::ForwardScope(Region& region)
     recording_guard_ = std::make_unique<DispatchModeGuard>(*recording_);
   }
   if (state.options.check_values()) {
-    values_ = std::make_unique<ValueRecordingMode>(state.forward_values);
+    values_ = std::make_unique<ValueRecordingMode>(state.forward_values,
+                                                   ValueSample(state.options.check_values_ops()));
     values_guard_ = std::make_unique<DispatchModeGuard>(*values_);
   }
 }

@@ -63,11 +63,12 @@ bool checkable(const at::Tensor& tensor) {
 // value the forward left, which the region puts back afterwards, so it differs by design. An
 // uninitialised output is made, not checked.
 std::optional<OutputSums> sums_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                                  MadeStorages& made) {
+                                  MadeStorages& made, const ValueSample& sample) {
   if (is_view(op)) return std::nullopt;
   const bool uninitialised = is_uninitialised(op);
   OutputSums sums;
   sums.op = &op.operator_name();
+  const bool summed = sample.sums(op.operator_name());  // else its place, shapes and dtypes only
   const auto& returns = op.schema().returns();
   const size_t first = stack.size() - returns.size();
   for (size_t i = first; i < stack.size(); ++i) {
@@ -76,7 +77,7 @@ std::optional<OutputSums> sums_of(const c10::OperatorHandle& op, const torch::ji
       if (!checkable(t)) return;
       if (!written) made.add(t);
       if (uninitialised || (written && !made.contains(t))) return;
-      sums.outputs.push_back({checksum(t), t.sizes().vec(), t.scalar_type()});
+      sums.outputs.push_back({summed ? checksum(t) : 0, t.sizes().vec(), t.scalar_type()});
     });
   }
   if (uninitialised) return std::nullopt;
@@ -106,14 +107,25 @@ constexpr const char* kCauses =
 
 }  // namespace
 
+ValueSample::ValueSample(std::vector<std::string> ops) : ops_(std::move(ops)) {}
+
+bool ValueSample::sums(const c10::OperatorName& op) const {
+  if (ops_.empty()) return true;
+  for (const std::string& name : ops_) {
+    if (name == op.name || name == operator_label(op)) return true;
+  }
+  return false;
+}
+
 void ValueRecordingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run(op, stack);
-  if (std::optional<OutputSums> sums = sums_of(op, *stack, made_)) record_.push_back(*sums);
+  if (std::optional<OutputSums> sums = sums_of(op, *stack, made_, sample_))
+    record_.push_back(*sums);
 }
 
 void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run(op, stack);
-  const std::optional<OutputSums> now = sums_of(op, *stack, made_);
+  const std::optional<OutputSums> now = sums_of(op, *stack, made_, sample_);
   if (!now) return;
   const size_t position = next_++;
   const std::string name = operator_label(op.operator_name());

@@ -9,7 +9,9 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace ckpt {
@@ -42,14 +44,27 @@ struct OutputSums {
   std::vector<Output> outputs;  // the call's tensor outputs, in stack order
 };
 
+/// The operators whose outputs are checksummed: all, or a sample named by the user.
+class ValueSample {
+ public:
+  /// `ops`: "aten::mm" (every overload) or "aten::add.Tensor" (one); empty: every operator.
+  explicit ValueSample(std::vector<std::string> ops = {});
+  bool sums(const c10::OperatorName& op) const;
+
+ private:
+  std::vector<std::string> ops_;
+};
+
 /// Records the checksums of each call's outputs (the forward's side).
 class ValueRecordingMode : public DispatchMode {
  public:
-  explicit ValueRecordingMode(std::vector<OutputSums>& record) : record_(record) {}
+  ValueRecordingMode(std::vector<OutputSums>& record, ValueSample sample)
+      : record_(record), sample_(std::move(sample)) {}
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
 
  private:
   std::vector<OutputSums>& record_;
+  ValueSample sample_;
   MadeStorages made_;
 };
 
@@ -57,11 +72,13 @@ class ValueRecordingMode : public DispatchMode {
 /// recompute's side), raising an error at the first that differs.
 class ValueCheckingMode : public DispatchMode {
  public:
-  explicit ValueCheckingMode(const std::vector<OutputSums>& record) : record_(record) {}
+  ValueCheckingMode(const std::vector<OutputSums>& record, ValueSample sample)
+      : record_(record), sample_(std::move(sample)) {}
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
 
  private:
   const std::vector<OutputSums>& record_;
+  ValueSample sample_;
   size_t next_ = 0;
   MadeStorages made_;
 };

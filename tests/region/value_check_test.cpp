@@ -113,6 +113,21 @@ TEST_F(ValueCheckTest, ANondeterministicOperatorIsNamedWithBothChecksums) {
   EXPECT_NO_THROW(unchecked.backward());
 }
 
+// A sample of operators: only theirs are checksummed; the others keep their place in the check.
+TEST_F(ValueCheckTest, ASampleOfOperatorsChecksTheirValuesOnly) {
+  const auto fn = [](const torch::Tensor& t) {
+    return (t * torch::sigmoid(noisy(t.detach()))).sum();
+  };
+  torch::Tensor loss = ckpt::checkpoint(
+      ckpt::CheckpointOptions().check_values(true).check_values_ops({"aten::sigmoid"}), fn, x);
+  CKPT_EXPECT_THROWS_WITH(loss.backward(),
+                          "first at aten::sigmoid (checked operator #1 of the region)");
+  x.mutable_grad().reset();
+  torch::Tensor unsampled = ckpt::checkpoint(
+      ckpt::CheckpointOptions().check_values(true).check_values_ops({"aten::mm"}), fn, x);
+  EXPECT_NO_THROW(unsampled.backward());
+}
+
 TEST_F(ValueCheckTest, StateOutsideTheRegionWrittenBeforeTheBackwardIsFound) {
   torch::Tensor scale = torch::full({16}, 2.0);
   const auto fn = [&scale](const torch::Tensor& t) { return (t * scale).tanh().sum(); };

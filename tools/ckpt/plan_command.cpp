@@ -41,7 +41,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& args) {
   CLI::Option* model =
       command
           ->add_option("--model", args.model,
-                       "A bench model (mlp, resnet, transformer, small, small_gelu) measured "
+                       "A bench model (mlp, resnet, transformer, small) measured "
                        "without the device: on the meta device, under --device-profile")
           ->type_name("NAME")
           ->excludes(chain);
