@@ -13,7 +13,8 @@
 //           OutOfMemory::Replan). Prefixed with penalty: (for example
 //           penalty:sequential:16), each step is a gradient-penalty step instead: the input's
 //           gradient with create_graph, then one backward of the loss plus the gradient's squared
-//           norm; with grouped_penalty: both passes run in one ckpt::GraphExecGroup.
+//           norm; with grouped_penalty: both passes run in one ckpt::GraphExecGroup. Prefixed
+//           with resilient: (resilient:sequential:8), each step runs in ckpt::resilient_step.
 
 #include "bench_models.h"
 #include "strategy.h"
@@ -21,6 +22,7 @@
 #include <ckpt/graph_exec_group.h>
 #include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
+#include <ckpt/resilient_step.h>
 #include <ckpt/sequential.h>
 
 #include <torch/torch.h>
@@ -126,11 +128,14 @@ int main(int argc, char** argv) try {
   app.add_option("method", method,
                  "a strategy of `ckpt train --strategy`, planned:BUDGET, surviving:BUDGET, "
                  "intercepted:K or checked:K, "
-                 "optionally prefixed with penalty: or grouped_penalty:")
+                 "optionally prefixed with penalty: or grouped_penalty:, and with resilient:")
       ->required();
   app.add_option("steps", steps, "training steps")->required()->check(CLI::PositiveNumber);
   app.add_flag("--quick", quick, "the small sizes of `ckpt bench --quick`");
   CLI11_PARSE(app, argc, argv);
+  const std::string resilient_prefix = "resilient:";
+  const bool resilient = method.rfind(resilient_prefix, 0) == 0;
+  if (resilient) method = method.substr(resilient_prefix.size());
   torch::set_num_threads(1);
   const auto config = ckpt::models::model_config(model_name, quick);
   torch::nn::Sequential model = ckpt::models::build_model(config);
@@ -139,7 +144,16 @@ int main(int argc, char** argv) try {
   const Forward forward = method_forward(method, model, x.detach());
   for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
   x.mutable_grad() = torch::zeros_like(x);
-  for (int s = 0; s < steps; ++s) run_step(kind, forward, x);
+  for (int s = 0; s < steps; ++s) {
+    if (!resilient) {
+      run_step(kind, forward, x);
+      continue;
+    }
+    ckpt::resilient_step(*model, [&](const ckpt::StepAttempt&) {
+      run_step(kind, forward, x);
+      return 0;
+    });
+  }
   if (g_policy_calls > 0) std::cerr << "policy calls per step: " << g_policy_calls / steps << "\n";
   return 0;
 } catch (const std::exception& e) {
