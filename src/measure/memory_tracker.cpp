@@ -299,6 +299,10 @@ MemoryTracker::MemoryTracker(c10::Device device, MemoryScope scope) : device_(de
               "; an accelerator's caching allocator keeps one count per device. Use "
               "MemoryScope::Process there.");
   if (device_.is_meta()) {  // a modeled device (<ckpt/modeled_device.h>)
+    TORCH_CHECK(detail::modeling_on_this_thread(), "ckpt::MemoryTracker: the memory of ", device_,
+                " can't be measured on its own: meta tensors have shapes, no memory. Measure "
+                "them under a ckpt::ModeledDevice (<ckpt/modeled_device.h>), which counts them "
+                "as a device you choose would.");
     detail::reset_meta_peak();
     return;
   }
@@ -433,7 +437,8 @@ std::ostream& operator<<(std::ostream& out, const MemoryBreakdown& breakdown) {
 }
 
 bool MemoryTracker::can_measure(c10::Device device) {
-  return device.is_cpu() || device.is_meta() || compat::device_memory_measurable(device.type());
+  return device.is_cpu() || (device.is_meta() && detail::modeling_on_this_thread()) ||
+         compat::device_memory_measurable(device.type());
 }
 
 }  // namespace ckpt

@@ -145,15 +145,15 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
 void check_can_profile(const std::vector<torch::nn::AnyModule>& stages,
                        const at::Tensor& sample_input, const char* function) {
   TORCH_CHECK(!stages.empty(), function, ": the chain is empty.");
+  TORCH_CHECK(!sample_input.is_meta() || detail::modeling_on_this_thread(), function,
+              ": the memory of a meta sample input can't be measured on its own: meta tensors "
+              "have shapes, no memory or time; profile it under a ckpt::ModeledDevice "
+              "(<ckpt/modeled_device.h>) that says which device to count and time it as.");
   TORCH_CHECK(MemoryTracker::can_measure(sample_input.device()), function, ": the memory of ",
               sample_input.device(),
               " can't be measured with this LibTorch build (device memory needs LibTorch 2.9 or "
               "later and an accelerator whose allocator keeps statistics). Profile on the CPU, or "
               "plan from a chain measured elsewhere.");
-  TORCH_CHECK(!sample_input.is_meta() || detail::modeling_on_this_thread(), function,
-              ": the sample input is a meta tensor, which has no memory or time of its own; "
-              "profile it under a ckpt::ModeledDevice (<ckpt/modeled_device.h>) that says which "
-              "device to count and time it as.");
 }
 
 // Memory of the sample's device: the counting allocator on the CPU, this thread's allocations

@@ -34,9 +34,9 @@ LAYERS = {
     "include/ckpt/storage_mode.h": 3, "src/chains": 3,
     "include/ckpt/plan": 4, "src/plan": 4,
     "include/ckpt/profiler.h": 5, "include/ckpt/memory_tracker.h": 5, "src/measure": 5,
-    "include/ckpt/model_profiler.h": 5,
+    "include/ckpt/model_profiler.h": 5, "include/ckpt/modeled_device.h": 5,
     "include/ckpt/planned_sequential.h": 6, "src/execute": 6,
-    "include/ckpt/planned_model.h": 6,
+    "include/ckpt/planned_model.h": 6, "include/ckpt/resilient_step.h": 6,
     "include/ckpt/ckpt.h": 7,
     # ckpt::emulated_device: an accelerator for tests, beside ckpt on the LibTorch shim alone.
     "include/ckpt/emulated_device.h": 0, "src/emulated_device": 0,

@@ -109,7 +109,9 @@ TEST(MemoryTrackerTest, CallingThreadScopeIsForTheCpuOnly) {
 }
 
 TEST(MemoryTrackerTest, ADeviceWhoseMemoryCannotBeMeasuredIsAnError) {
-  // The meta device allocates nothing real: a tracker must refuse it rather than report zero.
+  // The meta device allocates nothing real: outside a ckpt::ModeledDevice (which counts it as a
+  // device would, tests/models/modeled_device_test.cpp), a tracker must refuse it rather than
+  // report zero.
   const c10::Device meta(c10::DeviceType::Meta);
   EXPECT_FALSE(ckpt::MemoryTracker::can_measure(meta));
   CKPT_EXPECT_THROWS_WITH(ckpt::MemoryTracker tracker(meta), "can't be measured");
