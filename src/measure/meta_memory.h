@@ -16,7 +16,8 @@ int64_t meta_peak_bytes();
 void reset_meta_peak();
 /// Whether a `ModeledDevice` is active on this thread.
 bool modeling_on_this_thread();
-/// Seconds the cost model has charged to operators on meta tensors since the process started.
+/// Seconds the cost model has charged to this thread's operators on meta tensors since its
+/// `ModeledDevice` started.
 double modeled_seconds();
 
 }  // namespace detail

@@ -33,7 +33,9 @@ namespace {
 std::atomic<int64_t> g_granularity{1};
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
-std::atomic<int64_t> g_picoseconds{0};
+// The modeled clock of this thread, from its ModeledDevice's start: profiles are the same whatever
+// ran before (a clock that went on would round their times differently).
+thread_local int64_t t_picoseconds = 0;
 
 // Meta tensors hold no data: each allocation returns a null data pointer whose context records
 // the bytes counted, so that freeing the storage gives them back.
@@ -246,7 +248,7 @@ class ModeledMode final : public detail::DispatchMode {
     }
     run(op, stack);
     if (!meta && !touches_meta(torch::jit::last(*stack, schema.returns().size()).vec())) return;
-    g_picoseconds.fetch_add(static_cast<int64_t>(1e12 * seconds(op, args, *stack)));
+    t_picoseconds += static_cast<int64_t>(1e12 * seconds(op, args, *stack));
   }
 
  private:
@@ -432,7 +434,7 @@ bool modeling_on_this_thread() {
   return t_modeling;
 }
 double modeled_seconds() {
-  return static_cast<double>(g_picoseconds.load()) * 1e-12;
+  return static_cast<double>(t_picoseconds) * 1e-12;
 }
 
 }  // namespace detail
@@ -459,6 +461,7 @@ ModeledDevice::ModeledDevice(const DeviceProfile& profile) {
   install_counting_allocator();
   register_meta_kernels();
   g_granularity.store(profile.allocation_granularity);
+  t_picoseconds = 0;
   state_ = std::make_unique<State>(profile);
   t_modeling = true;
 }

@@ -3,14 +3,13 @@
 // for every bench model.
 
 #include <ckpt/modeled_device.h>
-#include <ckpt/plan/simulator.h>
-#include <ckpt/plan/solvers.h>
 #include <ckpt/profiler.h>
+#include <ckpt/storage_mode.h>
 
 #include "bench_models.h"
 #include "device/device_suite.h"
+#include "support/modeled_peaks.h"
 
-#include <cmath>
 #include <string>
 #include <vector>
 
@@ -25,10 +24,6 @@ class ModeledDeviceOnDeviceTest : public ckpt::test::DeviceTest {
   }
 };
 
-double relative_difference(int64_t modeled, int64_t real) {
-  return std::abs(static_cast<double>(modeled - real)) / static_cast<double>(real);
-}
-
 TEST_P(ModeledDeviceOnDeviceTest, AMetaProfileOfEveryBenchModelPredictsTheDevicesPeaks) {
   ckpt::DeviceProfile profile;  // an accelerator's allocator: blocks of 512 bytes
   profile.name = "modeled accelerator";
@@ -39,7 +34,11 @@ TEST_P(ModeledDeviceOnDeviceTest, AMetaProfileOfEveryBenchModelPredictsTheDevice
     auto model = ckpt::models::build_model(config);
     model->to(device());
     const auto x = ckpt::models::make_input(config).to(device());
-    const auto real = ckpt::profile_chain({model->begin(), model->end()}, x);
+    // Without "offloaded", which a meta profile does not measure (meta tensors have nothing to
+    // copy): with it, the device's smallest budget is 5% lower on the transformer.
+    const auto real = ckpt::profile_chain(
+        {model->begin(), model->end()}, x,
+        ckpt::ProfileOptions().storage_modes(ckpt::StorageModes::standard().remove("offloaded")));
 
     auto meta = ckpt::models::build_model(config);
     ckpt::move_to_meta(*meta);
@@ -49,18 +48,7 @@ TEST_P(ModeledDeviceOnDeviceTest, AMetaProfileOfEveryBenchModelPredictsTheDevice
       modeled = ckpt::profile_chain({meta->begin(), meta->end()},
                                     torch::empty(x.sizes(), x.options().device(torch::kMeta)));
     }
-    ckpt::plan::OptimalOptions options;
-    const int64_t smallest = ckpt::plan::min_feasible_budget_bytes(modeled, options);
-    const int64_t largest =
-        ckpt::plan::simulate(modeled, ckpt::plan::solve_no_checkpoint(modeled)).peak_bytes;
-    for (int64_t budget : {smallest, (smallest + largest) / 2, largest}) {
-      const auto plan = ckpt::plan::solve_optimal(modeled, budget, options);
-      ASSERT_TRUE(plan.has_value()) << budget;
-      const int64_t predicted = ckpt::plan::simulate(modeled, *plan).peak_bytes;
-      const int64_t on_device = ckpt::plan::simulate(real, *plan).peak_bytes;
-      EXPECT_LE(relative_difference(predicted, on_device), 0.02)
-          << "budget " << budget << ": modeled " << predicted << ", on the device " << on_device;
-    }
+    ckpt::test::expect_peaks_within_two_percent(modeled, real);
   }
 }
 
