@@ -3,7 +3,9 @@
 // the real model runs it.
 
 #include <ckpt/memory_tracker.h>
+#include <ckpt/model_profiler.h>
 #include <ckpt/modeled_device.h>
+#include <ckpt/plan/model.h>
 #include <ckpt/plan/schedule.h>
 #include <ckpt/plan/simulator.h>
 #include <ckpt/plan/solvers.h>
@@ -11,6 +13,7 @@
 #include <ckpt/profiler.h>
 
 #include "bench_models.h"
+#include "marked_models.h"
 #include "support/modeled_peaks.h"
 #include "support/support.h"
 
@@ -153,6 +156,42 @@ TEST(ModeledDeviceTest, ADeviceProfileRoundTripsThroughItsFileAndBadFilesSayWhy)
     out << R"({"name": "x", "memory_bytes": 1})";
   }
   CKPT_EXPECT_THROWS_WITH(ckpt::DeviceProfile::load(path), "has no \"allocation_granularity\"");
+}
+
+}  // namespace
+
+namespace {
+
+// PlannedModel's profiler too: a U-Net whose blocks mark candidates, profiled on the meta device,
+// predicts the peaks of its real profile for the same choices.
+TEST(ModeledDeviceTest, AMetaProfileOfAMarkedModelPredictsTheRealProfilesPeaks) {
+  const auto config = ckpt::models::unet_config(/*quick=*/true);
+  auto model = ckpt::models::make_unet(config);
+  const at::Tensor x = ckpt::models::unet_input(config);
+  const auto real =
+      ckpt::profile_model(model.ptr(), [&] { return model->forward(x).pow(2).mean(); });
+
+  auto meta = ckpt::models::make_unet(config);
+  ckpt::move_to_meta(*meta);
+  const at::Tensor meta_x = torch::empty(x.sizes(), x.options().device(torch::kMeta));
+  const ckpt::ModeledDevice device(cpu_profile());
+  const auto modeled =
+      ckpt::profile_model(meta.ptr(), [&] { return meta->forward(meta_x).pow(2).mean(); });
+
+  ASSERT_EQ(modeled.profile.candidates.size(), real.profile.candidates.size());
+  const int64_t smallest = ckpt::plan::min_model_budget(modeled.profile);
+  const int64_t largest =
+      ckpt::plan::simulate_model(modeled.profile,
+                                 std::vector<int>(modeled.profile.candidates.size(), 0))
+          .peak_bytes;
+  for (int64_t budget : {smallest, (smallest + largest) / 2, largest}) {
+    const auto plan = ckpt::plan::solve_model(modeled.profile, budget);
+    ASSERT_TRUE(plan.feasible) << budget;
+    const int64_t on_real = ckpt::plan::simulate_model(real.profile, plan.choice).peak_bytes;
+    EXPECT_LE(ckpt::test::relative_difference(plan.prediction.peak_bytes, on_real), 0.02)
+        << "budget " << budget << ": modeled " << plan.prediction.peak_bytes << ", real "
+        << on_real;
+  }
 }
 
 }  // namespace
