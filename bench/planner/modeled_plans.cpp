@@ -4,7 +4,7 @@
 // profile took, and the peak a plan made from the meta profile reaches when the real model runs
 // it (counting allocator, above what lived before the step), beside a plan from the real profile.
 //
-//   modeled_plans [--quick] [--threads N]
+//   modeled_plans [--quick] [--threads N] [--models a,b] [--times-smallest X]
 
 #include <ckpt/memory_tracker.h>
 #include <ckpt/modeled_device.h>
@@ -36,6 +36,7 @@ double percent(int64_t modeled, int64_t real) {
   return 100.0 * static_cast<double>(modeled - real) / static_cast<double>(real);
 }
 
+// The peak of a step above what lived before it (x_0 counted, as the planner counts it).
 int64_t step_peak(ckpt::PlannedSequential& planned, const at::Tensor& x) {
   for (auto& p : planned->parameters()) p.mutable_grad().reset();
   ckpt::MemoryTracker tracker;
@@ -45,7 +46,8 @@ int64_t step_peak(ckpt::PlannedSequential& planned, const at::Tensor& x) {
   return tracker.peak_bytes() - before;
 }
 
-void compare(const std::string& name, bool quick, const ckpt::DeviceProfile& device) {
+void compare(const std::string& name, bool quick, double times_smallest,
+             const ckpt::DeviceProfile& device) {
   const auto config = ckpt::models::model_config(name, quick);
   auto model = ckpt::models::build_model(config);
   const auto x = ckpt::models::make_input(config);
@@ -76,7 +78,9 @@ void compare(const std::string& name, bool quick, const ckpt::DeviceProfile& dev
                                       ckpt::plan::simulate(real, *schedule).peak_bytes);
     worst = std::max(worst, std::abs(difference));
   }
-  const int64_t budget = (smallest + largest) / 2;
+  const int64_t budget = times_smallest > 0
+                             ? static_cast<int64_t>(times_smallest * static_cast<double>(smallest))
+                             : (smallest + largest) / 2;
   ckpt::PlannedSequential planned(
       model, ckpt::Budget::bytes(budget),
       ckpt::PlannedSequentialOptions().profiler(std::make_shared<ckpt::ModeledProfiler>(device)));
@@ -99,7 +103,13 @@ int main(int argc, char** argv) {
   CLI::App app{"Plans without the device against plans from a real profile"};
   bool quick = false;
   int threads = 1;
+  double times_smallest = 0;
+  std::vector<std::string> names = ckpt::models::model_names();
   app.add_flag("--quick", quick, "The bench's small sizes");
+  app.add_option("--models", names, "Which bench models")->delimiter(',');
+  app.add_option("--times-smallest", times_smallest,
+                 "Run the plans at this multiple of the smallest budget (default: halfway to "
+                 "storing everything)");
   app.add_option("--threads", threads, "Intra-op threads")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(threads);
@@ -111,5 +121,5 @@ int main(int argc, char** argv) {
       "| model | largest peak difference | real profile (s) | meta profile (s) | "
       "budget | predicted | measured | fits | real profile's plan: predicted | measured |\n"
       "|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const std::string& name : ckpt::models::model_names()) compare(name, quick, cpu);
+  for (const std::string& name : names) compare(name, quick, times_smallest, cpu);
 }
