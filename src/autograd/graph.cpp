@@ -328,6 +328,11 @@ at::Tensor fresh_alias(const at::Tensor& tensor) {
   return tensor.defined() ? tensor.variable_data() : tensor;
 }
 
+at::Tensor output_of(const compat::NodePtr& node, at::Tensor tensor) {
+  torch::autograd::impl::set_gradient_edge(tensor, Edge(node, node->add_input_metadata(tensor)));
+  return tensor;
+}
+
 at::Tensor leaf_variable(const Edge& edge) {
   const auto* accumulator = accumulator_of(edge);
   return accumulator != nullptr ? accumulator->variable : at::Tensor();

@@ -204,6 +204,10 @@ bool is_differentiable(const at::Tensor& tensor);
 /// Unlike detach(), it is not a view of `tensor`, so it keeps no graph alive.
 at::Tensor fresh_alias(const at::Tensor& tensor);
 
+/// `tensor` (a graph-free alias: `fresh_alias` or a detach) made the output of `node`, its only
+/// input: its gradient flows into `node`.
+at::Tensor output_of(const compat::NodePtr& node, at::Tensor tensor);
+
 /// The leaf tensor (a parameter, say) whose gradient accumulator `edge` ends at, or an undefined
 /// tensor when the edge ends elsewhere.
 at::Tensor leaf_variable(const Edge& edge);

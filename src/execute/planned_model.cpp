@@ -3,6 +3,7 @@
 #include <ckpt/memory_label.h>
 
 #include "autograd/buffer_guard.h"
+#include "autograd/graph.h"
 #include "autograd/rng_state.h"
 #include "compat/torch_compat.h"
 #include "out_of_memory.h"
@@ -274,10 +275,7 @@ at::Tensor PlannedModel::run_surviving(const std::function<at::Tensor()>& loss_f
   }
   if (!loss.requires_grad()) return loss;
   auto node = compat::make_node<RetryingBackward>(*this, std::move(start), loss_fn, loss);
-  at::Tensor result = loss.detach();
-  torch::autograd::impl::set_gradient_edge(
-      result, torch::autograd::Edge(node, node->add_input_metadata(result)));
-  return result;
+  return detail::output_of(node, loss.detach());
 }
 
 at::Tensor PlannedModel::run_again(c10::OutOfMemoryError& error, detail::StepStart& start,

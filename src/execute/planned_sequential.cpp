@@ -3,6 +3,7 @@
 #include <ckpt/profiler.h>
 #include <ckpt/report.h>
 
+#include "autograd/graph.h"
 #include "compat/torch_compat.h"
 #include "joined_stages.h"
 #include "out_of_memory.h"
@@ -192,10 +193,7 @@ torch::Tensor run_plain_surviving(std::vector<torch::nn::AnyModule> stages,
   torch::autograd::edge_list next;
   if (input.requires_grad()) next.push_back(torch::autograd::impl::gradient_edge(input));
   auto node = compat::make_node<RetryingChainBackward>(x, start, std::move(next), std::move(again));
-  torch::Tensor result = x.variable_data();
-  torch::autograd::impl::set_gradient_edge(
-      result, torch::autograd::Edge(node, node->add_input_metadata(result)));
-  return result;
+  return detail::output_of(node, detail::fresh_alias(x));
 }
 
 // The planning layer reports a bad solver or budget as std::invalid_argument; the module reports
@@ -460,10 +458,7 @@ torch::Tensor PlannedSequentialImpl::forward(const torch::Tensor& input) {
   }
   auto node = compat::make_node<PlannedBackward>(std::move(runner), std::move(next),
                                                  input.requires_grad(), std::move(again));
-  torch::Tensor result = output.variable_data();
-  torch::autograd::impl::set_gradient_edge(
-      result, torch::autograd::Edge(node, node->add_input_metadata(result)));
-  return result;
+  return detail::output_of(node, detail::fresh_alias(output));
 }
 
 // Runs the chain again from `input` after it ran out of memory (see RunAgain): the state of the
