@@ -195,3 +195,37 @@ TEST(ModeledDeviceTest, AMetaProfileOfAMarkedModelPredictsTheRealProfilesPeaks) 
 }
 
 }  // namespace
+
+namespace {
+
+// The pieces a meta profile stands on: allocations counted with the device's granularity, an
+// operator without a meta kernel (relu, in C++) run on the CPU with its shapes, an in-place one
+// returning its own argument, and the clock charging a matrix product by its arithmetic.
+TEST(ModeledDeviceTest, MetaAllocationsOperatorsWithoutMetaKernelsAndTheClock) {
+  ckpt::DeviceProfile profile = cpu_profile();
+  profile.allocation_granularity = 512;
+  profile.flops_per_second = 1e9;
+  profile.bytes_per_second = 1e15;
+  profile.seconds_per_operator = 0;
+  const ckpt::ModeledDevice device(profile);
+  ckpt::MemoryTracker tracker(torch::kMeta);
+  const int64_t before = tracker.current_bytes();
+  torch::Tensor small = torch::empty({3}, torch::kMeta);  // 12 bytes: one block
+  EXPECT_EQ(tracker.current_bytes() - before, 512);
+  const torch::Tensor a = torch::empty({64, 128}, torch::kMeta);
+  const torch::Tensor b = torch::empty({128, 32}, torch::kMeta);
+  const double start = device.seconds();
+  const torch::Tensor product = torch::mm(a, b);
+  EXPECT_NEAR(device.seconds() - start, 2.0 * 64 * 128 * 32 / 1e9, 1e-9);
+  EXPECT_EQ(product.sizes(), (std::vector<int64_t>{64, 32}));
+  const torch::Tensor relu = torch::relu(product);
+  EXPECT_TRUE(relu.is_meta());
+  EXPECT_EQ(relu.sizes(), product.sizes());
+  torch::Tensor in_place = product.clone();
+  EXPECT_TRUE(torch::relu_(in_place).is_same(in_place));
+  const int64_t with_small = tracker.current_bytes();
+  small.reset();  // freeing gives its block back
+  EXPECT_EQ(tracker.current_bytes(), with_small - 512);
+}
+
+}  // namespace
