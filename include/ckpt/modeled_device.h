@@ -74,7 +74,8 @@ void move_to_meta(torch::nn::Module& module);
 /// count), the profilers' clock advances by the cost model, and operators LibTorch has no meta
 /// kernel for run on zero-filled CPU tensors of the same shapes. A step that reads values (an
 /// `.item()`, an output whose size depends on values such as `nonzero` or a boolean mask) is
-/// refused with an error that names the operator. Not nested, one per thread.
+/// refused with an error that names the operator. One at a time in the process (the meta
+/// allocation count is the process's); not nested.
 class ModeledDevice {
  public:
   explicit ModeledDevice(const DeviceProfile& profile);

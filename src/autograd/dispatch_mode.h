@@ -30,6 +30,16 @@ inline std::string operator_label(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
 
+/// Whether the operator returns a view of an argument (a return aliased without being written):
+/// its output holds no values, and it launches no kernel, of its own.
+inline bool returns_a_view(const c10::OperatorHandle& op) {
+  for (const c10::Argument& ret : op.schema().returns()) {
+    const c10::AliasInfo* alias = ret.alias_info();
+    if (alias != nullptr && !alias->isWrite()) return true;
+  }
+  return false;
+}
+
 /// Calls `fn` on each defined tensor in `value`: a tensor, or a list of tensors or of optional
 /// tensors (an operator's argument or return, as modes see it on the stack).
 template <class Fn>

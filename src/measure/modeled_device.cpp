@@ -196,7 +196,7 @@ double convolution_backward_flops(const std::vector<c10::IValue>& args) {
 // ~~~ The mode: every operator on this thread, timed, run on meta or on zero-filled CPU tensors ~~~
 
 // Operators whose result depends on tensor values, which meta tensors do not have.
-bool reads_values(const std::string& name) {
+const std::unordered_set<std::string>& value_reads() {
   static const std::unordered_set<std::string> names = {"aten::_local_scalar_dense",
                                                         "aten::nonzero",
                                                         "aten::argwhere",
@@ -210,7 +210,11 @@ bool reads_values(const std::string& name) {
                                                         "aten::equal",
                                                         "aten::is_nonzero",
                                                         "aten::repeat_interleave"};
-  return names.count(name) > 0;
+  return names;
+}
+
+bool reads_values(const std::string& name) {
+  return value_reads().count(name) > 0;
 }
 
 bool has_mask_index(const std::vector<c10::IValue>& args) {
@@ -267,10 +271,7 @@ class ModeledMode final : public detail::DispatchMode {
                  const torch::jit::Stack& stack) const {
     const auto& schema = op.schema();
     const auto& returns = schema.returns();
-    if (returns.size() == 1 && returns[0].alias_info() != nullptr &&
-        !returns[0].alias_info()->isWrite()) {
-      return 0.0;
-    }
+    if (detail::returns_a_view(op)) return 0.0;
     if (schema.name().rfind("aten::empty", 0) == 0) return 0.0;
     int64_t bytes = 0;
     for (const auto& arg : args)
@@ -296,7 +297,9 @@ class ModeledMode final : public detail::DispatchMode {
                              op.schema().name() == "aten::convolution_backward";
     if (on_cpu_.count(label) == 0 && !(convolution && profile_.count_cpu_scratch)) {
       try {
-        const std::vector<c10::IValue> kept(*stack);
+        const size_t below = stack->size() - op.schema().arguments().size();
+        const std::vector<c10::IValue> arguments(
+            stack->begin() + static_cast<std::ptrdiff_t>(below), stack->end());
         try {
           detail::DispatchMode::run(op, stack);
           return;
@@ -305,7 +308,8 @@ class ModeledMode final : public detail::DispatchMode {
           // native_batch_norm): run it on the CPU. Not where it is a value read inside the
           // operator (a mask's nonzero inside index): that is an error of its own.
           if (mentions_value_read(error.what())) throw;
-          *stack = kept;
+          stack->resize(below);
+          stack->insert(stack->end(), arguments.begin(), arguments.end());
           on_cpu_.insert(label);
         }
       } catch (const c10::Error& error) {
@@ -317,8 +321,7 @@ class ModeledMode final : public detail::DispatchMode {
   }
 
   static bool mentions_value_read(const std::string& message) {
-    for (const char* name : {"aten::nonzero", "aten::_local_scalar_dense", "aten::masked_select",
-                             "aten::_unique", "aten::unique"}) {
+    for (const std::string& name : value_reads()) {
       if (message.find(name) != std::string::npos) return true;
     }
     return false;
@@ -416,6 +419,8 @@ class ModeledMode final : public detail::DispatchMode {
 };
 
 thread_local bool t_modeling = false;
+// The meta allocator's count and granularity are the process's: one modeled device at a time.
+std::atomic<bool> g_modeling{false};
 
 }  // namespace
 
@@ -458,11 +463,21 @@ ModeledDevice::ModeledDevice(const DeviceProfile& profile) {
               "' needs a granularity of at least 1 byte and positive throughputs; got ",
               profile.allocation_granularity, " B, ", profile.flops_per_second, " FLOP/s, ",
               profile.bytes_per_second, " B/s, ", profile.seconds_per_operator, " s.");
-  install_counting_allocator();
-  register_meta_kernels();
-  g_granularity.store(profile.allocation_granularity);
-  t_picoseconds = 0;
-  state_ = std::make_unique<State>(profile);
+  bool idle = false;
+  TORCH_CHECK(g_modeling.compare_exchange_strong(idle, true),
+              "ckpt::ModeledDevice: another thread models a device now; the meta device's "
+              "allocation count is the process's, so model one device at a time.");
+  try {
+    install_counting_allocator();
+    register_meta_kernels();
+    g_granularity.store(profile.allocation_granularity);
+    t_picoseconds = 0;
+    state_ = std::make_unique<State>(profile);
+  } catch (...) {
+    g_granularity.store(1);
+    g_modeling.store(false);
+    throw;
+  }
   t_modeling = true;
 }
 
@@ -470,6 +485,7 @@ ModeledDevice::~ModeledDevice() {
   state_.reset();
   g_granularity.store(1);
   t_modeling = false;
+  g_modeling.store(false);
 }
 
 const DeviceProfile& ModeledDevice::profile() const {

@@ -16,15 +16,7 @@ namespace detail {
 namespace {
 
 // Operators whose outputs hold no values of their own: uninitialised memory (`empty` and its kin),
-// or a view of a tensor whose values the operator that wrote them is checked for.
-bool is_view(const c10::OperatorHandle& op) {
-  for (const c10::Argument& ret : op.schema().returns()) {
-    const c10::AliasInfo* alias = ret.alias_info();
-    if (alias != nullptr && !alias->isWrite()) return true;
-  }
-  return false;
-}
-
+// or a view (returns_a_view) of a tensor whose values the operator that wrote them is checked for.
 bool is_uninitialised(const c10::OperatorHandle& op) {
   const std::string& name = op.operator_name().name;
   return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
@@ -64,7 +56,7 @@ bool checkable(const at::Tensor& tensor) {
 // uninitialised output is made, not checked.
 std::optional<OutputSums> sums_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                                   MadeStorages& made, const ValueSample& sample) {
-  if (is_view(op)) return std::nullopt;
+  if (returns_a_view(op)) return std::nullopt;
   const bool uninitialised = is_uninitialised(op);
   OutputSums sums;
   sums.op = &op.operator_name();

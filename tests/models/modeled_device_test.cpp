@@ -21,6 +21,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -129,6 +130,10 @@ TEST(ModeledDeviceTest, ReadingValuesIsRefusedWithTheOperatorsName) {
   CKPT_EXPECT_THROWS_WITH(x.index({x > 0}), "reads tensor values");
   CKPT_EXPECT_THROWS_WITH(x.nonzero(), "aten::nonzero reads tensor values");
   CKPT_EXPECT_THROWS_WITH(ckpt::ModeledDevice{profile}, "already active on this thread");
+  // The meta allocation count is the process's: another thread may not model a device meanwhile.
+  std::thread other(
+      [&] { CKPT_EXPECT_THROWS_WITH(ckpt::ModeledDevice{profile}, "another thread models"); });
+  other.join();
 }
 
 TEST(ModeledDeviceTest, AMetaSampleWithoutAModeledDeviceIsRefused) {
