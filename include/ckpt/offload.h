@@ -39,7 +39,9 @@ struct OffloadOptions {
 ///     save) moves once;
 ///   - data already in host memory, and parameters and other leaves that require grad (which
 ///     stay on the device anyway), are kept as they are: a CPU-only program under the guard copies
-///     nothing.
+///     nothing;
+///   - data that requires no grad is copied at the guard's end, if nothing else holds it then: a
+///     frozen parameter and the caller's batch stay, a dropout mask moves.
 /// Gradients are the same bits as without the guard. The host memory a guard's data holds is
 /// freed as the backward uses it up (or with the graph). Regions checkpointed inside the guard
 /// keep their internal graphs out of it (their nodes hold their arguments on the device), and so

@@ -89,19 +89,31 @@ OffloadGroup::~OffloadGroup() {
   count_host_bytes(-host_bytes_);
 }
 
-size_t OffloadGroup::add(const at::Tensor& tensor) {
+size_t OffloadGroup::add(const at::Tensor& tensor, bool if_let_go) {
   const std::lock_guard<std::mutex> lock(mutex_);
   TORCH_INTERNAL_ASSERT(!forward_done_, "ckpt: offloading after the forward's end");
   const c10::StorageImpl* key = tensor.storage().unsafeGetStorageImpl();
   auto found = index_.find(key);
   if (found != index_.end()) {
-    ++slots_[found->second].users;
+    Slot& slot = slots_[found->second];
+    ++slot.users;
+    // Saved once as data to copy now: that decides.
+    if (slot.if_let_go && !if_let_go) start_copy(slot);
     return found->second;
   }
   Slot slot;
   slot.device = tensor.storage();
   slot.where = tensor.device();
   slot.users = 1;
+  slot.if_let_go = if_let_go;
+  if (!if_let_go) start_copy(slot);
+  index_.emplace(key, slots_.size());
+  slots_.push_back(std::move(slot));
+  return slots_.size() - 1;
+}
+
+void OffloadGroup::start_copy(Slot& slot) {
+  slot.if_let_go = false;
   const c10::Stream side = offload_stream(slot.where);
   wait_for(current_stream(slot.where), side);
   const bool pin = pin_memory_ && slot.where.is_cuda();
@@ -115,9 +127,6 @@ size_t OffloadGroup::add(const at::Tensor& tensor) {
   }
   host_bytes_ += slot.host.nbytes();
   count_host_bytes(slot.host.nbytes());
-  index_.emplace(key, slots_.size());
-  slots_.push_back(std::move(slot));
-  return slots_.size() - 1;
 }
 
 void OffloadGroup::finish_forward(const std::vector<at::Tensor>& resident) {
@@ -131,6 +140,7 @@ void OffloadGroup::finish_forward(const std::vector<at::Tensor>& resident) {
     // item 7, where the second met a slot without host memory).
     if (slot.users == 0 || slot.resident) continue;
     slot.resident = true;
+    if (slot.if_let_go) continue;  // never copied
     // The copy writes into the host memory that goes now.
     c10::impl::VirtualGuardImpl(slot.where.type()).synchronizeStream(offload_stream(slot.where));
     host_bytes_ -= slot.host.nbytes();
@@ -139,6 +149,18 @@ void OffloadGroup::finish_forward(const std::vector<at::Tensor>& resident) {
   }
   for (Slot& slot : slots_) {
     if (slot.resident) continue;
+    if (slot.if_let_go) {
+      if (slot.users == 0) {
+        drop_locked(slot);
+        continue;
+      }
+      // Copied only if the group's own reference is the last: else the data stays anyway.
+      if (slot.device.use_count() > 1) {
+        slot.resident = true;
+        continue;
+      }
+      start_copy(slot);
+    }
     slot.copied->block(current_stream(slot.where));
     slot.device = c10::Storage();
     if (slot.users == 0) drop_locked(slot);  // saved, then let go of, inside the forward
@@ -246,7 +268,8 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
       return;
     }
     view_.emplace(tensor);
-    slot_ = group_->add(tensor);
+    // What requires no grad may be data that lives on (a frozen parameter, the batch).
+    slot_ = group_->add(tensor, /*if_let_go=*/!tensor.requires_grad());
   }
 
   at::Tensor call_unpack_hook() override {

@@ -59,8 +59,10 @@ class OffloadGroup {
   OffloadGroup& operator=(const OffloadGroup&) = delete;
 
   /// Starts the copy of `tensor`'s storage (an accelerator's) to the host, unless it is in the
-  /// group already; one more user of it either way. Returns its slot.
-  size_t add(const at::Tensor& tensor);
+  /// group already; one more user of it either way. Returns its slot. `if_let_go`: the copy
+  /// waits for the forward's end, and is made only if nothing else holds the data then (a frozen
+  /// parameter, the caller's batch stay on the device anyway: a copy would only double them).
+  size_t add(const at::Tensor& tensor, bool if_let_go = false);
   /// The end of the forward: the current streams wait for the copies to the host, and the group
   /// lets go of the device data (what else holds it keeps it). The data of `resident` tensors
   /// (the scope's results, which stay on the device for what comes next) is used where it is:
@@ -85,8 +87,10 @@ class OffloadGroup {
     std::unique_ptr<c10::Event> fetched_event;
     c10::Device where{c10::DeviceType::CPU};
     int users = 0;
-    bool resident = false;  // `device` stays: nothing to bring back
+    bool resident = false;   // `device` stays: nothing to bring back
+    bool if_let_go = false;  // copied at the forward's end, if only the group holds it then
   };
+  void start_copy(Slot& slot);
   void prefetch_locked();
   void fetch_slot(Slot& slot);
   void drop_locked(Slot& slot);  // frees the slot's copies
@@ -103,7 +107,9 @@ class OffloadGroup {
 
 /// The saved-tensor hooks of offloading: a tensor on an accelerator goes to `group`; anything else
 /// (host data, parameters and other leaves that require grad, which stay on the device anyway)
-/// is kept as it is. Autograd checks no versions of tensors with hooks, so these hooks do.
+/// is kept as it is. A tensor that requires no grad goes only if nothing else holds it at the end
+/// of the forward (a mask goes; a frozen parameter or the batch stays: issue 45, item 8).
+/// Autograd checks no versions of tensors with hooks, so these hooks do.
 std::unique_ptr<torch::autograd::SavedVariableHooks> offload_hooks(
     std::shared_ptr<OffloadGroup> group);
 
