@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -69,6 +70,12 @@ struct ModelProfileOptions {
   /// producers again), so a plan may let go of several boundaries in a row. Each length costs
   /// extra steps (about one more than the length). Default: 4
   TORCH_ARG(int, max_recompute_chain) = 4;
+  /// Host memory the profiling steps may hold offloaded: each offloaded step offloads only the
+  /// candidates this holds (each counted at what its plain forward leaves live on the device,
+  /// more than it offloads), in as many steps as that takes, and never a candidate that alone
+  /// would not fit (it gets no "offloaded" option). `PlannedModel` passes its own. Default:
+  /// unlimited (one step offloads every candidate)
+  TORCH_ARG(int64_t, host_budget_bytes) = std::numeric_limits<int64_t>::max();
 };
 
 /// The name of the "recomputed" option in a `MeasuredModel` and a plan: the option that ends a

@@ -16,7 +16,9 @@
 
 namespace ckpt {
 namespace detail {
+class LabelScope;
 class OffloadGroup;
+class OffloadedRecord;
 class SavedTensorHooksScope;
 }  // namespace detail
 
@@ -90,8 +92,9 @@ double measure_host_bandwidth(c10::Device device, int64_t bytes, int repeats = 3
 namespace detail {
 
 /// The forward of a region with `CheckpointOptions().offload(true)`: checks the options and the
-/// arguments, enters the forward context and offloads what autograd saves, as an OffloadGuard
-/// does, until `finish`.
+/// arguments, enters the forward context and its region's memory label ("region 3"), offloads
+/// what autograd saves, as an OffloadGuard does, and records into the active report, until
+/// `finish`.
 class OffloadedRegion {
  public:
   OffloadedRegion(const CheckpointOptions& options, const std::vector<at::Tensor>& inputs);
@@ -107,7 +110,9 @@ class OffloadedRegion {
  private:
   std::vector<at::Tensor> inputs_;
   RegionContext context_;
+  std::unique_ptr<LabelScope> label_;
   std::shared_ptr<OffloadGroup> group_;
+  std::unique_ptr<OffloadedRecord> record_;
   std::unique_ptr<SavedTensorHooksScope> scope_;
 };
 

@@ -36,7 +36,8 @@ struct PlannedModelOptions {
   TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
   /// The policy of the "selective" mode; an empty one turns it off. Default: `save_matmuls()`
   TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();
-  /// Host memory the "offloaded" mode may hold at once, in bytes. Default: unlimited
+  /// Host memory the "offloaded" mode may hold at once, in bytes: in planned steps, and in the
+  /// profiling steps (`ModelProfileOptions::host_budget_bytes`). Default: unlimited
   TORCH_ARG(int64_t, host_budget_bytes) = std::numeric_limits<int64_t>::max();
   /// When the budget is below the smallest feasible one, plan for that one with a warning instead
   /// of raising `InfeasibleBudget`. Default: false

@@ -23,9 +23,10 @@ namespace ckpt {
 enum class KeptDecision {
   Kept,        ///< held from the forward until the backward
   Recomputed,  ///< produced again by the backward's recompute
+  Offloaded,   ///< held in host memory from the forward until the backward
 };
 
-/// How reports spell a decision: "kept", "recomputed".
+/// How reports spell a decision: "kept", "recomputed", "offloaded".
 const char* to_string(KeptDecision decision);
 
 /// One tensor of a region's report.
@@ -44,7 +45,9 @@ struct KeptEntry {
   int64_t bytes = 0;
   /// What the entry adds to the report's kept totals: the bytes of the memory block (storage) its
   /// data lives in, the first time the report meets that block; 0 for a block an earlier kept
-  /// entry counted (`shared_with` names it) and for recomputed entries.
+  /// entry counted (`shared_with` names it) and for recomputed entries. For an offloaded entry,
+  /// what it adds to the offloaded totals: its block's host copy, the first time the region meets
+  /// it.
   int64_t counted_bytes = 0;
   /// "region 2: argument #0" where an earlier kept entry counted this entry's block; else empty.
   std::string shared_with;
@@ -57,8 +60,9 @@ struct RegionReport {
   std::string name;
   /// The stage of a `PlannedSequential` the region ran, "stage 4"; empty otherwise.
   std::string stage;
-  /// How it stores: "checkpointed", "checkpointed (reentrant)", "selective"; for a stage, its
-  /// storage mode's name or the schedule's "forward_input", "forward_none", "plain".
+  /// How it stores: "checkpointed", "checkpointed (reentrant)", "selective", "offloaded"
+  /// (`offload(true)`); a `PlannedModel` candidate that runs as no region, "kept"; for a stage,
+  /// its storage mode's name or the schedule's "forward_input", "forward_none", "plain".
   std::string mode;
   /// A sentence where the entries alone would mislead (a region that keeps nothing, a region
   /// nested in another's forward); else empty.
@@ -66,6 +70,7 @@ struct RegionReport {
   std::vector<KeptEntry> entries;
   int64_t kept_bytes = 0;        ///< the sum of the kept entries' `counted_bytes`
   int64_t recomputed_bytes = 0;  ///< the sum of the recomputed entries' `bytes`
+  int64_t offloaded_bytes = 0;   ///< the sum of the offloaded entries' `counted_bytes` (host)
 };
 
 class KeptReport;
@@ -79,7 +84,10 @@ struct ReportAccess;
 ///
 /// A region's entries are its tensor arguments (the recompute starts from them), copies of those
 /// it writes into in place, the outputs of the operators a selective policy saves, and the RNG
-/// states it stashed: decision "kept". The operators its recompute runs again are listed with
+/// states it stashed: decision "kept". What a selective policy offloads, and what an
+/// `offload(true)` region's autograd saves, is listed "offloaded", by the operator that made it,
+/// with the host memory it holds. A `PlannedModel` candidate the plan keeps lists its whole
+/// graph, measured ("graph"). The operators its recompute runs again are listed with
 /// the outputs they produced in the forward, decision "recomputed": what keeping them would have
 /// held (autograd itself may save less, or their inputs instead). Operators whose outputs are
 /// views of, or writes into, their arguments allocate nothing and are not listed. Parameters and
@@ -122,11 +130,14 @@ class KeptReport {
   int64_t kept_bytes() const;
   /// The bytes of the outputs the regions' recomputes produce again.
   int64_t recomputed_bytes() const;
+  /// The host memory the regions' offloaded data holds.
+  int64_t offloaded_bytes() const;
   /// The report for people: one line per region and per entry.
   std::string text() const;
-  /// The report for tools: one JSON object, `{"kept_bytes", "recomputed_bytes", "regions": [{
-  /// "name", "stage", "mode", "note", "kept_bytes", "recomputed_bytes", "entries": [{"what",
-  /// "why", "decision", "shape", "dtype", "device", "bytes", "counted_bytes", "shared_with"}]}]}`.
+  /// The report for tools: one JSON object, `{"kept_bytes", "recomputed_bytes",
+  /// "offloaded_bytes", "regions": [{"name", "stage", "mode", "note", "kept_bytes",
+  /// "recomputed_bytes", "offloaded_bytes", "entries": [{"what", "why", "decision", "shape",
+  /// "dtype", "device", "bytes", "counted_bytes", "shared_with"}]}]}`.
   std::string json() const;
 
  private:
@@ -193,6 +204,9 @@ struct ReportAccess {
                          KeptDecision decision, const at::Tensor& tensor);
   /// Adds an entry the recompute produces again (its `bytes` and metadata filled in).
   static void add_recomputed(KeptReport& report, size_t region, KeptEntry entry);
+  /// Adds an entry held in host memory (its `bytes` and metadata filled in), adding `host_bytes`
+  /// to the offloaded totals.
+  static void add_offloaded(KeptReport& report, size_t region, KeptEntry entry, int64_t host_bytes);
   /// Adds `bytes` measured on `device` without a tensor to name (a stage's whole graph), kept.
   static void add_measured(KeptReport& report, size_t region, std::string what, std::string why,
                            int64_t bytes, c10::Device device);

@@ -35,6 +35,12 @@ void mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   mode->dispatch(op, stack);
 }
 
+}  // namespace
+
+DispatchModesOff::DispatchModesOff() : off_(kModeKey) {}
+
+namespace {
+
 // Registered once, on first use, and kept for the process (a static library has no other safe
 // moment to register: a static initialiser would not run unless something references it).
 void install_fallback() {

@@ -64,6 +64,16 @@ class DispatchMode {
   static void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) { op.callBoxed(stack); }
 };
 
+/// While alive, no mode of this thread sees its operator calls: for ckpt's own work inside a
+/// forward (offloading's copies), which is no operator of the user's function.
+class DispatchModesOff {
+ public:
+  DispatchModesOff();
+
+ private:
+  c10::impl::ExcludeDispatchKeyGuard off_;
+};
+
 /// Whether an operator call of this thread would reach a mode now: a cheap thread-local check.
 bool dispatch_mode_active();
 

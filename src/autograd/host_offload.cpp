@@ -1,5 +1,7 @@
 #include "host_offload.h"
 
+#include "dispatch_mode.h"
+
 #include <ATen/ops/empty.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -89,6 +91,22 @@ OffloadGroup::~OffloadGroup() {
   count_host_bytes(-host_bytes_);
 }
 
+void OffloadGroup::keep_on_device(const std::vector<at::Tensor>& tensors) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const at::Tensor& tensor : tensors) {
+    if (!tensor.defined() || !tensor.has_storage() || tensor.device().is_cpu()) continue;
+    const c10::StorageImpl* key = tensor.storage().unsafeGetStorageImpl();
+    if (index_.count(key) != 0) continue;
+    Slot slot;
+    slot.device = tensor.storage();
+    slot.where = tensor.device();
+    slot.data = key;
+    slot.resident = true;
+    index_.emplace(key, slots_.size());
+    slots_.push_back(std::move(slot));
+  }
+}
+
 size_t OffloadGroup::add(const at::Tensor& tensor, bool if_let_go) {
   const std::lock_guard<std::mutex> lock(mutex_);
   TORCH_INTERNAL_ASSERT(!forward_done_, "ckpt: offloading after the forward's end");
@@ -98,12 +116,13 @@ size_t OffloadGroup::add(const at::Tensor& tensor, bool if_let_go) {
     Slot& slot = slots_[found->second];
     ++slot.users;
     // Saved once as data to copy now: that decides.
-    if (slot.if_let_go && !if_let_go) start_copy(slot);
+    if (slot.if_let_go && !if_let_go && !slot.resident) start_copy(slot);
     return found->second;
   }
   Slot slot;
   slot.device = tensor.storage();
   slot.where = tensor.device();
+  slot.data = key;
   slot.users = 1;
   slot.if_let_go = if_let_go;
   if (!if_let_go) start_copy(slot);
@@ -113,6 +132,7 @@ size_t OffloadGroup::add(const at::Tensor& tensor, bool if_let_go) {
 }
 
 void OffloadGroup::start_copy(Slot& slot) {
+  const DispatchModesOff modes_off;  // the copy is no operator of the forward's
   slot.if_let_go = false;
   const c10::Stream side = offload_stream(slot.where);
   wait_for(current_stream(slot.where), side);
@@ -148,7 +168,10 @@ void OffloadGroup::finish_forward(const std::vector<at::Tensor>& resident) {
     slot.host = at::Tensor();
   }
   for (Slot& slot : slots_) {
-    if (slot.resident) continue;
+    if (slot.resident) {
+      if (slot.users == 0) drop_locked(slot);  // kept, and never saved
+      continue;
+    }
     if (slot.if_let_go) {
       if (slot.users == 0) {
         drop_locked(slot);
@@ -178,6 +201,7 @@ void OffloadGroup::drop_locked(Slot& slot) {
 }
 
 void OffloadGroup::fetch_slot(Slot& slot) {
+  const DispatchModesOff modes_off;
   const c10::Stream side = offload_stream(slot.where);
   const c10::DeviceGuard on_device(slot.where);
   at::Tensor target =
@@ -240,6 +264,16 @@ void OffloadGroup::release(size_t slot_index) {
 int64_t OffloadGroup::host_bytes() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return host_bytes_;
+}
+
+std::vector<OffloadGroup::SlotState> OffloadGroup::slot_states() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<SlotState> states;
+  for (const Slot& slot : slots_) {
+    states.push_back({slot.data, slot.where,
+                      slot.host.defined() ? static_cast<int64_t>(slot.host.nbytes()) : 0});
+  }
+  return states;
 }
 
 namespace {

@@ -58,6 +58,9 @@ class OffloadGroup {
   OffloadGroup(const OffloadGroup&) = delete;
   OffloadGroup& operator=(const OffloadGroup&) = delete;
 
+  /// The data of `tensors` stays on the device (an offloaded region's arguments, which the caller
+  /// holds): what the scope saves of it is used where it is, never copied. Before any `add`.
+  void keep_on_device(const std::vector<at::Tensor>& tensors);
   /// Starts the copy of `tensor`'s storage (an accelerator's) to the host, unless it is in the
   /// group already; one more user of it either way. Returns its slot. `if_let_go`: the copy
   /// waits for the forward's end, and is made only if nothing else holds the data then (a frozen
@@ -78,6 +81,15 @@ class OffloadGroup {
   /// Bytes the group holds in host memory.
   int64_t host_bytes() const;
 
+  /// What a slot holds, for reports.
+  struct SlotState {
+    const c10::StorageImpl* data = nullptr;  // the forward's data, to match (null: dropped)
+    c10::Device where{c10::DeviceType::CPU};
+    int64_t host_bytes = 0;  // its host copy's (0: it stays on the device)
+  };
+  /// Every slot's state; after `finish_forward`, where each slot's data ended up.
+  std::vector<SlotState> slot_states() const;
+
  private:
   struct Slot {
     c10::Storage device;  // the forward's data, until finish_forward
@@ -86,6 +98,7 @@ class OffloadGroup {
     c10::Storage fetched;  // the data back on the device
     std::unique_ptr<c10::Event> fetched_event;
     c10::Device where{c10::DeviceType::CPU};
+    const c10::StorageImpl* data = nullptr;  // identity only: `device` goes at the forward's end
     int users = 0;
     bool resident = false;   // `device` stays: nothing to bring back
     bool if_let_go = false;  // copied at the forward's end, if only the group holds it then

@@ -4,9 +4,11 @@
 
 #include "autograd/buffer_guard.h"
 #include "autograd/graph.h"
+#include "autograd/host_offload.h"
 #include "autograd/rng_state.h"
 #include "compat/torch_compat.h"
 #include "out_of_memory.h"
+#include "stage_report.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -156,25 +158,84 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
       request.input_sources = recomputable_.sources_for(inputs, producers);
       request.recomputable_outputs = plan_.recomputable[c];
     }
+    if (KeptReport* report = detail::active_report()) {
+      first_region_ = report->regions().size();
+      // A report lists what a plain candidate's graph keeps.
+      if (!plan_.regions[c] && !inputs.empty()) {
+        kept_.emplace(inputs.front().device());
+        kept_inputs_ = inputs;
+      }
+    }
     return plan_.regions[c];
   }
   void end(std::vector<at::Tensor>& outputs, const detail::RegionRequest& request) override {
+    if (detail::active_report() != nullptr) report_candidate(outputs);
     label_.reset();
     recomputable_.add(static_cast<int>(next_) - 1, outputs, request);
   }
-  void abandon() noexcept override { label_.reset(); }
+  void abandon() noexcept override {
+    kept_.reset();
+    kept_inputs_.clear();
+    label_.reset();
+  }
 
-  void finish() const {
+  void finish() {
     const auto& expected = plan_.measured.candidates;
-    if (next_ == expected.size()) return;
-    throw PlanMismatch(c10::str("the step reached ", next_, " of the ", expected.size(),
-                                " candidates of the profiled step, not \"", expected[next_].name,
-                                "\""));
+    if (next_ != expected.size()) {
+      throw PlanMismatch(c10::str("the step reached ", next_, " of the ", expected.size(),
+                                  " candidates of the profiled step, not \"", expected[next_].name,
+                                  "\""));
+    }
+    report_held_outputs();
   }
 
  private:
+  // A "kept" candidate's graph. The outputs of every candidate are watched: a later candidate's
+  // graph (or the loss's) may hold them, which is known only at the step's end.
+  void report_candidate(const std::vector<at::Tensor>& outputs) {
+    KeptReport& report = *detail::active_report();
+    if (kept_) {
+      RegionReport region;
+      region.name = MemoryLabel::current();
+      region.mode = "kept";
+      const size_t index = detail::ReportAccess::add_region(report, std::move(region));
+      kept_->add_graph(report, index, outputs, kept_inputs_);
+      kept_.reset();
+      kept_inputs_.clear();
+    }
+    if (report.regions().size() == first_region_) return;  // ran as nothing that keeps
+    const size_t index = report.regions().size() - 1;      // its outermost region finished last
+    for (const at::Tensor& output : outputs) {
+      if (output.defined() && output.has_storage())
+        outputs_.push_back(
+            {index, output.storage().getWeakStorageImpl(), detail::StorageView(output)});
+    }
+  }
+
+  void report_held_outputs() {
+    KeptReport* report = detail::active_report();
+    for (const CandidateOutput& output : outputs_) {
+      const auto storage = output.storage.lock();
+      if (report == nullptr || !storage) continue;  // nothing held it
+      detail::ReportAccess::add_tensor(*report, output.region, "output",
+                                       "a later graph of the step holds it for the backward",
+                                       KeptDecision::Kept, output.view.on(c10::Storage(storage)));
+    }
+    outputs_.clear();
+  }
+
   const Plan& plan_;
   const detail::CandidateNames& names_;
+  // Under a report: the running candidate's first region, and if it runs plainly, what it holds.
+  size_t first_region_ = 0;
+  std::optional<detail::HeldSince> kept_;
+  std::vector<at::Tensor> kept_inputs_;
+  struct CandidateOutput {
+    size_t region;
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // not holding it
+    detail::StorageView view;
+  };
+  std::vector<CandidateOutput> outputs_;
   size_t next_ = 0;
   detail::RecomputableOutputs recomputable_;  // this step's "recomputed" candidates' outputs
   std::optional<MemoryLabel> label_;  // the running candidate's (candidates do not nest here)
@@ -335,7 +396,8 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
                          .count_parameter_gradients(options_.count_parameter_gradients())
                          .preserve_rng_state(options_.preserve_rng_state())
                          .recompute_outputs(options_.recompute_outputs())
-                         .max_recompute_chain(options_.max_recompute_chain())));
+                         .max_recompute_chain(options_.max_recompute_chain())
+                         .host_budget_bytes(options_.host_budget_bytes())));
 }
 
 void PlannedModel::plan(MeasuredModel measured) {

@@ -2,6 +2,7 @@
 
 #include "compat/torch_compat.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace ckpt {
@@ -14,19 +15,7 @@ bool plain(const plan::Op& op) {
 
 }  // namespace
 
-StageReport::StageReport(KeptReport& report, const plan::Op& op, const at::Tensor& input,
-                         std::string mode)
-    : report_(report),
-      op_(op),
-      input_(input),
-      name_("stage " + std::to_string(op.stage)),
-      mode_(std::move(mode)),
-      first_(report.regions().size()),
-      device_(input.device()) {
-  if (!plain(op)) return;
-  // On the CPU, a tracker of the thread's allocations; on a device, its allocator's count (every
-  // thread's): a MemoryTracker there would restart the device's high-water mark, which the
-  // caller may be measuring.
+HeldSince::HeldSince(c10::Device device) : device_(device) {
   if (device_.is_cpu()) {
     tracker_.emplace(device_, MemoryScope::CallingThread);
   } else if (!compat::device_memory_measurable(device_.type())) {
@@ -38,9 +27,43 @@ StageReport::StageReport(KeptReport& report, const plan::Op& op, const at::Tenso
   before_ = allocated();
 }
 
-int64_t StageReport::allocated() const {
+int64_t HeldSince::allocated() const {
   return tracker_ ? tracker_->current_bytes()
                   : compat::device_memory_stats(device_).allocated_bytes;
+}
+
+void HeldSince::add_graph(KeptReport& report, size_t region, const std::vector<at::Tensor>& outputs,
+                          const std::vector<at::Tensor>& inputs) const {
+  if (!measured_) {
+    ReportAccess::regions(report)[region].note =
+        "Keeps its whole graph, which this LibTorch cannot measure on " + device_.str() + ".";
+    return;
+  }
+  int64_t graph = allocated() - before_;
+  std::vector<const c10::StorageImpl*> seen;
+  for (const at::Tensor& t : inputs) {
+    if (t.defined() && t.has_storage()) seen.push_back(t.storage().unsafeGetStorageImpl());
+  }
+  for (const at::Tensor& output : outputs) {
+    if (!output.defined() || !output.has_storage()) continue;
+    const c10::StorageImpl* storage = output.storage().unsafeGetStorageImpl();
+    if (std::find(seen.begin(), seen.end(), storage) != seen.end()) continue;
+    seen.push_back(storage);
+    graph -= static_cast<int64_t>(output.storage().nbytes());
+  }
+  ReportAccess::add_measured(report, region, "graph",
+                             "what autograd saves for its backward (measured)", graph, device_);
+}
+
+StageReport::StageReport(KeptReport& report, const plan::Op& op, const at::Tensor& input,
+                         std::string mode)
+    : report_(report),
+      op_(op),
+      input_(input),
+      name_("stage " + std::to_string(op.stage)),
+      mode_(std::move(mode)),
+      first_(report.regions().size()) {
+  if (plain(op)) held_.emplace(input.device());
 }
 
 void StageReport::finish(bool input_held, const at::Tensor& output, const RngStash* rng,
@@ -69,7 +92,9 @@ void StageReport::finish(bool input_held, const at::Tensor& output, const RngSta
                                  : "the schedule keeps it: the stage runs again from it",
                              KeptDecision::Kept, input_);
   }
-  if (plain(op_)) add_graph(output);
+  // A plain stage keeps its whole graph: autograd's saved tensors, less its output (an entry of
+  // its own, or the caller's for the last stage).
+  if (held_) held_->add_graph(report_, region, {output}, {input_});
   if (output.defined() && !last) {
     ReportAccess::add_tensor(report_, region, "output",
                              "the stage's graph holds it until its backward; the next stage "
@@ -81,25 +106,6 @@ void StageReport::finish(bool input_held, const at::Tensor& output, const RngSta
                              "the stage drew random numbers: its recompute replays them",
                              KeptDecision::Kept, rng->cpu_state());
   }
-}
-
-// A plain stage keeps its whole graph: autograd's saved tensors, as the tracker measures them,
-// less its output (an entry of its own, or the caller's for the last stage).
-void StageReport::add_graph(const at::Tensor& output) {
-  const size_t region = ReportAccess::regions(report_).size() - 1;
-  if (!measured_) {
-    ReportAccess::regions(report_)[region].note =
-        "Keeps its whole graph, which this LibTorch cannot measure on " + device_.str() + ".";
-    return;
-  }
-  int64_t graph = allocated() - before_;
-  if (output.has_storage() &&
-      output.storage().unsafeGetStorageImpl() != input_.storage().unsafeGetStorageImpl()) {
-    graph -= static_cast<int64_t>(output.storage().nbytes());
-  }
-  ReportAccess::add_measured(report_, region, "graph",
-                             "what autograd saves for the stage's backward (measured)", graph,
-                             device_);
 }
 
 }  // namespace detail

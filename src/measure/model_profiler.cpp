@@ -16,6 +16,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -615,7 +617,8 @@ struct ModeRun {
   std::string name;
   bool recomputes;  // a region that runs its forward again in the backward (not offloading)
   std::shared_ptr<StepRecord> step;
-  Matching matching;  // where each plain event is in `step`
+  Matching matching;             // where each plain event is in `step`
+  std::vector<bool> measured{};  // the candidates the step ran in the mode (empty: all)
 };
 
 bool same_candidates(const StepRecord& a, const StepRecord& b) {
@@ -679,6 +682,7 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
   candidate.options.push_back({"stored", kept.costs.seconds, 0, {}, {}});
   if (span.backward_begin < 0) return candidate;  // no gradient reaches it: nothing to save
   for (const ModeRun& run : modes) {
+    if (!run.measured.empty() && !run.measured[c]) continue;
     const Span mode_span = span_of(*run.step, c);
     if (mode_span.backward_begin < 0) continue;
     const CandidateInStep mode{run.step->candidates[c], mode_span,
@@ -908,6 +912,7 @@ std::vector<KeptTakersOption> add_kept_takers_options(plan::ModelProfile& profil
     const CandidateInStep stored{plain.candidates[c], span, costs_of(plain, span, c)};
     plan::Candidate& candidate = profile.candidates[c];
     for (const ModeRun& run : steps) {
+      if (!run.measured.empty() && !run.measured[c]) continue;
       const auto same_mode = std::find_if(candidate.options.begin(), candidate.options.end(),
                                           [&](const auto& o) { return o.name == run.name; });
       const Span mode_span = span_of(*run.step, c);
@@ -957,6 +962,36 @@ std::string segment_label(const StepRecord& step, const Event& end) {
       return "end of the backward";
   }
   return "";
+}
+
+// The candidates each step of a mode runs in it: all in one step, except offloading under a host
+// budget, where a step offloads only as many as the budget holds (each counted at what its plain
+// forward leaves live, which is more than it offloads: its outputs stay), and none that alone
+// would not fit (issue 45, item 16: profiling held 1.6 MB under a 1 MiB host budget).
+std::vector<std::vector<bool>> measured_together(const StepRecord& plain, bool offloads,
+                                                 int64_t host_budget) {
+  const size_t count = plain.candidates.size();
+  if (!offloads || host_budget == std::numeric_limits<int64_t>::max()) {
+    return {std::vector<bool>(count, true)};
+  }
+  std::vector<std::vector<bool>> groups;
+  int64_t held = 0;
+  for (size_t c = 0; c < count; ++c) {
+    const int index = static_cast<int>(c);
+    int64_t bytes = costs_of(plain, span_of(plain, index), index).forward_kept;
+    for (const WatchedStorage& w : plain.candidates[c].watched) {
+      if (w.output) bytes -= w.bytes;  // stays on the device
+    }
+    bytes = std::max<int64_t>(0, bytes);
+    if (bytes > host_budget) continue;
+    if (groups.empty() || held + bytes > host_budget) {
+      groups.emplace_back(count, false);
+      held = 0;
+    }
+    groups.back()[c] = true;
+    held += bytes;
+  }
+  return groups;
 }
 
 MeasuredModel measured_model(const StepRecord& plain, const std::vector<ModeRun>& modes,
@@ -1036,18 +1071,24 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
       record_step(setup, {region});
       call_sites_taught = true;
     }
-    rng.restore();
-    auto step = record_step(setup, {region});
-    check_same_candidates(*plain, *step, mode.name);
-    Matching matching = matching_events(*plain, *step);
-    modes.push_back({mode.name, !region->offload(), std::move(step), std::move(matching)});
-    if (std::find(kept.begin(), kept.end(), true) == kept.end()) continue;
-    rng.restore();
-    auto beside_kept = record_step(setup, {region, kept});
-    check_same_candidates(*plain, *beside_kept, mode.name + kKeptTakers);
-    matching = matching_events(*plain, *beside_kept);
-    with_kept_takers.push_back(
-        {mode.name, !region->offload(), std::move(beside_kept), std::move(matching)});
+    for (const std::vector<bool>& group :
+         measured_together(*plain, region->offload(), options.host_budget_bytes())) {
+      std::vector<bool> others(group.size());
+      std::transform(group.begin(), group.end(), others.begin(), std::logical_not<>());
+      rng.restore();
+      auto step = record_step(setup, {region, others});
+      check_same_candidates(*plain, *step, mode.name);
+      Matching matching = matching_events(*plain, *step);
+      modes.push_back({mode.name, !region->offload(), std::move(step), std::move(matching), group});
+      if (std::find(kept.begin(), kept.end(), true) == kept.end()) continue;
+      for (size_t c = 0; c < others.size(); ++c) others[c] = others[c] || kept[c];
+      rng.restore();
+      auto beside_kept = record_step(setup, {region, others});
+      check_same_candidates(*plain, *beside_kept, mode.name + kKeptTakers);
+      matching = matching_events(*plain, *beside_kept);
+      with_kept_takers.push_back(
+          {mode.name, !region->offload(), std::move(beside_kept), std::move(matching), group});
+    }
   }
   const auto checkpointed = std::find_if(modes.begin(), modes.end(),
                                          [](const ModeRun& m) { return m.name == "checkpointed"; });

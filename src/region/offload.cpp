@@ -5,6 +5,10 @@
 
 #include "autograd/host_offload.h"
 #include "autograd/saved_tensor_hooks.h"
+#include "report_record.h"
+
+#include <ckpt/memory_label.h>
+#include <ckpt/report.h>
 
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
@@ -101,20 +105,29 @@ OffloadedRegion::OffloadedRegion(const CheckpointOptions& options,
     if (contexts.forward) context_ = contexts.forward();
   }
   inputs_ = inputs;
+  label_ = std::make_unique<LabelScope>(next_region_label());
   group_ = std::make_shared<OffloadGroup>(/*pin_memory=*/true);
+  group_->keep_on_device(inputs);  // the caller holds them: a copy would be dropped at the end
+  if (KeptReport* report = active_report()) record_ = std::make_unique<OffloadedRecord>(*report);
   scope_ =
       std::make_unique<SavedTensorHooksScope>([group = group_] { return offload_hooks(group); });
 }
 
 void OffloadedRegion::finish(const std::vector<at::Tensor>& outputs) {
   scope_.reset();
-  std::vector<at::Tensor> resident = std::move(inputs_);
+  std::vector<at::Tensor> resident = inputs_;
   resident.insert(resident.end(), outputs.begin(), outputs.end());
   group_->finish_forward(resident);
+  if (record_) record_->finish(*group_, inputs_);
+  record_.reset();
+  inputs_.clear();
+  label_.reset();
 }
 
 OffloadedRegion::~OffloadedRegion() {
-  if (scope_) finish({});  // the function threw
+  if (!scope_) return;
+  record_.reset();  // the function threw: a region that failed records nothing
+  finish({});
 }
 
 }  // namespace detail

@@ -41,6 +41,18 @@ std::string region_title(const RegionReport& region) {
   return title + " (" + region.mode + ")";
 }
 
+int64_t sum_over(const std::vector<RegionReport>& regions, int64_t RegionReport::*field) {
+  int64_t total = 0;
+  for (const RegionReport& region : regions) total += region.*field;
+  return total;
+}
+
+bool offloads(const RegionReport& region) {
+  return std::any_of(region.entries.begin(), region.entries.end(), [](const KeptEntry& entry) {
+    return entry.decision == KeptDecision::Offloaded;
+  });
+}
+
 nlohmann::json entry_json(const KeptEntry& entry) {
   return {{"what", entry.what},
           {"why", entry.why},
@@ -61,20 +73,22 @@ const char* to_string(KeptDecision decision) {
       return "kept";
     case KeptDecision::Recomputed:
       return "recomputed";
+    case KeptDecision::Offloaded:
+      return "offloaded";
   }
   return "unknown";
 }
 
 int64_t KeptReport::kept_bytes() const {
-  int64_t total = 0;
-  for (const RegionReport& region : regions_) total += region.kept_bytes;
-  return total;
+  return sum_over(regions_, &RegionReport::kept_bytes);
 }
 
 int64_t KeptReport::recomputed_bytes() const {
-  int64_t total = 0;
-  for (const RegionReport& region : regions_) total += region.recomputed_bytes;
-  return total;
+  return sum_over(regions_, &RegionReport::recomputed_bytes);
+}
+
+int64_t KeptReport::offloaded_bytes() const {
+  return sum_over(regions_, &RegionReport::offloaded_bytes);
 }
 
 std::string KeptReport::text() const {
@@ -85,13 +99,17 @@ std::string KeptReport::text() const {
       shape_width = std::max(shape_width, shape_text(entry.shape).size() + 2);
     }
   }
+  const bool any_offloaded = std::any_of(regions_.begin(), regions_.end(), offloads);
   std::ostringstream out;
+  // Offloading is said only where something was offloaded.
   out << "kept for the backward: " << human_bytes(kept_bytes()) << " in " << regions_.size()
-      << (regions_.size() == 1 ? " region" : " regions")
-      << "; recomputed: " << human_bytes(recomputed_bytes()) << "\n";
+      << (regions_.size() == 1 ? " region" : " regions");
+  if (any_offloaded) out << "; offloaded: " << human_bytes(offloaded_bytes());
+  out << "; recomputed: " << human_bytes(recomputed_bytes()) << "\n";
   for (const RegionReport& region : regions_) {
-    out << region_title(region) << ": kept " << human_bytes(region.kept_bytes) << ", recomputed "
-        << human_bytes(region.recomputed_bytes) << "\n";
+    out << region_title(region) << ": kept " << human_bytes(region.kept_bytes);
+    if (offloads(region)) out << ", offloaded " << human_bytes(region.offloaded_bytes);
+    out << ", recomputed " << human_bytes(region.recomputed_bytes) << "\n";
     if (!region.note.empty()) out << "  " << region.note << "\n";
     for (const KeptEntry& entry : region.entries) {
       std::string size = human_bytes(entry.bytes);
@@ -118,10 +136,12 @@ std::string KeptReport::json() const {
                        {"note", region.note},
                        {"kept_bytes", region.kept_bytes},
                        {"recomputed_bytes", region.recomputed_bytes},
+                       {"offloaded_bytes", region.offloaded_bytes},
                        {"entries", std::move(entries)}});
   }
   const nlohmann::json document = {{"kept_bytes", kept_bytes()},
                                    {"recomputed_bytes", recomputed_bytes()},
+                                   {"offloaded_bytes", offloaded_bytes()},
                                    {"regions", std::move(regions)}};
   return document.dump(2);
 }
@@ -195,6 +215,15 @@ void ReportAccess::add_recomputed(KeptReport& report, size_t region, KeptEntry e
   target.entries.push_back(std::move(entry));
 }
 
+void ReportAccess::add_offloaded(KeptReport& report, size_t region, KeptEntry entry,
+                                 int64_t host_bytes) {
+  RegionReport& target = report.regions_.at(region);
+  entry.decision = KeptDecision::Offloaded;
+  entry.counted_bytes = host_bytes;
+  target.offloaded_bytes += host_bytes;
+  target.entries.push_back(std::move(entry));
+}
+
 void ReportAccess::add_measured(KeptReport& report, size_t region, std::string what,
                                 std::string why, int64_t bytes, c10::Device device) {
   RegionReport& target = report.regions_.at(region);
@@ -224,6 +253,7 @@ void ReportAccess::freed_with(KeptReport& report, size_t first, const std::strin
     region.note = "Ran inside the forward of " + outer +
                   ", which lets go of it with its graph: its backward recomputes all of it.";
     region.kept_bytes = 0;
+    region.offloaded_bytes = 0;
     for (KeptEntry& entry : region.entries) {
       if (entry.decision == KeptDecision::Recomputed) continue;
       entry.decision = KeptDecision::Recomputed;

@@ -1,5 +1,7 @@
 #include "report_record.h"
 
+#include <ckpt/memory_label.h>
+
 #include "region_state.h"
 #include "selective.h"
 
@@ -14,6 +16,18 @@ namespace {
 
 std::string nth_output(const std::string& name, size_t k, size_t count) {
   return count > 1 ? name + " output #" + std::to_string(k) : name;
+}
+
+// An entry's metadata from where an offloaded tensor lay on its device.
+KeptEntry entry_of(const StorageView& view, c10::Device device) {
+  KeptEntry entry;
+  entry.shape = view.sizes;
+  entry.dtype = c10::typeMetaToScalarType(view.dtype);
+  entry.device = device;
+  int64_t numel = 1;
+  for (const int64_t size : view.sizes) numel *= size;
+  entry.bytes = numel * static_cast<int64_t>(view.dtype.itemsize());
+  return entry;
 }
 
 }  // namespace
@@ -37,7 +51,7 @@ void ReportMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stac
           std::find(arguments.begin(), arguments.end(), storage) != arguments.end())
         return;
       record.outputs.push_back({t.sizes().vec(), t.scalar_type(), t.device(),
-                                static_cast<int64_t>(t.numel() * t.element_size())});
+                                static_cast<int64_t>(t.numel() * t.element_size()), storage});
     });
   }
   if (!record.outputs.empty()) ops_.push_back(std::move(record));
@@ -110,28 +124,102 @@ void RegionRecord::add_kept(size_t region, const RegionState& state) {
            state.input_copies.kept(i));
     }
   }
-  if (state.kept) {
-    for (const KeptOutputs::Entry& entry : state.kept->entries) {
-      std::vector<at::Tensor> tensors;
-      for (const c10::IValue& value : entry.returns) {
-        for_each_tensor(value, [&](const at::Tensor& t) { tensors.push_back(t); });
-      }
-      for (size_t k = 0; k < tensors.size(); ++k) {
-        kept(nth_output(operator_label(entry.op), k, tensors.size()),
-             entry.offload ? (entry.must ? "the policy offloads it (MustOffload)"
-                                         : "the policy offloads it (PreferOffload)")
-             : entry.must  ? "the policy saves it (MustSave)"
-                           : "the policy saves it (PreferSave)",
-             tensors[k]);
-      }
-    }
-  }
+  if (state.kept) add_policy_kept(region, *state.kept);
   if (!state.rng.has_value()) return;
   kept("RNG state (cpu)", "the forward drew random numbers: the recompute replays them",
        state.rng->cpu_state());
   for (size_t k = 0; k < state.rng->device_states().size(); ++k) {
     kept("RNG state (" + state.rng->device_generators()[k].device().str() + ")",
          "the recompute replays the device's random numbers", state.rng->device_states()[k]);
+  }
+}
+
+OffloadedRecord::OffloadedRecord(KeptReport& report)
+    : report_(report), name_(MemoryLabel::current()), mode_(nullptr, ops_) {
+  recording_.emplace(mode_);
+}
+
+// The operator whose output last took `data` in the forward (the slot held it from then on).
+const RecordedOp::Output* OffloadedRecord::producer(const c10::StorageImpl* data,
+                                                    std::string& name) const {
+  for (auto op = ops_.rbegin(); op != ops_.rend(); ++op) {
+    for (size_t k = 0; k < op->outputs.size(); ++k) {
+      if (op->outputs[k].storage != data) continue;
+      name = nth_output(op->name, k, op->outputs.size());
+      return &op->outputs[k];
+    }
+  }
+  return nullptr;
+}
+
+void OffloadedRecord::finish(const OffloadGroup& group, const std::vector<at::Tensor>& inputs) {
+  recording_.reset();
+  RegionReport report_region;
+  report_region.name = name_;
+  report_region.mode = "offloaded";
+  const size_t region = ReportAccess::add_region(report_, std::move(report_region));
+  for (const OffloadGroup::SlotState& slot : group.slot_states()) {
+    if (slot.data == nullptr) continue;
+    const auto input = std::find_if(inputs.begin(), inputs.end(), [&](const at::Tensor& t) {
+      return t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == slot.data;
+    });
+    if (input != inputs.end()) {
+      ReportAccess::add_tensor(report_, region,
+                               "argument #" + std::to_string(input - inputs.begin()),
+                               "autograd saves it; the caller holds it, so it stays on the device",
+                               KeptDecision::Kept, *input);
+      continue;
+    }
+    // An output, a frozen parameter, data the caller holds: the device keeps it anyway.
+    if (slot.host_bytes == 0) continue;
+    KeptEntry entry;
+    entry.why = "autograd saves it; the region offloads what it computes";
+    entry.device = slot.where;
+    if (const RecordedOp::Output* output = producer(slot.data, entry.what)) {
+      entry.shape = output->shape;
+      entry.dtype = output->dtype;
+      entry.bytes = output->bytes;
+    } else {
+      entry.what = "saved tensor";  // made before the region
+      entry.bytes = slot.host_bytes;
+    }
+    ReportAccess::add_offloaded(report_, region, std::move(entry), slot.host_bytes);
+  }
+}
+
+// The outputs a selective policy kept: on the device, or (offloaded) as host copies.
+void RegionRecord::add_policy_kept(size_t region, const KeptOutputs& kept) {
+  std::vector<OffloadGroup::SlotState> slots;
+  if (kept.offloaded) slots = kept.offloaded->slot_states();
+  std::vector<bool> counted(slots.size(), false);  // a host copy counts once
+  for (const KeptOutputs::Entry& entry : kept.entries) {
+    // As `watches` lists them: an offloaded output's place holds an undefined tensor.
+    std::vector<at::Tensor> tensors;
+    for (const c10::IValue& value : entry.returns) {
+      if (value.isTensor()) tensors.push_back(value.toTensor());
+      if (value.isTensorList()) {
+        for (const at::Tensor& t : value.toTensorList().vec()) tensors.push_back(t);
+      }
+    }
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      std::string what = nth_output(operator_label(entry.op), k, tensors.size());
+      const auto& host_copy = entry.watches.at(k).host_copy;
+      if (host_copy) {
+        const size_t slot = host_copy->slot;
+        KeptEntry offloaded = entry_of(host_copy->view, slots[slot].where);
+        offloaded.what = std::move(what);
+        offloaded.why = entry.must ? "the policy offloads it (MustOffload)"
+                                   : "the policy offloads it (PreferOffload)";
+        ReportAccess::add_offloaded(report_, region, std::move(offloaded),
+                                    counted[slot] ? 0 : slots[slot].host_bytes);
+        counted[slot] = true;
+      } else if (tensors[k].defined()) {
+        ReportAccess::add_tensor(
+            report_, region, std::move(what),
+            entry.must ? "the policy saves it (MustSave)" : "the policy saves it (PreferSave)",
+            KeptDecision::Kept, tensors[k]);
+      }
+    }
   }
 }
 

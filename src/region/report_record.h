@@ -8,11 +8,13 @@
 #include <ckpt/report.h>
 
 #include "autograd/dispatch_mode.h"
+#include "autograd/host_offload.h"
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,7 @@ struct RecordedOp {
     c10::ScalarType dtype;
     c10::Device device;
     int64_t bytes;
+    const c10::StorageImpl* storage;  // identity only, during the forward
   };
   std::string name;
   bool random = false;  // draws random numbers: never kept
@@ -64,12 +67,32 @@ class RegionRecord {
  private:
   size_t add(std::string note);
   void add_kept(size_t region, const RegionState& state);
+  void add_policy_kept(size_t region, const KeptOutputs& kept);
 
   KeptReport& report_;
   std::string name_;
   std::string mode_;
   size_t first_nested_;  // the report's regions from here on ran inside this one's forward
   std::vector<RecordedOp> ops_;
+};
+
+/// What an offloaded region (`offload(true)`) records into the report active when it starts: the
+/// operators of its forward, to name the data its autograd saves, and at its end where each block
+/// of that data went (host memory, or the device where something else holds it).
+class OffloadedRecord {
+ public:
+  explicit OffloadedRecord(KeptReport& report);
+  /// The forward is over: `group` holds what autograd saved, `inputs` are the region's arguments.
+  void finish(const OffloadGroup& group, const std::vector<at::Tensor>& inputs);
+
+ private:
+  const RecordedOp::Output* producer(const c10::StorageImpl* data, std::string& name) const;
+
+  KeptReport& report_;
+  std::string name_;
+  std::vector<RecordedOp> ops_;
+  ReportMode mode_;
+  std::optional<DispatchModeGuard> recording_;
 };
 
 }  // namespace detail

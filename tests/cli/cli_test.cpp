@@ -489,8 +489,6 @@ TEST(Cli, EmptyValuesAndPathsWhereNoFileCanBeMadeAreRefusedAtOnce) {
                  2, "--host-budget: an empty value");
   expect_refused("bench --quick --no-python --models ''", 2, "--models: an empty value");
   expect_refused(kTiny + "--trace /proc/version", 2, "--trace: ");
-  // Issue 45, item 13: it printed "0 B in 0 regions" for offloaded regions.
-  expect_refused(kTiny + "--strategy offload --report", 2, "does not list offloaded regions yet");
 }
 
 // Issue 29, item 7: with --trace, each run's peak is broken down by kind and by label, in the
@@ -651,6 +649,29 @@ TEST(Cli, TrainReportShowsWhatEachRegionKeeps) {
   const Result plain = run(kTiny + "--strategy selective");
   ASSERT_EQ(plain.code, 0) << plain.err;
   EXPECT_EQ(plain.out.find("--report"), std::string::npos) << plain.out;
+}
+
+// Issue 45, item 13: the report of an offloading run lists each offloaded region and what it
+// moved to host memory (it printed "0 B in 0 regions").
+TEST(Cli, TrainReportListsWhatOffloadedRegionsMove) {
+  const std::string json_path = work_path("tiny_offload_report.json");
+  const Result result =
+      run(kTiny + "--device emulated --strategy offload --report --json " + json_path);
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.out.find("forward/region 1 (offloaded): kept"), std::string::npos) << result.out;
+  const json report = json::parse(read_text(json_path))["checkpointed"]["kept_report"];
+  ASSERT_EQ(report["regions"].size(), 3u);  // as checkpoint_sequential's regions
+  int64_t offloaded = 0;
+  for (const json& region : report["regions"]) {
+    EXPECT_EQ(region["mode"], "offloaded");
+    EXPECT_GT(region["offloaded_bytes"].get<int64_t>(), 0);
+    offloaded += region["offloaded_bytes"].get<int64_t>();
+    for (const json& entry : region["entries"]) {
+      if (entry["decision"] != "offloaded") continue;
+      EXPECT_EQ(entry["what"].get<std::string>().rfind("aten::", 0), 0u) << entry.dump();
+    }
+  }
+  EXPECT_EQ(report["offloaded_bytes"].get<int64_t>(), offloaded);
 }
 
 // Under a planned strategy each stage of the first step's forward has its report, named after

@@ -5,6 +5,7 @@
 #include <ckpt/ckpt.h>
 #include <ckpt/offload.h>
 #include <ckpt/planned_sequential.h>
+#include <ckpt/report.h>
 
 #include "autograd/host_offload.h"
 #include "device/device_suite.h"
@@ -187,7 +188,9 @@ TEST_P(OffloadTest, ConjugateAndNegativeViewsComeBackAsTheyWereSaved) {
         (a2 * b2.conj()).abs().sum() + (r * torch::_neg_view((r * 2).detach())).pow(2).sum();
     guard.reset();
     // a2, b2's conjugate, their product (read by abs) and the negative view.
-    if (offloaded) EXPECT_GE(ckpt::offload_stats().host_bytes, 3 * 4 * 5 * 8 + 4 * 5 * 4);
+    if (offloaded) {
+      EXPECT_GE(ckpt::offload_stats().host_bytes, 3 * 4 * 5 * 8 + 4 * 5 * 4);
+    }
     loss.backward();
     return std::vector<at::Tensor>{a.grad(), b.grad(), r.grad()};
   };
@@ -261,6 +264,82 @@ TEST_P(OffloadTest, MustOffloadPolicyGivesThePlainGradientsWithoutRunningTheKern
   EXPECT_GT(ckpt::offload_stats().host_bytes, 0);
   y.sum().backward();
   EXPECT_EQ(counter.calls(), forward) << "the recompute ran an offloaded product again";
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+}
+
+const ckpt::KeptEntry* find_entry(const ckpt::RegionReport& region, const std::string& what) {
+  for (const auto& entry : region.entries) {
+    if (entry.what == what) return &entry;
+  }
+  return nullptr;
+}
+
+// Issue 45, item 13: a kept report lists offloaded regions and what a policy offloads (the first
+// was missing, the second's outputs unlisted), each by the operator that made it, with the host
+// memory it holds; its kept total is what the device holds after the forward, its offloaded
+// total what offloading holds in host memory.
+TEST_P(OffloadTest, AReportListsWhatOffloadedRegionsAndPoliciesMove) {
+  CKPT_SKIP_IF(missing_memory_statistics());
+  Widening first, second;
+  first->to(device());
+  second->to(device());
+  const auto offload_products = ckpt::SelectivePolicy([](const ckpt::OpCall& call) {
+    return call.name() == "aten::addmm" ? ckpt::CheckpointPolicy::MustOffload
+                                        : ckpt::CheckpointPolicy::PreferRecompute;
+  });
+  const auto x = torch::randn({32, 128}, on().requires_grad(true));
+  ckpt::MemoryTracker tracker(device());
+  const int64_t before = tracker.current_bytes();
+  ckpt::KeptReport report;
+  at::Tensor z;
+  {
+    const ckpt::MemoryLabel label("step");
+    const ckpt::ReportScope scope(report);
+    const at::Tensor y = ckpt::checkpoint(ckpt::CheckpointOptions().offload(true), first, x);
+    z = ckpt::checkpoint(ckpt::CheckpointOptions().policy(offload_products), second, y);
+  }
+  ASSERT_EQ(report.regions().size(), 2u) << report.text();
+  const ckpt::RegionReport& offloaded = report.regions()[0];
+  const ckpt::RegionReport& selective = report.regions()[1];
+  EXPECT_EQ(offloaded.name, "step/region 1");
+  EXPECT_EQ(offloaded.mode, "offloaded");
+  EXPECT_EQ(selective.name, "step/region 2");
+  // The first region's GELU reads in's product, `out` reads the GELU's output (its argument is a
+  // leaf that requires grad: kept where it is, not listed).
+  for (const char* what : {"aten::addmm", "aten::gelu"}) {
+    const ckpt::KeptEntry* entry = find_entry(offloaded, what);
+    ASSERT_NE(entry, nullptr) << what << "\n" << report.text();
+    EXPECT_EQ(entry->decision, ckpt::KeptDecision::Offloaded);
+    EXPECT_EQ(entry->shape, (std::vector<int64_t>{32, 512}));
+    EXPECT_EQ(entry->counted_bytes, 32 * 512 * 4);
+  }
+  EXPECT_EQ(offloaded.offloaded_bytes, 2 * 32 * 512 * 4);
+  EXPECT_EQ(offloaded.kept_bytes, 0);
+  // The second region's products, in host memory; its argument on the device.
+  int64_t products = 0;
+  for (const auto& entry : selective.entries) {
+    if (entry.what != "aten::addmm") continue;
+    EXPECT_EQ(entry.decision, ckpt::KeptDecision::Offloaded);
+    EXPECT_EQ(entry.why, "the policy offloads it (MustOffload)");
+    products += entry.counted_bytes;
+  }
+  EXPECT_EQ(products, 32 * (512 + 128) * 4);
+  EXPECT_EQ(selective.offloaded_bytes, products);
+  ASSERT_NE(find_entry(selective, "argument #0"), nullptr);
+  EXPECT_EQ(report.offloaded_bytes(), ckpt::offload_stats().host_bytes);
+  int64_t kept_on_device = 0;  // the RNG state the selective region stashed is host memory
+  for (const auto& region : report.regions()) {
+    for (const auto& entry : region.entries) {
+      if (entry.decision == ckpt::KeptDecision::Kept && !entry.device.is_cpu())
+        kept_on_device += entry.counted_bytes;
+    }
+  }
+  EXPECT_EQ(kept_on_device,
+            tracker.current_bytes() - before - static_cast<int64_t>(z.storage().nbytes()));
+  EXPECT_NE(report.text().find("step/region 1 (offloaded): kept 0 B, offloaded 128.0 KiB"),
+            std::string::npos)
+      << report.text();
+  z.sum().backward();
   EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
 }
 

@@ -115,6 +115,46 @@ TEST_P(PlannedModelDeviceTest, AMixedPlanRunsAtItsPrediction) {
   expect_like_plain(tower, planned, loss, plain);
 }
 
+// Issue 45, item 16: profiling holds no more host memory than the host budget (one step offloaded
+// every candidate: 1.6 MB under a budget of 1 MiB), and still offers offloading to every candidate
+// that fits; the planned steps stay within it too.
+TEST_P(PlannedModelDeviceTest, ProfilingOffloadsNoMoreThanTheHostBudget) {
+  CKPT_SKIP_IF(missing_rng());
+  CKPT_SKIP_IF(missing_memory_statistics());
+  const at::Tensor x = torch::randn({128, 64}, on());
+  const Step plain = plain_step(x);
+  Tower tower = make_tower();
+  const auto loss = [&] { return tower->forward(x).pow(2).mean(); };
+  ckpt::reset_offload_peak();
+  const ckpt::MeasuredModel unlimited = ckpt::profile_model(tower.ptr(), loss);
+  const int64_t all_offloaded = ckpt::offload_stats().peak_host_bytes;
+  const int64_t budget = all_offloaded / 3;
+  ckpt::reset_offload_peak();
+  const ckpt::MeasuredModel limited =
+      ckpt::profile_model(tower.ptr(), loss, ckpt::ModelProfileOptions().host_budget_bytes(budget));
+  EXPECT_LE(ckpt::offload_stats().peak_host_bytes, budget);
+  ASSERT_EQ(limited.profile.candidates.size(), unlimited.profile.candidates.size());
+  for (size_t c = 0; c < limited.profile.candidates.size(); ++c) {
+    const auto offloaded = [](const ckpt::plan::Candidate& candidate) -> const auto* {
+      for (const auto& option : candidate.options) {
+        if (option.name == "offloaded") return &option;
+      }
+      return static_cast<const ckpt::plan::CandidateOption*>(nullptr);
+    };
+    const auto* with_all = offloaded(unlimited.profile.candidates[c]);
+    const auto* with_budget = offloaded(limited.profile.candidates[c]);
+    ASSERT_EQ(with_all != nullptr, with_budget != nullptr) << c;
+    if (with_all != nullptr) {
+      EXPECT_EQ(with_all->host_bytes, with_budget->host_bytes) << c;
+    }
+  }
+  ckpt::reset_offload_peak();
+  ckpt::PlannedModel planned(tower, ckpt::Budget::parse("min"),
+                             ckpt::PlannedModelOptions().host_budget_bytes(budget));
+  expect_like_plain(tower, planned, loss, plain);
+  EXPECT_LE(ckpt::offload_stats().peak_host_bytes, budget);
+}
+
 CKPT_INSTANTIATE_DEVICE_SUITE(PlannedModelDeviceTest);
 
 // Issue 51, item 1: OutOfMemory::Replan. The emulated device given a capacity raises LibTorch's

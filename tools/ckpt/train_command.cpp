@@ -116,14 +116,6 @@ Strategy parse_strategy(const TrainArgs& args) {
                      ": the reentrant variant would leave the first segment's parameters without "
                      "gradients (its input, token ids, needs none); use sequential:K");
   }
-  // The report lists what checkpointed regions keep; offloaded ones it does not list yet, and
-  // "0 B in 0 regions" would read as nothing kept (issue 45, item 13).
-  if (strategy.kind == Strategy::Kind::Offload && args.report) {
-    throw UsageError(
-        "--report: the report lists what checkpointed regions keep, and does not list "
-        "offloaded regions yet (--strategy " +
-        strategy.text + "); leave out --report, or use sequential:K or selective:K");
-  }
   // An offloaded region refuses host data: say so before any run, naming the devices that work.
   if (strategy.kind == Strategy::Kind::Offload && c10::Device(args.device).is_cpu()) {
     throw UsageError("--strategy " + strategy.text +
