@@ -14,7 +14,9 @@
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <memory>
 #include <optional>
@@ -85,16 +87,19 @@ class CandidateRunnerScope {
 };
 
 // A module holder (`torch::nn::Linear`, a TORCH_MODULE of your own) or a std::shared_ptr to a
-// module: what the module form of `candidate` takes.
+// module: what the module form of `candidate` takes (an AnyModule has a form of its own).
 template <class T, class = void>
 struct IsModuleHandle : std::false_type {};
+template <>
+struct IsModuleHandle<torch::nn::AnyModule> : std::false_type {};
 template <class T>
 struct IsModuleHandle<
     T, std::enable_if_t<std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>>>>
     : std::true_type {};
 template <class T>
 struct IsModuleHandle<
-    T, std::enable_if_t<!std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>> &&
+    T, std::enable_if_t<!std::is_same_v<T, torch::nn::AnyModule> &&
+                        !std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>> &&
                         std::is_convertible_v<decltype(std::declval<const T&>().ptr()),
                                               std::shared_ptr<torch::nn::Module>>>>
     : std::true_type {};
@@ -113,6 +118,15 @@ std::shared_ptr<torch::nn::Module> module_pointer(const T& value) {
 inline CandidateRunner* active_candidate_runner() {
   return at::GradMode::is_enabled() ? candidate_runner() : nullptr;
 }
+
+// Whether `invoke_forward(0, fn, args...)` is well-formed: the module has a forward taking them.
+template <class Fn, class Tuple, class = void>
+struct HasForward : std::false_type {};
+template <class Fn, class... Args>
+struct HasForward<Fn, std::tuple<Args...>,
+                  std::void_t<decltype(invoke_forward(0, std::declval<std::decay_t<Fn>&>(),
+                                                      std::declval<std::decay_t<Args>&>()...))>>
+    : std::true_type {};
 
 // What a marker returns: what `fn(args...)` returns, as `checkpoint` returns it.
 template <class Fn, class... Args>
@@ -192,14 +206,46 @@ auto run_as_candidate(CandidateRunner* runner, const std::string& name,
 template <class Module, class... Args,
           std::enable_if_t<detail::IsModuleHandle<std::decay_t<Module>>::value, int> = 0>
 auto candidate(Module&& module, Args&&... args) {
-  using Result = detail::CandidateResult<Module, Args...>;
+  if constexpr (!detail::HasForward<Module, std::tuple<Args...>>::value) {
+    static_assert(detail::HasForward<Module, std::tuple<Args...>>::value,
+                  "ckpt::candidate: this module has no forward() taking these arguments. A "
+                  "std::shared_ptr<torch::nn::Module> (what layers[i] and layers->ptr(i) give) "
+                  "has none: pass layers->ptr<YourBlockImpl>(i), the AnyModule a Sequential "
+                  "holds, or mark the whole container with ckpt::candidates(layers, x).");
+  } else {
+    using Result = detail::CandidateResult<Module, Args...>;
+    detail::CandidateRunner* runner = detail::active_candidate_runner();
+    if (runner == nullptr)
+      return Result(detail::invoke_forward(0, module, std::forward<Args>(args)...));
+    std::decay_t<Module> handle(std::forward<Module>(module));
+    std::tuple<std::decay_t<Args>...> held(std::forward<Args>(args)...);
+    return detail::run_as_candidate(runner, std::string(), detail::module_pointer(handle), handle,
+                                    held);
+  }
+}
+
+/// Marks a `Sequential`'s element (the `AnyModule` iterating one gives) as a candidate named after
+/// its module's path; its forward must return a tensor. The same as the module form otherwise.
+///
+/// Example:
+/// ```
+/// torch::nn::Sequential stage(torch::nn::Linear(8, 8), torch::nn::ReLU());
+/// auto x = torch::randn({2, 8});
+/// for (const torch::nn::AnyModule& layer : *stage) x = ckpt::candidate(layer, x);
+/// ```
+template <class... Args>
+at::Tensor candidate(const torch::nn::AnyModule& module, Args&&... args) {
+  TORCH_CHECK(!module.is_empty(), "ckpt::candidate: the AnyModule is empty; give it a module.");
   detail::CandidateRunner* runner = detail::active_candidate_runner();
+  // AnyModule::forward is not const, though it changes nothing of the AnyModule itself.
   if (runner == nullptr)
-    return Result(detail::invoke_forward(0, module, std::forward<Args>(args)...));
-  std::decay_t<Module> handle(std::forward<Module>(module));
+    return const_cast<torch::nn::AnyModule&>(module).forward(std::forward<Args>(args)...);
+  auto forward = [module](auto&&... values) {
+    return const_cast<torch::nn::AnyModule&>(module).forward(
+        std::forward<decltype(values)>(values)...);
+  };
   std::tuple<std::decay_t<Args>...> held(std::forward<Args>(args)...);
-  return detail::run_as_candidate(runner, std::string(), detail::module_pointer(handle), handle,
-                                  held);
+  return detail::run_as_candidate(runner, std::string(), module.ptr(), forward, held);
 }
 
 /// Marks `fn(args...)`, a part of the module `owner`'s own forward, as the candidate
@@ -273,6 +319,22 @@ at::Tensor candidates(const torch::nn::ModuleList& blocks, at::Tensor x) {
                 blocks->ptr(i)->name(), ", not the Block type given.");
     x = candidate(block, x);
   }
+  return x;
+}
+
+/// Runs the elements of `blocks` in order, each as a candidate: a ResNet's stage, or any
+/// `Sequential`, marked in one line. Each element's `forward` takes and returns one tensor.
+///
+/// Example:
+/// ```
+/// struct NetImpl : torch::nn::Module {
+///   torch::nn::Sequential stage{torch::nn::Linear(8, 8), torch::nn::ReLU(), torch::nn::Linear(8,
+///   8)}; NetImpl() { register_module("stage", stage); } torch::Tensor forward(const torch::Tensor&
+///   x) { return ckpt::candidates(stage, x); }
+/// };
+/// ```
+inline at::Tensor candidates(const torch::nn::Sequential& blocks, at::Tensor x) {
+  for (const torch::nn::AnyModule& block : *blocks) x = candidate(block, x);
   return x;
 }
 

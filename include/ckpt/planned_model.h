@@ -110,6 +110,24 @@ class PlannedModel {
   /// backward must be `loss.backward()` (not `torch::autograd::grad`, nor a second backward of
   /// the same loss), and this `PlannedModel` must outlive it.
   at::Tensor run(const std::function<at::Tensor()>& loss_fn);
+  /// The step in the two parts a training loop writes: `forward()` gives the model's output,
+  /// `loss(output)` the loss, with the output as an lvalue (a loss functor whose parameters are
+  /// non-const references takes it as it is). The same as `run([&] { auto output = forward();
+  /// return loss(output); })`.
+  ///
+  /// Example:
+  /// ```
+  /// torch::nn::CrossEntropyLoss criterion;
+  /// auto loss = planned.run([&] { return model->forward(x); },
+  ///                         [&](torch::Tensor& logits) { return criterion(logits, labels); });
+  /// ```
+  template <class Forward, class Loss>
+  at::Tensor run(Forward&& forward, Loss&& loss) {
+    return run(std::function<at::Tensor()>([&] {
+      auto output = forward();
+      return at::Tensor(loss(output));
+    }));
+  }
   /// Profiles the step `loss_fn` (running it several times, state put back) and solves.
   void plan(const std::function<at::Tensor()>& loss_fn);
   /// Solves for a given measurement instead of profiling.

@@ -136,6 +136,26 @@ void set_warning_handler(c10::WarningHandler* handler) {
 #endif
 }
 
+WarningFilter::WarningFilter(std::string text)
+    : text_(std::move(text)), previous_(warning_handler()) {
+  set_warning_handler(this);
+}
+
+WarningFilter::~WarningFilter() {
+  set_warning_handler(previous_);
+}
+
+#if CKPT_TORCH_AT_LEAST(2, 0)
+void WarningFilter::process(const c10::Warning& warning) {
+  if (warning.msg().find(text_) == std::string::npos) previous_->process(warning);
+}
+#else
+void WarningFilter::process(const c10::SourceLocation& source_location, const std::string& msg,
+                            const bool verbatim) {
+  if (msg.find(text_) == std::string::npos) previous_->process(source_location, msg, verbatim);
+}
+#endif
+
 bool device_initialized(c10::DeviceType type) {
   if (type == c10::DeviceType::CPU) return false;
 #if CKPT_TORCH_AT_LEAST(2, 3)

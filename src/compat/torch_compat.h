@@ -149,6 +149,26 @@ class MessageWarningHandler : public c10::WarningHandler {
   virtual void on_warning(const std::string& message) = 0;
 };
 
+/// While alive, drops the calling thread's warnings whose message contains `text`, and passes
+/// the others on to the handler that was there.
+class WarningFilter : public c10::WarningHandler {
+ public:
+  explicit WarningFilter(std::string text);
+  ~WarningFilter() override;
+  WarningFilter(const WarningFilter&) = delete;
+  WarningFilter& operator=(const WarningFilter&) = delete;
+#if CKPT_TORCH_AT_LEAST(2, 0)
+  void process(const c10::Warning& warning) override;
+#else
+  void process(const c10::SourceLocation& source_location, const std::string& msg,
+               const bool verbatim) override;
+#endif
+
+ private:
+  std::string text_;
+  c10::WarningHandler* previous_;
+};
+
 // ~~~ Devices: RNG, autocast, memory ~~~
 
 /// Whether the runtime of an accelerator type has been started in this process. 2.x asks the

@@ -1,5 +1,6 @@
 #include "checkpoint_node.h"
 
+#include "compat/torch_compat.h"
 #include "early_stop.h"
 
 #include <ATen/TensorOperators.h>
@@ -10,6 +11,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <mutex>
+#include <optional>
 #include <typeinfo>
 #include <utility>
 
@@ -230,6 +232,11 @@ void NonReentrantBackward::run_recomputed(const RecomputedGraph& graph, const va
     accumulate_sole_gradients_early(border, boundary_, needed,
                                     [this](size_t k) { return sole_holders(k); });
   }
+  // With create_graph the engine warns once that backward(create_graph=True) ties parameters to
+  // their gradients: advice for a user's own backward, which this run is not (a gradient penalty
+  // through torch::autograd::grad raised it; issue 46).
+  std::optional<compat::WarningFilter> engine_advice;
+  if (create_graph) engine_advice.emplace("Using backward() with create_graph=True");
   Engine::get_default_engine().execute(roots, root_grads, keep_graph || create_graph, create_graph,
                                        /*accumulate_grad=*/true, border.outputs());
 }

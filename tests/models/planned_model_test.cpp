@@ -1031,3 +1031,73 @@ TEST_F(PlannedModelTest, ApplyCandidatesRefusesWhatItCannotMarkAndChangesNothing
   EXPECT_NE(model->blocks->ptr(1)->as<torch::nn::LinearImpl>(), nullptr);
   CKPT_EXPECT_THROWS_WITH(ckpt::apply_candidates(*model, nullptr), "the predicate is empty");
 }
+
+// Issue 46, frictions: a ResNet's stages are Sequentials. ckpt::candidates(stage, x) marks each
+// element (each named after its path), as does ckpt::candidate on the AnyModule iterating one
+// gives; planned steps give the plain step's gradients, and without a planner it is the stage.
+struct StagedImpl : torch::nn::Module {
+  torch::nn::Sequential first{torch::nn::Linear(32, 64), torch::nn::Tanh(),
+                              torch::nn::Linear(64, 32)};
+  torch::nn::Sequential second{torch::nn::Linear(32, 64), torch::nn::GELU(),
+                               torch::nn::Linear(64, 32)};
+  StagedImpl() {
+    register_module("first", first);
+    register_module("second", second);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = ckpt::candidates(first, x);
+    for (const torch::nn::AnyModule& layer : *second) x = ckpt::candidate(layer, x);
+    return x;
+  }
+};
+TORCH_MODULE(Staged);
+
+TEST_F(PlannedModelTest, ASequentialsElementsAreCandidates) {
+  const torch::Tensor x = torch::randn({16, 32}, torch::requires_grad());
+  const auto make = [] {
+    torch::manual_seed(4);
+    return Staged();
+  };
+  Staged model = make();
+  const ckpt::MeasuredModel measured =
+      ckpt::profile_model(model.ptr(), [&] { return model->forward(x).pow(2).mean(); });
+  std::vector<std::string> names;
+  for (const auto& candidate : measured.candidates) names.push_back(candidate.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"first.0", "first.1", "first.2", "second.0",
+                                             "second.1", "second.2"}));
+  expect_planned_like_plain<Staged>(
+      make(), make(), [&](Staged& m) { return m->forward(x).pow(2).mean(); },
+      ckpt::Budget::minimum(), 0.02, none_over_counted);
+  Staged plain = make();
+  EXPECT_TRUE(bit_equal(model->forward(x), plain->second->forward(plain->first->forward(x))));
+}
+
+// Issue 46, frictions: the step as forward and loss apart, with a loss functor whose operator()
+// is not const and takes a non-const reference (it needed a const_cast).
+struct SquaredDistance {
+  torch::Tensor target;
+  int calls = 0;
+  torch::Tensor operator()(torch::Tensor& output) {
+    ++calls;
+    return (output - target).pow(2).mean();
+  }
+};
+
+TEST_F(PlannedModelTest, ForwardAndLossMayBeGivenApart) {
+  const torch::Tensor x = torch::randn({64, 256}, torch::requires_grad());
+  const auto make = [] {
+    torch::manual_seed(3);
+    return TemporaryChain();
+  };
+  TemporaryChain plain = make(), marked = make();
+  SquaredDistance loss{torch::randn({64, 256})};
+  const StepResult expected = measured_step(*plain, [&] {
+    torch::Tensor output = plain->forward(x);
+    return loss(output);
+  });
+  ckpt::PlannedModel planned(marked, ckpt::Budget::minimum());
+  const StepResult got =
+      measured_step(*marked, [&] { return planned.run([&] { return marked->forward(x); }, loss); });
+  expect_same_step(expected, got);
+  EXPECT_GT(loss.calls, 2) << "the functor itself, not a copy, is called (plain, profile, step)";
+}

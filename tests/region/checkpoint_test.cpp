@@ -2,6 +2,7 @@
 // repeated backward, concurrency, compared against the same computation without checkpointing.
 
 #include <ckpt/checkpoint.h>
+#include <ckpt/graph_exec_group.h>
 #include <ckpt/memory_tracker.h>
 
 #include "support/support.h"
@@ -345,3 +346,29 @@ TEST_F(CheckpointTest, ThreadsRunRegionsConcurrently) {
 }
 
 }  // namespace
+
+// Issue 46, frictions: a gradient penalty (torch::autograd::grad with create_graph) through a
+// region raised LibTorch's "backward() with create_graph=True" warning, meant for a user's own
+// backward, from the region's recompute; in a GraphExecGroup the gradients are the plain ones' bits
+// (docs/mechanism.md: without one they round differently).
+TEST_F(CheckpointTest, AGradientPenaltyRaisesNoWarningMeantForBackward) {
+  torch::nn::Linear lin(8, 8);
+  const torch::Tensor x0 = torch::randn({4, 8});
+  auto step = [&](bool checkpointed) {
+    auto x = x0.detach().requires_grad_();
+    const ckpt::GraphExecGroup group;
+    auto fn = [&](const torch::Tensor& t) { return torch::tanh(lin(t)); };
+    const torch::Tensor y = checkpointed ? ckpt::checkpoint(fn, x) : fn(x);
+    const auto grads = torch::autograd::grad({y.pow(2).sum()}, {x}, {}, true, true);
+    grads[0].pow(2).sum().backward();
+    std::vector<torch::Tensor> result{x.grad()};
+    for (auto& g : take_grads(*lin)) result.push_back(g);
+    return result;
+  };
+  const auto plain = step(false);
+  ckpt::test::WarningCapture warnings;
+  const auto checkpointed = step(true);
+  EXPECT_FALSE(warnings.contains("create_graph=True"));
+  ASSERT_EQ(plain.size(), checkpointed.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(plain[i], checkpointed[i])) << i;
+}
