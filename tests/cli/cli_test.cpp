@@ -654,6 +654,7 @@ TEST(Cli, TrainReportShowsWhatEachRegionKeeps) {
 // Issue 45, item 13: the report of an offloading run lists each offloaded region and what it
 // moved to host memory (it printed "0 B in 0 regions").
 TEST(Cli, TrainReportListsWhatOffloadedRegionsMove) {
+  if (!CKPT_EMULATED_DEVICE_HOOKS) GTEST_SKIP() << "the emulated device needs LibTorch 2.9+";
   const std::string json_path = work_path("tiny_offload_report.json");
   const Result result =
       run(kTiny + "--device emulated --strategy offload --report --json " + json_path);
