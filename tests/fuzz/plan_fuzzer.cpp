@@ -15,6 +15,7 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -86,7 +87,8 @@ void check_planner(const Chain& chain, FuzzedDataProvider& data) {
   OptimalOptions options;
   options.slots = data.ConsumeIntegralInRange(1, 64);
   const int64_t min_budget = min_feasible_budget_bytes(chain, options);
-  require(min_budget >= chain.input_bytes && min_budget > 0, "the minimum holds the input");
+  // Zero is a valid minimum: a chain whose stages hold no bytes in some storage option.
+  require(min_budget >= chain.input_bytes && min_budget >= 0, "the minimum holds the input");
   const SimulationResult smallest = simulate(chain, solve_min_memory(chain, options));
   require(smallest.valid && smallest.peak_bytes == min_budget, "the minimum is reached exactly");
   const SimulationResult all = simulate(chain, solve_no_checkpoint(chain));
@@ -98,11 +100,15 @@ void check_planner(const Chain& chain, FuzzedDataProvider& data) {
   require(simulate(chain, solve_revolve(chain, data.ConsumeIntegralInRange(1, 8))).valid,
           "revolve schedules are valid");
 
-  const int64_t top = all.peak_bytes + data.ConsumeIntegralInRange<int64_t>(0, 1 << 20);
+  // Budgets are positive, even where the minimum is zero.
+  const int64_t least = std::max<int64_t>(min_budget, 1);
+  const int64_t top =
+      std::max(all.peak_bytes, least) + data.ConsumeIntegralInRange<int64_t>(0, 1 << 20);
   const OptimalTable table(chain, top, options);
   require(table.min_feasible_budget_bytes() == min_budget, "the table knows the minimum");
   for (int probe = 0; probe < 4; ++probe) {
-    const int64_t budget = data.ConsumeIntegralInRange<int64_t>(chain.input_bytes, top);
+    const int64_t budget =
+        data.ConsumeIntegralInRange<int64_t>(std::max<int64_t>(chain.input_bytes, 1), top);
     const auto schedule = table.solve(budget);
     require(schedule.has_value() == (budget >= min_budget), "a schedule exists from the minimum");
     if (!schedule) continue;
@@ -118,7 +124,7 @@ void check_planner(const Chain& chain, FuzzedDataProvider& data) {
     require(exact_result.time <= result.time * (1 + 1e-12), "the exact optimum beats the table");
   }
   // The long-chain solver on a few groups: a schedule for every feasible budget, and it fits.
-  const int64_t grouped_budget = data.ConsumeIntegralInRange<int64_t>(min_budget, top);
+  const int64_t grouped_budget = data.ConsumeIntegralInRange<int64_t>(least, top);
   const auto grouped =
       solve_grouped(chain, grouped_budget, data.ConsumeIntegralInRange(1, chain.size()), options);
   require(grouped.has_value(), "the grouped solver answers every feasible budget");
@@ -126,7 +132,7 @@ void check_planner(const Chain& chain, FuzzedDataProvider& data) {
   require(grouped_result.valid && grouped_result.peak_bytes <= grouped_budget,
           "a grouped schedule fits its budget");
 
-  const int64_t low = data.ConsumeIntegralInRange<int64_t>(min_budget, top);
+  const int64_t low = data.ConsumeIntegralInRange<int64_t>(least, top);
   const int64_t high = data.ConsumeIntegralInRange<int64_t>(low, top);
   require(table.time(high) <= table.time(low), "more memory is never slower");
 }
