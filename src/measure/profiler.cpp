@@ -31,26 +31,6 @@ using detail::seconds_since;
 using detail::storage_bytes;
 using detail::SwappedGradients;
 
-// Zero gradient buffers for the parameters of `stage` that have none, for its lifetime.
-class GradientBuffers {
- public:
-  explicit GradientBuffers(const torch::nn::AnyModule& stage) {
-    for (auto& p : stage.ptr()->parameters()) {
-      if (!p.requires_grad() || p.grad().defined()) continue;
-      p.mutable_grad() = at::zeros_like(p);
-      made_.push_back(p);
-    }
-  }
-  ~GradientBuffers() {
-    for (auto& p : made_) p.mutable_grad().reset();
-  }
-  GradientBuffers(const GradientBuffers&) = delete;
-  GradientBuffers& operator=(const GradientBuffers&) = delete;
-
- private:
-  std::vector<at::Tensor> made_;
-};
-
 // The bytes of the parameter gradients each stage's backward creates (Stage::gradient_bytes): a
 // parameter shared by several stages counts in the last, whose backward runs first.
 std::vector<int64_t> gradient_bytes_per_stage(const std::vector<torch::nn::AnyModule>& stages) {
@@ -88,9 +68,13 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
     forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
 
     at::Tensor grad_output = at::ones_like(graph.output());
-    // The backward accumulates into buffers made only now, as a step's gradients appear only in
-    // its backward: before, they would lift the forward's peak above the plain step's.
-    const GradientBuffers buffers(stage);
+    // The parameters' gradients as a step's backward meets them: made by the backward where the
+    // step starts without them, so that the backward's temporaries include those it makes before
+    // its peak (most of them, in a stage that holds a whole sub-network); buffers made only now
+    // where they exist before the step (made before the forward, they would lift its peak).
+    const SwappedGradients gradients({stage.ptr()}, options.count_parameter_gradients()
+                                                        ? SwappedGradients::Start::None
+                                                        : SwappedGradients::Start::ZeroBuffers);
     tracker.reset_peak();
     const int64_t before_backward = tracker.current_bytes();
     start = detail::clock_now(device);
