@@ -1,79 +1,150 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU and a Python whose torch is a CUDA build: builds ckpt against
-# that torch's LibTorch, runs the device suite's CUDA instances (tests/device: none may skip but
-# those that need two GPUs, on a machine with one), and benchmarks the bench models on
-# the GPU (and one rank of data-parallel training on NCCL, and `ckpt train --device cuda`, whose
-# checkpointed losses must be its plain run's, bit for bit): peak memory (the caching allocator's
-# statistics) and step time for no checkpointing, checkpoint_sequential and planned schedules, one
-# table per model; and offloading against full recompute on the bench transformer beside Python's
-# save_on_cpu (issue 31's targets, reported: a missed target does not fail the script).
-#   CKPT_PYTHON  the Python with torch (default: python3)
-#   OUT          where the results go (default: ./gpu-check)
-# Needs cmake, a C++17 compiler, GoogleTest, CLI11, nlohmann-json and Gloo's headers (libgloo-dev:
-# ckpt::distributed) (scripts/setup.sh installs
-# them on Debian).
-set -euo pipefail
+# The GPU check (docs/gpu-check.md), one command on the lent machine: runs the programs that
+# scripts/gpu-prepare.sh built here against that machine's LibTorch and that the call carries in
+# .gpu/: the device suite's CUDA instances (none may skip but those that need two GPUs), one rank
+# of data-parallel training on NCCL, `ckpt train --device cuda` under each strategy (the
+# checkpointed losses must be the plain run's, bit for bit), the GPU benchmark tables, and
+# offloading against full recompute beside Python's save_on_cpu (reported: a missed target does
+# not fail the check). Nothing is built there and nothing is fetched.
+#
+# Without a CUDA device (the rehearsal, scripts/gpu-rehearse.sh) every step still runs: the CUDA
+# tests skip, training and benchmarks run on ckpt's emulated accelerator instead, and the check
+# exits 3 for that reason alone.
+#   CKPT_PYTHON   the Python whose torch the programs run against (default: python3)
+#   OUT           where the results go: summary.md, check.log, details.tar.gz (default: gpu-check)
+#   CKPT_GPU_DIR  the prepared folder (default: .gpu)
+# Exit status: 0 all passed on a GPU, 1 a step failed, 2 not prepared for this machine, 3 no GPU.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${CKPT_PYTHON:-python3}
 out=${OUT:-gpu-check}
+prepared=${CKPT_GPU_DIR:-.gpu}
 mkdir -p "$out"
-"$py" -c 'import torch, sys; ok = torch.cuda.is_available(); print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name(0) if ok else "no GPU"); sys.exit(0 if ok else 1)' ||
-  { echo "gpu-check: this machine has no CUDA device that $py's torch can use" >&2; exit 1; }
-torch_dir=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$torch_dir;$torch_dir/share/cmake" -DCKPT_PYTHON="$(command -v "$py")" \
-  -DCKPT_BUILD_TOOLS=ON > "$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" --target ckpt_device_tests ckpt_distributed_tests \
-  ckpt_cli 2>&1 | tail -n 20
+details=$(mktemp -d)
+trap 'rm -rf "$details"' EXIT
+summary=$out/summary.md
+failures=0
+check_start=$SECONDS
 
-echo "=== The device suite on CUDA"
-./build-gpu/tests/ckpt_device_tests --gtest_filter='Devices/*/CUDA' 2>&1 |
-  tee "$out/cuda-tests.txt"
-skipped=$(awk '/^\[  SKIPPED \] Devices\// { sub(/,$/, "", $4); print $4 }' "$out/cuda-tests.txt" |
-  sort -u | wc -l)
-two_gpu=$(grep -c '^needs 2 devices of this type' "$out/cuda-tests.txt" || true)
-if ! grep -q '^\[  PASSED  \]' "$out/cuda-tests.txt" || grep -q '^\[  FAILED  \]' "$out/cuda-tests.txt"; then
-  echo "gpu-check: the device suite failed on CUDA" >&2
-  exit 1
-fi
-if [ "$skipped" -ne "$two_gpu" ]; then
-  echo "gpu-check: $((skipped - two_gpu)) CUDA tests skipped although a GPU is present" >&2
-  exit 1
-fi
-[ "$two_gpu" -eq 0 ] || echo "gpu-check: $two_gpu tests skipped: they need two GPUs"
+# record LINE: a line of the summary (and of the log).
+record() { echo "$*" | tee -a "$summary"; }
+failed() { record "- **FAILED**: $1"; failures=$((failures + 1)); }
 
-echo "=== Data-parallel training on NCCL, one rank"
-./build-gpu/tests/ckpt_distributed_tests --gtest_filter='*_CUDA' 2>&1 |
-  tee "$out/distributed-tests.txt"
-if grep -q '\[  SKIPPED \]' "$out/distributed-tests.txt" ||
-   ! grep -q '\[  PASSED  \] 1 test' "$out/distributed-tests.txt"; then
-  echo "gpu-check: the NCCL data-parallel test did not pass although a GPU is present" >&2
-  exit 1
-fi
+# step NAME LIMIT_S COMMAND...: runs a step under a time limit, its output in details/NAME.txt,
+# and records its time and outcome. The limits add up to 465 s: with the start, the whole check
+# ends inside 8 minutes, whatever hangs.
+step() {
+  local name=$1 limit=$2 start=$SECONDS status
+  shift 2
+  echo "=== $name ($(date -u +%H:%M:%S))"
+  timeout --kill-after=10 "$limit" "$@" > "$details/$name.txt" 2>&1
+  status=$?
+  tail -n 40 "$details/$name.txt"
+  if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+    failed "$name: stopped at its limit of $limit s (details.tar.gz has its output so far)"
+  elif [ "$status" -ne 0 ]; then
+    failed "$name: exit status $status (details.tar.gz: $name.txt)"
+  fi
+  record "- $name: $((SECONDS - start)) s"
+  return "$status"
+}
 
-echo "=== ckpt train --device cuda: the checkpointed runs' losses against the plain run's"
-for strategy in sequential:4 selective offload budget:35%; do
-  json="$out/train-cuda-${strategy%%:*}.json"
-  ./build-gpu/tools/ckpt/ckpt train --device cuda --steps 20 --strategy "$strategy" \
-    --json "$json" 2>>"$out/train-cuda-progress.txt" | tee -a "$out/train-cuda.txt"
-  "$py" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["identical_losses"] else 1)' \
-    "$json" || { echo "gpu-check: ckpt train --device cuda --strategy $strategy: losses differ" >&2; exit 1; }
-done
+# What the check needs to know of the machine's Python and torch.
+environment='
+import os, torch
+print("torch", torch.__version__.split("+")[0], torch.__version__, "CUDA", torch.version.cuda)
+print("lib", os.path.join(os.path.dirname(torch.__file__), "lib"))
+print("gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
 
-echo "=== GPU benchmark"
-./build-gpu/tools/ckpt/ckpt bench --device cuda --no-python --no-rss \
-  --markdown "$out/gpu-bench.md" > "$out/gpu-bench.txt"
-cat "$out/gpu-bench.md"
+identical_losses='
+import json, sys
+sys.exit(0 if json.load(open(sys.argv[1]))["identical_losses"] else 1)'
 
-echo "=== Offloading on CUDA"
-# The bench transformer (8 blocks, d = 128, 16 stages; the largest bench transformer): no
-# checkpointing, full recompute (every stage but the last a checkpointed region), ckpt's offload
-# (the same regions offloaded) and Python's save_on_cpu(pin_memory=True) and full recompute on
-# the same model. `ckpt bench` fails only when one of these rows could not be measured.
-./build-gpu/tools/ckpt/ckpt bench --device cuda --models transformer --no-planned --no-rss \
-  --markdown "$out/offload-bench.md" --offload-summary "$out/offload.md" \
-  > "$out/offload-bench.txt" 2>"$out/offload-progress.txt" ||
-  { cat "$out/offload-progress.txt" >&2; echo "gpu-check: the offloading comparison failed" >&2; exit 1; }
-cat "$out/offload.md"
+main() {
+  echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')" > "$summary"
+  if ! "$py" -c "$environment" > "$details/environment.txt" 2>&1; then
+    cat "$details/environment.txt"
+    echo "gpu-check: $py cannot import torch" >&2
+    exit 2
+  fi
+  torch_version=$(awk '$1 == "torch" { print $2 }' "$details/environment.txt")
+  torch_lib=$(awk '$1 == "lib" { print $2 }' "$details/environment.txt")
+  gpu=$(sed -n 's/^gpu //p' "$details/environment.txt")
+  record "- machine: $(nproc) cores; torch $(awk '$1 == "torch" { print $3, "CUDA", $5 }' \
+    "$details/environment.txt"); GPU: ${gpu:-none}"
+
+  if [ ! -f "$prepared/torch-version" ]; then
+    echo "gpu-check: $prepared/ is missing: run scripts/gpu-prepare.sh first and carry it" >&2
+    exit 2
+  fi
+  if [ "$(cat "$prepared/torch-version")" != "$torch_version" ]; then
+    echo "gpu-check: $prepared/ was built against torch $(cat "$prepared/torch-version"), but $py" \
+      "has torch $torch_version: prepare again with CKPT_GPU_TORCH_VERSION=$torch_version" >&2
+    exit 2
+  fi
+  export LD_LIBRARY_PATH="$PWD/$prepared/lib:$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if ldd "$prepared"/bin/* | grep 'not found'; then
+    echo "gpu-check: the prepared programs miss the libraries above on this machine" >&2
+    exit 2
+  fi
+  bin=$prepared/bin
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  if [ -n "$gpu" ]; then device=cuda; else device=emulated; fi
+  record "- device for training and benchmarks: $device"
+
+  # A GoogleTest run's outcome: passed, no failure, and no skip beyond those that need two GPUs.
+  gtest_outcome() {  # NAME
+    local file=$details/$1.txt passed skipped two_gpu
+    passed=$(awk '/^\[  PASSED  \]/ { print $4 }' "$file")
+    skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$file")
+    two_gpu=$(grep -c '^needs 2 devices of this type' "$file")
+    record "  ${passed:-0} passed, $skipped skipped ($two_gpu of them need two GPUs)"
+    [ -z "$gpu" ] && return 0
+    [ "${passed:-0}" -gt 0 ] || failed "$1: no test passed"
+    [ "$skipped" -eq "$two_gpu" ] ||
+      failed "$1: $((skipped - two_gpu)) CUDA tests skipped although a GPU is present"
+  }
+  step cuda-tests 90 "$bin/ckpt_device_tests" --gtest_filter='Devices/*/CUDA'
+  gtest_outcome cuda-tests
+  step nccl-tests 45 "$bin/ckpt_distributed_tests" --gtest_filter='*_CUDA'
+  gtest_outcome nccl-tests
+
+  for strategy in sequential:4 selective offload budget:35%; do
+    name=train-${strategy%%:*}
+    step "$name" 30 "$bin/ckpt" train --device "$device" --steps 20 --strategy "$strategy" \
+      --json "$details/$name.json" &&
+      { "$py" -c "$identical_losses" "$details/$name.json" ||
+        failed "$name: the checkpointed losses differ from the plain run's"; }
+  done
+
+  # The rehearsal's emulated accelerator runs the benchmarks' kernels on this machine's CPU: there
+  # they get small sizes (--quick), and Python's checkpoint (CUDA only) does not run.
+  size=() python_args=(--python "$py" --script bench/compare/torch_checkpoint.py)
+  [ "$device" = cuda ] || { size=(--quick); python_args=(--no-python); }
+  step bench 150 "$bin/ckpt" bench --device "$device" "${size[@]}" --no-python --no-rss \
+    --markdown "$details/bench.md"
+  # The bench transformer (8 blocks, d = 128, 16 stages): no checkpointing, full recompute, ckpt's
+  # offload of the same regions, and Python's save_on_cpu(pin_memory=True) and full recompute.
+  step offload 60 "$bin/ckpt" bench --device "$device" --models transformer --no-planned --no-rss \
+    "${size[@]}" "${python_args[@]}" --markdown "$details/offload-bench.md" \
+    --offload-summary "$details/offload.md"
+  for table in bench.md offload.md; do
+    [ -f "$details/$table" ] && { echo; cat "$details/$table"; } >> "$summary"
+  done
+
+  tar -czf "$out/details.tar.gz" -C "$details" .
+  record "- in all: $((SECONDS - check_start)) s"
+  if [ "$failures" -gt 0 ]; then
+    record "gpu-check: $failures step(s) failed"
+    exit 1
+  fi
+  if [ -z "$gpu" ]; then
+    record "gpu-check: every step passed, but there is no CUDA device here: the CUDA tests" \
+      "skipped and the rest ran on the emulated accelerator (a rehearsal, not a GPU check)"
+    exit 3
+  fi
+  record "gpu-check: passed on $gpu"
+}
+
+main 2>&1 | tee "$out/check.log"
+exit "${PIPESTATUS[0]}"

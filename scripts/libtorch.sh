@@ -1,17 +1,23 @@
 # Sourced by the scripts: which LibTorch to build against, chosen by CKPT_LIBTORCH.
 #   wheel (default)  LibTorch 2.x from the pinned `torch` wheel, in the project's own .venv
+#   wheel-X.Y.Z      the `torch==X.Y.Z` wheel instead, in .venv-X.Y.Z, built in build-X.Y.Z (another
+#                    LibTorch 2.x to check against, e.g. the lent GPU machine's 2.11.0)
 #   debian           Debian's libtorch-dev 1.13.1 (CPU), with python3-torch for comparisons
 #   <directory>      an unpacked LibTorch archive (pytorch.org), passed as CMAKE_PREFIX_PATH
-# Sets CKPT_FAMILY, CKPT_BUILD_DIR and, once set up, CKPT_CMAKE_ARGS and CKPT_PYTHON.
+# Sets CKPT_FAMILY, CKPT_BUILD_DIR, CKPT_VENV (the wheel families) and, once set up,
+# CKPT_CMAKE_ARGS and CKPT_PYTHON.
 CKPT_TORCH_VERSION=2.15.0  # the newest torch on PyPI when last checked; bump with care
 CKPT_LIBTORCH=${CKPT_LIBTORCH:-wheel}
 case "$CKPT_LIBTORCH" in
-  wheel) CKPT_FAMILY=wheel; CKPT_BUILD_DIR=build ;;
+  wheel) CKPT_FAMILY=wheel; CKPT_BUILD_DIR=build; CKPT_VENV=.venv ;;
+  wheel-[0-9]*.[0-9]*.[0-9]*)
+    CKPT_TORCH_VERSION=${CKPT_LIBTORCH#wheel-}
+    CKPT_FAMILY=wheel; CKPT_BUILD_DIR=build-$CKPT_TORCH_VERSION; CKPT_VENV=.venv-$CKPT_TORCH_VERSION ;;
   debian) CKPT_FAMILY=debian; CKPT_BUILD_DIR=build-debian ;;
   *)
     if [ ! -d "$CKPT_LIBTORCH" ]; then
-      echo "ckpt: CKPT_LIBTORCH must be 'wheel', 'debian' or the directory of an unpacked" \
-        "LibTorch, but got '$CKPT_LIBTORCH'" >&2
+      echo "ckpt: CKPT_LIBTORCH must be 'wheel', 'wheel-X.Y.Z' (a torch version), 'debian' or" \
+        "the directory of an unpacked LibTorch, but got '$CKPT_LIBTORCH'" >&2
       exit 2
     fi
     CKPT_FAMILY=archive; CKPT_BUILD_DIR=build-archive ;;
@@ -21,7 +27,7 @@ esac
 ckpt_family_settings() {
   case "$CKPT_FAMILY" in
     wheel)
-      CKPT_PYTHON="$PWD/.venv/bin/python"
+      CKPT_PYTHON="$PWD/$CKPT_VENV/bin/python"
       local torch_dir
       torch_dir=$("$CKPT_PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
       # The torch directory itself first, so that its lib/ wins over a system libtorch.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing ckpt needs on Debian 12, if it is missing. Safe to re-run.
 # CKPT_LIBTORCH (see scripts/libtorch.sh) chooses the LibTorch: the `torch` wheel in .venv
-# (default) or Debian's libtorch-dev.
+# (default), another torch version's wheel in its own .venv-X.Y.Z, or Debian's libtorch-dev.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/libtorch.sh
@@ -35,9 +35,12 @@ fi
 
 if [ "$CKPT_FAMILY" = wheel ]; then
   # The project's own environment, never the system's Python; pip's cache makes re-runs cheap.
-  if ! .venv/bin/python -c "import torch, numpy, sys; sys.exit(torch.__version__.split('+')[0] != '$CKPT_TORCH_VERSION')" 2>/dev/null; then
-    echo "ckpt: installing torch==$CKPT_TORCH_VERSION into .venv (several GB the first time)"
-    /usr/bin/python3 -m venv .venv
-    .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$CKPT_TORCH_VERSION" numpy
+  # --no-compile: Python compiles a module when it is first imported; compiling all of torch's
+  # thousands at install time is work that a build and its tests mostly never use.
+  if ! "$CKPT_VENV/bin/python" -c "import torch, numpy, sys; sys.exit(torch.__version__.split('+')[0] != '$CKPT_TORCH_VERSION')" 2>/dev/null; then
+    echo "ckpt: installing torch==$CKPT_TORCH_VERSION into $CKPT_VENV (several GB the first time)"
+    /usr/bin/python3 -m venv "$CKPT_VENV"
+    "$CKPT_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile \
+      "torch==$CKPT_TORCH_VERSION" numpy
   fi
 fi
