@@ -13,6 +13,7 @@
 #   CKPT_PYTHON   the Python whose torch the programs run against (default: python3)
 #   OUT           where the results go: summary.md, check.log, details.tar.gz (default: gpu-check)
 #   CKPT_GPU_DIR  the prepared folder (default: .gpu)
+#   CKPT_GPU_STEPS  the steps to run, of cuda-tests nccl-tests train bench offload (default: all)
 # Exit status: 0 all passed on a GPU, 1 a step failed, 2 not prepared for this machine, 3 no GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ record() { echo "$*" | tee -a "$summary"; }
 failed() { record "- **FAILED**: $1"; failures=$((failures + 1)); }
 
 # step NAME LIMIT_S COMMAND...: runs a step under a time limit, its output in details/NAME.txt,
-# and records its time and outcome. The limits add up to 465 s: with the start, the whole check
+# and records its time and outcome. The limits add up to 470 s: with the start, the whole check
 # ends inside 8 minutes, whatever hangs.
 step() {
   local name=$1 limit=$2 start=$SECONDS status
@@ -48,6 +49,22 @@ step() {
   record "- $name: $((SECONDS - start)) s"
   return "$status"
 }
+
+# A GoogleTest run's outcome: passed, no failure, and no skip beyond those that need two GPUs.
+gtest_outcome() {  # NAME
+  local file=$details/$1.txt passed skipped two_gpu
+  passed=$(awk '/^\[  PASSED  \]/ { print $4 }' "$file")
+  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$file")
+  two_gpu=$(grep -c '^needs 2 devices of this type' "$file")
+  record "  ${passed:-0} passed, $skipped skipped ($two_gpu of them need two GPUs)"
+  [ -z "$gpu" ] && return 0
+  [ "${passed:-0}" -gt 0 ] || failed "$1: no test passed"
+  [ "$skipped" -eq "$two_gpu" ] ||
+    failed "$1: $((skipped - two_gpu)) CUDA tests skipped although a GPU is present"
+}
+
+# CKPT_GPU_STEPS: the steps to run (a retry of those that failed), default all.
+wanted() { [[ " ${CKPT_GPU_STEPS:-cuda-tests nccl-tests train bench offload} " == *" $1 "* ]]; }
 
 # What the check needs to know of the machine's Python and torch.
 environment='
@@ -92,42 +109,39 @@ main() {
   if [ -n "$gpu" ]; then device=cuda; else device=emulated; fi
   record "- device for training and benchmarks: $device"
 
-  # A GoogleTest run's outcome: passed, no failure, and no skip beyond those that need two GPUs.
-  gtest_outcome() {  # NAME
-    local file=$details/$1.txt passed skipped two_gpu
-    passed=$(awk '/^\[  PASSED  \]/ { print $4 }' "$file")
-    skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$file")
-    two_gpu=$(grep -c '^needs 2 devices of this type' "$file")
-    record "  ${passed:-0} passed, $skipped skipped ($two_gpu of them need two GPUs)"
-    [ -z "$gpu" ] && return 0
-    [ "${passed:-0}" -gt 0 ] || failed "$1: no test passed"
-    [ "$skipped" -eq "$two_gpu" ] ||
-      failed "$1: $((skipped - two_gpu)) CUDA tests skipped although a GPU is present"
-  }
-  step cuda-tests 90 "$bin/ckpt_device_tests" --gtest_filter='Devices/*/CUDA'
-  gtest_outcome cuda-tests
-  step nccl-tests 45 "$bin/ckpt_distributed_tests" --gtest_filter='*_CUDA'
-  gtest_outcome nccl-tests
-
-  for strategy in sequential:4 selective offload budget:35%; do
-    name=train-${strategy%%:*}
-    step "$name" 30 "$bin/ckpt" train --device "$device" --steps 20 --strategy "$strategy" \
-      --json "$details/$name.json" &&
-      { "$py" -c "$identical_losses" "$details/$name.json" ||
-        failed "$name: the checkpointed losses differ from the plain run's"; }
-  done
+  if wanted cuda-tests; then
+    step cuda-tests 80 "$bin/ckpt_device_tests" --gtest_filter='Devices/*/CUDA'
+    gtest_outcome cuda-tests
+  fi
+  if wanted nccl-tests; then
+    step nccl-tests 40 "$bin/ckpt_distributed_tests" --gtest_filter='*_CUDA'
+    gtest_outcome nccl-tests
+  fi
+  if wanted train; then
+    for strategy in sequential:4 selective offload budget:35%; do
+      name=train-${strategy%%:*}
+      step "$name" 40 "$bin/ckpt" train --device "$device" --steps 20 --strategy "$strategy" \
+        --json "$details/$name.json" &&
+        { "$py" -c "$identical_losses" "$details/$name.json" ||
+          failed "$name: the checkpointed losses differ from the plain run's"; }
+    done
+  fi
 
   # The rehearsal's emulated accelerator runs the benchmarks' kernels on this machine's CPU: there
   # they get small sizes (--quick), and Python's checkpoint (CUDA only) does not run.
   size=() python_args=(--python "$py" --script bench/compare/torch_checkpoint.py)
   [ "$device" = cuda ] || { size=(--quick); python_args=(--no-python); }
-  step bench 150 "$bin/ckpt" bench --device "$device" "${size[@]}" --no-python --no-rss \
-    --markdown "$details/bench.md"
+  if wanted bench; then
+    step bench 130 "$bin/ckpt" bench --device "$device" "${size[@]}" --no-python --no-rss \
+      --markdown "$details/bench.md"
+  fi
   # The bench transformer (8 blocks, d = 128, 16 stages): no checkpointing, full recompute, ckpt's
   # offload of the same regions, and Python's save_on_cpu(pin_memory=True) and full recompute.
-  step offload 60 "$bin/ckpt" bench --device "$device" --models transformer --no-planned --no-rss \
-    "${size[@]}" "${python_args[@]}" --markdown "$details/offload-bench.md" \
-    --offload-summary "$details/offload.md"
+  if wanted offload; then
+    step offload 60 "$bin/ckpt" bench --device "$device" --models transformer --no-planned \
+      --no-rss "${size[@]}" "${python_args[@]}" --markdown "$details/offload-bench.md" \
+      --offload-summary "$details/offload.md"
+  fi
   for table in bench.md offload.md; do
     [ -f "$details/$table" ] && { echo; cat "$details/$table"; } >> "$summary"
   done

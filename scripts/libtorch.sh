@@ -49,11 +49,15 @@ ckpt_family_settings() {
 # information (the sanitizers' RelWithDebInfo builds) ccache also hashes the build's directory
 # unless told not to: without CCACHE_NOHASHDIR every fresh clone recompiled both sanitizer builds.
 # The four builds (two families, two sanitizers; debug information) outgrow ccache's default 5 GB,
-# which evicted part of one build while compiling the next.
+# which evicted part of one build while compiling the next. Depend mode: on a miss, ccache
+# otherwise runs the preprocessor once more to hash the file, which cannot use the precompiled
+# header: 2.5 CPU-seconds for a test file, the whole of a cold build's 170 files several minutes.
+# It hashes what the compiler's dependency file (-MD, which Ninja asks for) lists instead.
 ckpt_compiler_cache() {
   command -v ccache >/dev/null || return 0
   CKPT_CMAKE_ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   export CCACHE_BASEDIR="$PWD"
+  export CCACHE_DEPEND=1
   export CCACHE_NOHASHDIR=1
   export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-20G}"
   export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
