@@ -28,8 +28,18 @@ ckpt_family_settings() {
   case "$CKPT_FAMILY" in
     wheel)
       CKPT_PYTHON="$PWD/$CKPT_VENV/bin/python"
-      local torch_dir
+      local torch_dir cuda
       torch_dir=$("$CKPT_PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+      # The wheel is a CUDA build, and its CMake files refuse to configure without the CUDA
+      # toolkit's compiler (FindCUDA: nvcc on the PATH or in /usr/local/cuda), even for the CPU.
+      cuda=$("$CKPT_PYTHON" -c 'import torch; print(torch.version.cuda or "")')
+      if [ -n "$cuda" ] && ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+        echo "ckpt: the torch wheel is a CUDA $cuda build, and LibTorch's CMake files need the" \
+          "CUDA toolkit (nvcc) to build against it, which this machine lacks: install NVIDIA's" \
+          "CUDA toolkit (into /usr/local/cuda or on the PATH), or build against Debian's LibTorch" \
+          "1.13 (CPU) with CKPT_LIBTORCH=debian" >&2
+        exit 2
+      fi
       # The torch directory itself first, so that its lib/ wins over a system libtorch.
       CKPT_CMAKE_ARGS=("-DCMAKE_PREFIX_PATH=$torch_dir;$torch_dir/share/cmake") ;;
     debian)
