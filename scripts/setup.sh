@@ -34,7 +34,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ "$CKPT_FAMILY" = wheel ]; then
-  # The project's own environment, never the system's Python; a re-run finds it and installs nothing.
+  # The project's own environment, never the system's Python; a re-run finds it, installs nothing.
   # --no-compile: Python compiles a module when it is first imported; compiling all of torch's
   # thousands at install time is work that a build and its tests mostly never use.
   if ! "$CKPT_VENV/bin/python" -c "import torch, numpy, sys; sys.exit(torch.__version__.split('+')[0] != '$CKPT_TORCH_VERSION')" 2>/dev/null; then
