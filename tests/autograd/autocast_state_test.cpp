@@ -4,7 +4,7 @@
 #include "autograd/autocast_state.h"
 #include "support/support.h"
 
-namespace {
+namespace autocast_state_test {
 
 using ckpt::detail::AutocastScope;
 using ckpt::detail::AutocastState;
@@ -72,4 +72,4 @@ TEST(AutocastStateTest, EveryAcceleratorTypeAutocastKnowsIsCapturedAndReplayed) 
   EXPECT_EQ(known, CKPT_TORCH_AT_LEAST(2, 4) ? 5 : 0);
 }
 
-}  // namespace
+}  // namespace autocast_state_test

@@ -9,7 +9,7 @@
 
 #include <sstream>
 
-namespace {
+namespace modules_test {
 
 using ckpt::test::bit_equal;
 
@@ -319,4 +319,4 @@ TEST_F(ModulesTest, ApplyCheckpointingWarnsAboutNestedMatchesAndModulesRegistere
   EXPECT_TRUE(warnings.contains("distinct_parameters"));
 }
 
-}  // namespace
+}  // namespace modules_test

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-namespace {
+namespace sequential_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -231,10 +231,6 @@ TEST(SequentialMemoryTest, SqrtNSegmentsHalveThePeakOfA64LayerMlp) {
   EXPECT_LE(sqrt_n * 2, plain) << "plain " << plain << " sqrt(n) " << sqrt_n;
 }
 
-}  // namespace
-
-namespace {
-
 // A module that reads a tensor requiring grad that it does not own (a weight tied to another
 // module's, say): the region finds it on its border and gives it its gradient.
 struct CapturesOutsideImpl : torch::nn::Module {
@@ -270,8 +266,6 @@ TEST(SequentialBorderTest, SegmentsSupportAutogradGradAndDoubleBackward) {
   auto expected_gg = torch::autograd::grad({expected.sum()}, {x})[0];
   EXPECT_TRUE(ckpt::test::close(gg, expected_gg));
 }
-
-}  // namespace
 
 // A nested model (blocks, each a chain of two halves) joined into one chain of halves: the same
 // modules in order, so checkpointing it at every segment count gives the nested model's step.
@@ -329,3 +323,5 @@ TEST(JoinChainsTest, ChainOfAModuleListOfBlocks) {
     EXPECT_NE(message.find("LinearImpl"), std::string::npos) << message;
   }
 }
+
+}  // namespace sequential_test

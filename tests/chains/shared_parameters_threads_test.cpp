@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace shared_parameters_threads_test {
 
 using Step = std::function<torch::Tensor(const torch::Tensor&)>;
 
@@ -103,4 +103,4 @@ TEST_F(SharedParametersThreadsTest, PlannedSequential) {
   expect_exact_accumulation([&](const torch::Tensor& x) { return planned(x); });
 }
 
-}  // namespace
+}  // namespace shared_parameters_threads_test

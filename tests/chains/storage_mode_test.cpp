@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace {
+namespace storage_mode_test {
 
 std::optional<ckpt::CheckpointOptions> plain_region(const ckpt::StorageSettings&) {
   return ckpt::CheckpointOptions();
@@ -74,4 +74,4 @@ TEST(StorageModes, SelectTakesNamesInTheirOrder) {
   }
 }
 
-}  // namespace
+}  // namespace storage_mode_test

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace checkpoint_device_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -382,4 +382,4 @@ TEST_P(CheckpointDeviceTest, AWeightAutocastCachedBeforeTheRegionIsCastAgainInsi
 
 CKPT_INSTANTIATE_DEVICE_SUITE(CheckpointDeviceTest);
 
-}  // namespace
+}  // namespace checkpoint_device_test

@@ -8,7 +8,7 @@
 
 #include "device/device_suite.h"
 
-namespace {
+namespace device_memory_test {
 
 class DeviceMemoryTest : public ckpt::test::DeviceTest {
  protected:
@@ -93,4 +93,4 @@ TEST_P(DeviceMemoryTest, PlannedSequentialPeakFollowsThePredictionAtThreeBudgets
 
 CKPT_INSTANTIATE_DEVICE_SUITE(DeviceMemoryTest);
 
-}  // namespace
+}  // namespace device_memory_test

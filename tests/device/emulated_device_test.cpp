@@ -15,7 +15,7 @@
 #include <chrono>
 #include <thread>
 
-namespace {
+namespace emulated_device_test {
 
 using ckpt::test::bit_equal;
 
@@ -419,4 +419,4 @@ TEST(EmulatedDeviceTest, AutocastCastsMatrixProductsOnTheDevice) {
   EXPECT_EQ(sum.scalar_type(), torch::kFloat);
 }
 
-}  // namespace
+}  // namespace emulated_device_test

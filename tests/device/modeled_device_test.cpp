@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace modeled_device_test {
 
 class ModeledDeviceOnDeviceTest : public ckpt::test::DeviceTest {
  protected:
@@ -54,4 +54,4 @@ TEST_P(ModeledDeviceOnDeviceTest, AMetaProfileOfEveryBenchModelPredictsTheDevice
 
 CKPT_INSTANTIATE_DEVICE_SUITE(ModeledDeviceOnDeviceTest);
 
-}  // namespace
+}  // namespace modeled_device_test

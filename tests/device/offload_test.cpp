@@ -18,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-namespace {
+namespace offload_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -589,4 +589,4 @@ TEST(OffloadOnHost, RegionOnHostDataIsAnErrorAndTheGuardCopiesNothing) {
   EXPECT_EQ(guard.host_bytes(), 0);
 }
 
-}  // namespace
+}  // namespace offload_test

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace planned_model_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -392,4 +392,4 @@ TEST_P(OutOfMemoryTest, APlannedSequentialStepRunsAgainUnderAPlanForLess) {
 
 CKPT_INSTANTIATE_DEVICE_SUITE(OutOfMemoryTest);
 
-}  // namespace
+}  // namespace planned_model_test

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace recompute_thread_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -183,4 +183,4 @@ TEST_P(RecomputeThreadTest, AGroupMadeAfterTheForwardServesTheDevicesBackward) {
 
 CKPT_INSTANTIATE_DEVICE_SUITE(RecomputeThreadTest);
 
-}  // namespace
+}  // namespace recompute_thread_test

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace resilient_step_test {
 
 using ckpt::test::take_grads;
 
@@ -152,4 +152,4 @@ TEST_P(ResilientStepTest, AStepThatChangedTheParametersOrNeverFitsPassesTheError
 
 CKPT_INSTANTIATE_DEVICE_SUITE(ResilientStepTest);
 
-}  // namespace
+}  // namespace resilient_step_test

@@ -25,7 +25,7 @@
 #include <map>
 #include <string>
 
-namespace {
+namespace data_parallel_test {
 
 using ckpt::test::describe;
 using ckpt::test::free_port;
@@ -348,4 +348,4 @@ TEST(FindUnusedParametersAcrossRanks, BranchOfOneRankIsAveragedWithZeros) {
 
 }  // namespace unused
 
-}  // namespace
+}  // namespace data_parallel_test

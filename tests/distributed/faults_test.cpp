@@ -22,7 +22,7 @@
 #include <cstdlib>
 #include <thread>
 
-namespace {
+namespace faults_test {
 
 using ckpt::test::describe;
 using ckpt::test::free_port;
@@ -411,4 +411,4 @@ TEST(DataParallelNccl, OneRankTrainsOnTheGpu_CUDA) {
   EXPECT_TRUE(outcomes[0].ok()) << describe(outcomes);
 }
 
-}  // namespace
+}  // namespace faults_test

@@ -10,7 +10,7 @@
 #include <set>
 #include <string>
 
-namespace {
+namespace planned_report_test {
 
 struct PlannedReportTest : ckpt::test::SeedingFixture,
                            ::testing::WithParamInterface<const char*> {};
@@ -84,4 +84,4 @@ TEST(PlannedReportPlanningTest, PlanningInsideTheScopeRecordsOnlyTheForward) {
   for (const auto& region : report.regions()) EXPECT_FALSE(region.stage.empty()) << region.name;
 }
 
-}  // namespace
+}  // namespace planned_report_test

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-namespace {
+namespace planned_sequential_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -673,8 +673,6 @@ TEST_F(PlannedSequentialTest, SharedAndOutsideParametersAccumulateAsAutogradDoes
   }
 }
 
-}  // namespace
-
 // Issue 27, item 1: a stage that returns its input tensor (Identity, Dropout(0), Flatten of a
 // 2-d tensor) left every parameter before it without a gradient whenever the schedule
 // recomputed; with the pass-through stage last, no parameter got one.
@@ -844,8 +842,6 @@ TEST_F(PlannedSequentialTest, StagesThatWriteIntoTheirInputPlanAndRunExactly) {
   for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(bit_equal(b[k], a[k])) << "parameter " << k;
 }
 
-namespace {
-
 // OutOfMemory::Replan runs a store-everything plan as the plain chain with a backward node of its
 // own (where an out-of-memory error would be caught): the plain gradients, a first stage that
 // writes into its input included, and inside autograd::grad the input's gradient alone.
@@ -885,4 +881,4 @@ TEST(PlannedSequentialSurvivingTest, AStoreEverythingPlanGivesThePlainGradients)
   for (const auto& p : planned->parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
-}  // namespace
+}  // namespace planned_sequential_test

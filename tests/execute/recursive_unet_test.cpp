@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <utility>
 
-namespace {
+namespace recursive_unet_test {
 
 namespace nn = torch::nn;
 
@@ -88,4 +88,4 @@ TEST(RecursiveUNetTest, OuterChainAtTheMinimumIsPredictedAndProfilesNearThePlain
   EXPECT_LE(first, plain * 11 / 10) << "first step " << first << ", plain step " << plain;
 }
 
-}  // namespace
+}  // namespace recursive_unet_test

@@ -7,7 +7,7 @@
 
 #include <thread>
 
-namespace {
+namespace memory_tracker_test {
 
 TEST(MemoryTrackerTest, CountsLiveBytesExactly) {
   ckpt::MemoryTracker tracker;
@@ -129,4 +129,4 @@ TEST(ProfilerDeviceTest, ProfilingOnADeviceThatCannotBeMeasuredIsAnError) {
   CKPT_EXPECT_THROWS_WITH(ckpt::profile_chain(stages, x), "can't be measured");
 }
 
-}  // namespace
+}  // namespace memory_tracker_test

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-namespace {
+namespace peak_breakdown_test {
 
 int64_t sum_of_parts(const ckpt::MemoryBreakdown& breakdown) {
   int64_t sum = breakdown.parameters_bytes + breakdown.gradients_bytes +
@@ -241,4 +241,4 @@ TEST(PeakBreakdownTest, KnowsTheStateOfLibTorchOptimizers) {
   EXPECT_EQ(storage_bytes(ckpt::optimizer_state_tensors(rmsprop)), 2 * 16);  // no momentum
 }
 
-}  // namespace
+}  // namespace peak_breakdown_test

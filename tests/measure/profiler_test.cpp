@@ -4,7 +4,7 @@
 
 #include "support/support.h"
 
-namespace {
+namespace profiler_test {
 
 TEST(ProfilerTest, MeasuresSizesOfTheMemoryModel) {
   torch::manual_seed(0);
@@ -107,4 +107,4 @@ TEST(ProfilerTest, CalibrationLeavesSizesAlone) {
   calibrated.validate();
 }
 
-}  // namespace
+}  // namespace profiler_test

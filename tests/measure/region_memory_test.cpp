@@ -8,7 +8,7 @@
 
 #include "support/support.h"
 
-namespace {
+namespace region_memory_test {
 
 constexpr int64_t kBatch = 64;
 constexpr int64_t kWidth = 256;
@@ -200,4 +200,4 @@ TEST(RegionEarlyFreeTest, MemoryDropsAtEachStepOfTheBackward) {
   EXPECT_EQ(plain_retained[1], plain_retained[2]);
 }
 
-}  // namespace
+}  // namespace region_memory_test

@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-namespace {
+namespace early_stop_transformer_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -73,4 +73,4 @@ TEST(EarlyStopOnTheBenchTransformer, RecomputesFewerOperatorsWithTheSameGradient
   EXPECT_LT(counts[3], counts[0]);
 }
 
-}  // namespace
+}  // namespace early_stop_transformer_test

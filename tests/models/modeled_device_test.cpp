@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace modeled_device_test {
 
 using ckpt::models::build_model;
 using ckpt::models::model_config;
@@ -64,9 +64,9 @@ TEST(ModeledDeviceTest, AMetaProfileOfEveryBenchModelPredictsTheRealProfilesPeak
   }
 }
 
-}  // namespace
+}  // namespace modeled_device_test
 
-namespace {
+namespace modeled_device_test {
 
 // A step's peak above what lived before it, with the model's output consumed by a loss that
 // does not keep it (as in training).
@@ -116,9 +116,9 @@ TEST(ModeledDeviceTest, APlanMadeWithoutTheDeviceFitsWhenTheModelRunsIt) {
   }
 }
 
-}  // namespace
+}  // namespace modeled_device_test
 
-namespace {
+namespace modeled_device_test {
 
 // A model that reads a value in its forward, or takes a boolean mask, can't be planned without
 // its values: the error names the operator.
@@ -163,9 +163,9 @@ TEST(ModeledDeviceTest, ADeviceProfileRoundTripsThroughItsFileAndBadFilesSayWhy)
   CKPT_EXPECT_THROWS_WITH(ckpt::DeviceProfile::load(path), "has no \"allocation_granularity\"");
 }
 
-}  // namespace
+}  // namespace modeled_device_test
 
-namespace {
+namespace modeled_device_test {
 
 // PlannedModel's profiler too: a U-Net whose blocks mark candidates, profiled on the meta device,
 // predicts the peaks of its real profile for the same choices.
@@ -199,9 +199,9 @@ TEST(ModeledDeviceTest, AMetaProfileOfAMarkedModelPredictsTheRealProfilesPeaks) 
   }
 }
 
-}  // namespace
+}  // namespace modeled_device_test
 
-namespace {
+namespace modeled_device_test {
 
 // The pieces a meta profile stands on: allocations counted with the device's granularity, an
 // operator without a meta kernel (relu, in C++) run on the CPU with its shapes, an in-place one
@@ -233,4 +233,4 @@ TEST(ModeledDeviceTest, MetaAllocationsOperatorsWithoutMetaKernelsAndTheClock) {
   EXPECT_EQ(tracker.current_bytes(), with_small - 512);
 }
 
-}  // namespace
+}  // namespace modeled_device_test

@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-namespace {
+namespace planned_model_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -730,8 +730,6 @@ TEST_F(PlannedModelTest, RecomputedExcludesWhatWouldKeepItsOutputs) {
   EXPECT_GT(offered, 0);
 }
 
-}  // namespace
-
 // Two candidates around a BatchNorm, with switches that change what a step reaches.
 struct SwitchedImpl : torch::nn::Module {
   torch::nn::Linear a{16, 16}, b{16, 16};
@@ -1101,3 +1099,5 @@ TEST_F(PlannedModelTest, ForwardAndLossMayBeGivenApart) {
   expect_same_step(expected, got);
   EXPECT_GT(loss.calls, 2) << "the functor itself, not a copy, is called (plain, profile, step)";
 }
+
+}  // namespace planned_model_test

@@ -8,7 +8,7 @@
 
 namespace ckpt {
 namespace models {
-namespace {
+namespace statistics_test {
 
 TEST(Statistics, MedianIsTheMiddleOrTheMeanOfTheTwoMiddles) {
   EXPECT_DOUBLE_EQ(median({}), 0.0);
@@ -26,6 +26,6 @@ TEST(Statistics, QuantilesInterpolateBetweenOrderStatistics) {
   EXPECT_DOUBLE_EQ(quantile({}, 0.5), 0.0);
 }
 
-}  // namespace
+}  // namespace statistics_test
 }  // namespace models
 }  // namespace ckpt

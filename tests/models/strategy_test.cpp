@@ -12,7 +12,7 @@
 
 #include <string>
 
-namespace {
+namespace strategy_test {
 
 using ckpt::models::parse_strategy;
 using ckpt::models::Strategy;
@@ -112,4 +112,4 @@ TEST(Strategy, OffloadOnTheHostIsRefused) {
       c10::Error);
 }
 
-}  // namespace
+}  // namespace strategy_test

@@ -7,7 +7,7 @@
 
 #include <ATen/autocast_mode.h>
 
-namespace {
+namespace checkpoint_errors_test {
 
 using ckpt::test::bit_equal;
 
@@ -290,4 +290,4 @@ TEST(CheckpointReentrantErrorsTest, NoGradInsideTheFunction) {
   EXPECT_TRUE(bit_equal(a.grad(), torch::full({2, 2}, 3.0)));
 }
 
-}  // namespace
+}  // namespace checkpoint_errors_test

@@ -8,7 +8,7 @@
 
 #include <functional>
 
-namespace {
+namespace checkpoint_nested_test {
 
 using Fn = std::function<torch::Tensor(const torch::Tensor&)>;
 using ckpt::test::close;
@@ -238,9 +238,9 @@ TEST_F(NestedCheckpointTest, DoubleBackwardThroughParameters) {
   EXPECT_TRUE(close(actual[1], expected[1]));
 }
 
-}  // namespace
+}  // namespace checkpoint_nested_test
 
-namespace {
+namespace checkpoint_nested_test {
 
 // Issue 46, item 6: regions nested `depth` deep around a tower of Linear layers, one layer per
 // level; with gradient buffers kept from step to step (zero_grad(false)), the step's peak above
@@ -296,4 +296,4 @@ TEST(NestedCheckpointMemory, DeeperNestingWithKeptGradientBuffersHoldsNoMore) {
   }
 }
 
-}  // namespace
+}  // namespace checkpoint_nested_test

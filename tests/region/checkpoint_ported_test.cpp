@@ -7,7 +7,7 @@
 
 #include <ATen/autocast_mode.h>
 
-namespace {
+namespace checkpoint_ported_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::close;
@@ -137,4 +137,4 @@ TEST(PortedNonReentrantTest, MapInputAndOutput) {
 INSTANTIATE_TEST_SUITE_P(Variants, PortedCheckpointTest, ::testing::Values(false, true),
                          ckpt::test::VariantName());
 
-}  // namespace
+}  // namespace checkpoint_ported_test

@@ -5,7 +5,7 @@
 
 #include "support/support.h"
 
-namespace {
+namespace checkpoint_reentrant_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -79,4 +79,4 @@ TEST_F(ReentrantCheckpointTest, ParameterInTwoRegionsAccumulatesOncePerRegion) {
   EXPECT_TRUE(ckpt::test::close(w.grad(), (2 * w * x).detach()));
 }
 
-}  // namespace
+}  // namespace checkpoint_reentrant_test

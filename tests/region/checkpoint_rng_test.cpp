@@ -6,7 +6,7 @@
 #include "autograd/rng_state.h"
 #include "support/support.h"
 
-namespace {
+namespace checkpoint_rng_test {
 
 using ckpt::test::bit_equal;
 
@@ -102,4 +102,4 @@ TEST(DefaultDeviceTypeTest, InfersTheDeviceTypeOfNonCpuArguments) {
   EXPECT_EQ(ckpt::detail::infer_device_type({torch::randn({1}), meta}), c10::DeviceType::Meta);
 }
 
-}  // namespace
+}  // namespace checkpoint_rng_test

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace {
+namespace checkpoint_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -345,8 +345,6 @@ TEST_F(CheckpointTest, ThreadsRunRegionsConcurrently) {
   EXPECT_EQ(failures.load(), 0);
 }
 
-}  // namespace
-
 // Issue 46, frictions: a gradient penalty (torch::autograd::grad with create_graph) through a
 // region raised LibTorch's "backward() with create_graph=True" warning, meant for a user's own
 // backward, from the region's recompute; in a GraphExecGroup the gradients are the plain ones' bits
@@ -372,3 +370,5 @@ TEST_F(CheckpointTest, AGradientPenaltyRaisesNoWarningMeantForBackward) {
   ASSERT_EQ(plain.size(), checkpointed.size());
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(plain[i], checkpointed[i])) << i;
 }
+
+}  // namespace checkpoint_test

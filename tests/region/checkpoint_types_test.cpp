@@ -5,7 +5,7 @@
 
 #include "support/support.h"
 
-namespace {
+namespace checkpoint_types_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::close;
@@ -139,7 +139,7 @@ TEST_P(CheckpointTypesTest, MutableLambdaAndCallableArguments) {
   EXPECT_TRUE(close(x.grad(), 2 * x.detach()));
 }
 
-}  // namespace
+}  // namespace checkpoint_types_test
 
 // A result of the user's own type, made visible through the documented customisation point.
 namespace user {
@@ -154,7 +154,7 @@ auto ckpt_tensors(Encoded& encoded) {
 }
 }  // namespace user
 
-namespace {
+namespace checkpoint_types_test {
 
 TEST_P(CheckpointTypesTest, StructResultWithCkptTensorsIsCheckpointed) {
   torch::nn::Linear linear(6, 6);
@@ -212,4 +212,4 @@ TEST_P(CheckpointTypesTest, StructArgumentWithCkptTensorsGetsGradients) {
 INSTANTIATE_TEST_SUITE_P(Variants, CheckpointTypesTest, ::testing::Values(false, true),
                          ckpt::test::VariantName());
 
-}  // namespace
+}  // namespace checkpoint_types_test

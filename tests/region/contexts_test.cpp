@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
-namespace {
+namespace contexts_test {
 
 using ckpt::test::bit_equal;
 
@@ -158,4 +158,4 @@ TEST(CheckpointDebugSwitchTest, OverridesEveryRegionWhileSet) {
   EXPECT_EQ(backward_error(quiet()), "");
 }
 
-}  // namespace
+}  // namespace contexts_test

@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-namespace {
+namespace early_stop_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -333,4 +333,4 @@ TEST(EarlyStopDefault, OneHelperForSeveralFunctions) {
   }
 }
 
-}  // namespace
+}  // namespace early_stop_test

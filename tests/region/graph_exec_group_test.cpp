@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace graph_exec_group_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -169,4 +169,4 @@ TEST(GraphExecGroup, ANewGroupMayFollowOneThatEnded) {
   CKPT_EXPECT_THROWS_WITH(ckpt::GraphExecGroup inner, "cannot be nested");
 }
 
-}  // namespace
+}  // namespace graph_exec_group_test

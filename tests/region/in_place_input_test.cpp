@@ -11,7 +11,7 @@
 
 #include <string>
 
-namespace {
+namespace in_place_input_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -179,4 +179,4 @@ TEST_F(InPlaceInputTest, CheckpointedAndCheckpointSequentialLearnPerModule) {
   EXPECT_TRUE(warnings.contains("wrote into"));
 }
 
-}  // namespace
+}  // namespace in_place_input_test

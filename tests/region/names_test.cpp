@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace names_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -355,4 +355,4 @@ TEST(CheckpointNameTest, ANamedTensorThatCannotBeKeptIsAClearError) {
   EXPECT_TRUE(bit_equal(input.grad(), input.detach().cos()));
 }
 
-}  // namespace
+}  // namespace names_test

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace outside_state_test {
 
 using ckpt::test::bit_equal;
 
@@ -217,4 +217,4 @@ TEST(OutsideStateTest, ALambdaCapturingTwoModulesMovesBothOnce) {
   EXPECT_EQ(second->num_batches_tracked.item<int64_t>(), 3);
 }
 
-}  // namespace
+}  // namespace outside_state_test

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace {
+namespace recomputed_input_test {
 
 using ckpt::detail::RecomputeSource;
 using ckpt::detail::RegionRequest;
@@ -138,4 +138,4 @@ TEST(RecomputedInput, SourceFreedByAnEarlierBackwardIsAClearError) {
   CKPT_EXPECT_THROWS_WITH(b.sum().backward(), "that region's backward already ran");
 }
 
-}  // namespace
+}  // namespace recomputed_input_test

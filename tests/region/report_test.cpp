@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace {
+namespace report_test {
 
 // Regions are numbered under the label each test opens: "step/region 1" is its first.
 struct ReportTest : ckpt::test::SeedingFixture {
@@ -285,4 +285,4 @@ TEST_F(ReportTest, TextAndJsonCarryTheSameReport) {
   EXPECT_EQ(entries[2]["decision"], "recomputed");
 }
 
-}  // namespace
+}  // namespace report_test

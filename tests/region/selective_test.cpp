@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace selective_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -567,9 +567,9 @@ TEST(SelectiveTest, AnErrorThatOnlySaysASecondTimeIsNotRetried) {
   CKPT_EXPECT_THROWS_WITH(ckpt::checkpoint(options, fn, x), "the function's own error");
   EXPECT_EQ(calls, 1);
 }
-}  // namespace
+}  // namespace selective_test
 
-namespace {
+namespace selective_test {
 
 // CheckpointOptions().debug(true): a recompute that runs other operators than the forward stops
 // with both sequences side by side; one that runs the same passes and changes nothing.
@@ -608,4 +608,4 @@ TEST(CheckpointDebugTest, ShowsBothOperatorSequencesWhereTheyPart) {
   EXPECT_TRUE(bit_equal(grad, x.grad()));
 }
 
-}  // namespace
+}  // namespace selective_test

@@ -8,7 +8,7 @@
 
 #include <tuple>
 
-namespace {
+namespace separate_backwards_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -78,4 +78,4 @@ TEST_P(SeparateBackwardsTest, StateIsFreedWhenTheOtherOutputsAreGone) {
 INSTANTIATE_TEST_SUITE_P(Variants, SeparateBackwardsTest, ::testing::Values(false, true),
                          ckpt::test::VariantName());
 
-}  // namespace
+}  // namespace separate_backwards_test

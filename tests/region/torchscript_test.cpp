@@ -11,7 +11,7 @@
 
 #include <memory>
 
-namespace {
+namespace torchscript_test {
 
 using ckpt::test::close;
 
@@ -43,4 +43,4 @@ TEST(TorchScriptRegion, EveryStepOfTheExecutorGivesTheFunctionsGradients) {
   }
 }
 
-}  // namespace
+}  // namespace torchscript_test

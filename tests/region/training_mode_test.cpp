@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace training_mode_test {
 
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
@@ -154,4 +154,4 @@ TEST_F(TrainingModeTest, HiddenModuleSwitchedToEvalIsAClearError) {
   net->train();
 }
 
-}  // namespace
+}  // namespace training_mode_test

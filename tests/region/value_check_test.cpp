@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace value_check_test {
 
 using ckpt::test::bit_equal;
 
@@ -173,4 +173,4 @@ TEST_F(ValueCheckTest, TheProcessWideSwitchChecksEveryRegionAndOperatorsWithoutV
   EXPECT_NO_THROW(unchecked.backward());
 }
 
-}  // namespace
+}  // namespace value_check_test
