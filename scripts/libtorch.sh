@@ -28,20 +28,23 @@ ckpt_family_settings() {
   case "$CKPT_FAMILY" in
     wheel)
       CKPT_PYTHON="$PWD/$CKPT_VENV/bin/python"
-      local torch_dir cuda
+      local torch_dir cuda nvcc
       torch_dir=$("$CKPT_PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+      # The torch directory itself first, so that its lib/ wins over a system libtorch.
+      CKPT_CMAKE_ARGS=("-DCMAKE_PREFIX_PATH=$torch_dir;$torch_dir/share/cmake")
       # The wheel is a CUDA build, and its CMake files refuse to configure without the CUDA
-      # toolkit's compiler (FindCUDA: nvcc on the PATH or in /usr/local/cuda), even for the CPU.
+      # toolkit's compiler, even for the CPU. NVIDIA's packages put it in /usr/local/cuda and
+      # leave the PATH alone, where CMake's CUDA language does not look: it is named.
       cuda=$("$CKPT_PYTHON" -c 'import torch; print(torch.version.cuda or "")')
-      if [ -n "$cuda" ] && ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+      nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+      if [ -n "$cuda" ] && [ ! -x "$nvcc" ]; then
         echo "ckpt: the torch wheel is a CUDA $cuda build, and LibTorch's CMake files need the" \
           "CUDA toolkit (nvcc) to build against it, which this machine lacks: install NVIDIA's" \
           "CUDA toolkit (into /usr/local/cuda or on the PATH), or build against Debian's LibTorch" \
           "1.13 (CPU) with CKPT_LIBTORCH=debian" >&2
         exit 2
       fi
-      # The torch directory itself first, so that its lib/ wins over a system libtorch.
-      CKPT_CMAKE_ARGS=("-DCMAKE_PREFIX_PATH=$torch_dir;$torch_dir/share/cmake") ;;
+      [ -z "$cuda" ] || CKPT_CMAKE_ARGS+=("-DCMAKE_CUDA_COMPILER=$nvcc") ;;
     debian)
       CKPT_PYTHON=/usr/bin/python3
       CKPT_CMAKE_ARGS=() ;;
