@@ -5,8 +5,9 @@
 # through them here) and, read-only, its CUDA toolkit (/usr/local/cuda: the machines this project
 # runs on have one, and the torch wheel's CMake files need its nvcc). Prints the seconds of apt,
 # of the wheel's download and install, and of the build and run. Needs root and debootstrap.
-#   CKPT_FRESH_ROOT  the fresh system's folder (default /var/tmp/ckpt-fresh; removed afterwards)
-#   CKPT_FRESH_KEEP  set: the folder stays, and a later run starts from it (no longer fresh)
+#   CKPT_FRESH_ROOT     the fresh system's folder (default /var/tmp/ckpt-fresh; removed afterwards)
+#   CKPT_FRESH_KEEP     set: the folder stays, and a later run starts from it (no longer fresh)
+#   CKPT_FRESH_NO_CUDA  set: no CUDA toolkit lent (setup.sh then installs NVIDIA's compiler wheels)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=${CKPT_FRESH_ROOT:-/var/tmp/ckpt-fresh}
@@ -18,8 +19,11 @@ fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/host-ca.crt"
 rm -rf "$root/root/ckpt" && git clone -q . "$root/root/ckpt"
-cuda=$(readlink -f /usr/local/cuda)
-mkdir -p "$root$cuda" && ln -sfn "$cuda" "$root/usr/local/cuda"
+cuda=""
+if [ -z "${CKPT_FRESH_NO_CUDA:-}" ]; then
+  cuda=$(readlink -f /usr/local/cuda)
+  mkdir -p "$root$cuda" && ln -sfn "$cuda" "$root/usr/local/cuda"
+fi
 
 # In a mount namespace of its own: the mounts go with the run.
 status=0
@@ -29,7 +33,7 @@ unshare --mount --propagation private bash -c '
   mount -t proc proc "$root/proc"
   mount --rbind /dev "$root/dev"
   mount --rbind /sys "$root/sys"
-  mount --bind -o ro "$cuda" "$root$cuda"
+  [ -z "$cuda" ] || mount --bind -o ro "$cuda" "$root$cuda"
   exec chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb PIP_CERT=/etc/host-ca.crt \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash -c "
       set -eo pipefail

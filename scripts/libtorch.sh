@@ -23,6 +23,22 @@ case "$CKPT_LIBTORCH" in
     CKPT_FAMILY=archive; CKPT_BUILD_DIR=build-archive ;;
 esac
 
+# The CUDA compiler for a CUDA build of the wheel: nvcc on the PATH, in /usr/local/cuda (where
+# NVIDIA's packages put it, off the PATH, where CMake's CUDA language does not look), or NVIDIA's
+# compiler wheels in the environment (scripts/setup.sh installs them on a machine without the
+# toolkit). Prints its path; fails where there is none.
+ckpt_nvcc() {
+  local nvcc
+  for nvcc in "$(command -v nvcc)" /usr/local/cuda/bin/nvcc \
+    "$PWD/$CKPT_VENV"/lib/python3*/site-packages/nvidia/cu[0-9]*/bin/nvcc; do
+    if [ -n "$nvcc" ] && [ -x "$nvcc" ]; then
+      echo "$nvcc"
+      return 0
+    fi
+  done
+  return 1
+}
+
 # The CMake arguments and Python interpreter of the chosen family (after setup.sh has run).
 ckpt_family_settings() {
   case "$CKPT_FAMILY" in
@@ -33,18 +49,24 @@ ckpt_family_settings() {
       # The torch directory itself first, so that its lib/ wins over a system libtorch.
       CKPT_CMAKE_ARGS=("-DCMAKE_PREFIX_PATH=$torch_dir;$torch_dir/share/cmake")
       # The wheel is a CUDA build, and its CMake files refuse to configure without the CUDA
-      # toolkit's compiler, even for the CPU. NVIDIA's packages put it in /usr/local/cuda and
-      # leave the PATH alone, where CMake's CUDA language does not look: it is named.
+      # toolkit's compiler, even for the CPU: it is named to CMake (see ckpt_nvcc).
       cuda=$("$CKPT_PYTHON" -c 'import torch; print(torch.version.cuda or "")')
-      nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-      if [ -n "$cuda" ] && [ ! -x "$nvcc" ]; then
-        echo "ckpt: the torch wheel is a CUDA $cuda build, and LibTorch's CMake files need the" \
-          "CUDA toolkit (nvcc) to build against it, which this machine lacks: install NVIDIA's" \
-          "CUDA toolkit (into /usr/local/cuda or on the PATH), or build against Debian's LibTorch" \
-          "1.13 (CPU) with CKPT_LIBTORCH=debian" >&2
-        exit 2
-      fi
-      [ -z "$cuda" ] || CKPT_CMAKE_ARGS+=("-DCMAKE_CUDA_COMPILER=$nvcc") ;;
+      if [ -n "$cuda" ]; then
+        if ! nvcc=$(ckpt_nvcc); then
+          echo "ckpt: the torch wheel is a CUDA $cuda build, and LibTorch's CMake files need the" \
+            "CUDA toolkit's compiler (nvcc) to build against it, which this machine lacks, and" \
+            "NVIDIA's compiler wheels don't fit this torch's CUDA packages: install NVIDIA's" \
+            "CUDA toolkit (into /usr/local/cuda or on the PATH), or build against Debian's" \
+            "LibTorch 1.13 (CPU) with CKPT_LIBTORCH=debian" >&2
+          exit 2
+        fi
+        CKPT_CMAKE_ARGS+=("-DCMAKE_CUDA_COMPILER=$nvcc")
+        if [[ "$nvcc" == "$PWD/$CKPT_VENV/"* ]]; then  # the wheels: the toolkit is their folder
+          local root
+          root=$(dirname "$(dirname "$nvcc")")
+          CKPT_CMAKE_ARGS+=("-DCUDAToolkit_ROOT=$root" "-DCUDA_TOOLKIT_ROOT_DIR=$root")
+        fi
+      fi ;;
     debian)
       CKPT_PYTHON=/usr/bin/python3
       CKPT_CMAKE_ARGS=() ;;

@@ -43,4 +43,28 @@ if [ "$CKPT_FAMILY" = wheel ]; then
     "$CKPT_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile \
       "torch==$CKPT_TORCH_VERSION" numpy
   fi
+  # LibTorch's CMake files need the CUDA toolkit's compiler, even for a CPU build. Without a
+  # toolkit here, NVIDIA's compiler wheels of the CUDA runtime that torch installed go beside it
+  # (the CUDA 13 wheels share one folder, nvidia/cu13, which then holds a toolkit), and its
+  # libraries get the unversioned names that CMake's FindCUDA looks for.
+  if ! ckpt_nvcc > /dev/null; then
+    read -r cuda_dir runtime < <("$CKPT_VENV/bin/python" -c '
+import importlib.metadata as metadata, os, torch
+major = (torch.version.cuda or "").split(".")[0]
+folder = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cu" + major)
+try:
+    runtime = metadata.version("nvidia-cuda-runtime")
+except metadata.PackageNotFoundError:
+    runtime = ""
+fits = major and runtime and os.path.isfile(os.path.join(folder, "include", "cuda_runtime.h"))
+print(folder if fits else "-", runtime or "-")')
+    if [ "$cuda_dir" != - ]; then
+      echo "ckpt: no CUDA toolkit here: installing NVIDIA's CUDA $runtime compiler into $CKPT_VENV"
+      "$CKPT_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile \
+        "nvidia-cuda-nvcc==$runtime" "nvidia-nvvm==$runtime"
+      for library in "$cuda_dir"/lib/lib*.so.*; do
+        [ -e "${library%%.so.*}.so" ] || ln -s "$(basename "$library")" "${library%%.so.*}.so"
+      done
+    fi
+  fi
 fi
