@@ -13,8 +13,7 @@ namespace separate_backwards_test {
 using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
 
-struct SeparateBackwardsTest : ckpt::test::SeedingFixture,
-                               ::testing::WithParamInterface<bool> {
+struct SeparateBackwardsTest : ckpt::test::SeedingFixture, ::testing::WithParamInterface<bool> {
   ckpt::CheckpointOptions options() const {
     return ckpt::CheckpointOptions().use_reentrant(GetParam());
   }

@@ -20,11 +20,10 @@ using ckpt::test::bit_equal;
 using ckpt::test::take_grads;
 
 torch::nn::Sequential make_model() {
-  return torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::BatchNorm1d(32),
-                               torch::nn::Tanh(), torch::nn::Dropout(0.3),
-                               torch::nn::Linear(32, 16), torch::nn::BatchNorm1d(16),
-                               torch::nn::Tanh(), torch::nn::Dropout(0.3),
-                               torch::nn::Linear(16, 8));
+  return torch::nn::Sequential(
+      torch::nn::Linear(16, 32), torch::nn::BatchNorm1d(32), torch::nn::Tanh(),
+      torch::nn::Dropout(0.3), torch::nn::Linear(32, 16), torch::nn::BatchNorm1d(16),
+      torch::nn::Tanh(), torch::nn::Dropout(0.3), torch::nn::Linear(16, 8));
 }
 
 // The training forward of `model` through `forward`, then `model->eval()` and a validation
@@ -82,11 +81,13 @@ TEST_F(TrainingModeTest, CheckpointOfTheModuleRecomputesInTheForwardsMode) {
   for (const auto& options :
        {ckpt::CheckpointOptions(), ckpt::CheckpointOptions().use_reentrant(true),
         ckpt::CheckpointOptions().policy(ckpt::save_matmuls())}) {
-    SCOPED_TRACE(options.use_reentrant() ? "reentrant" : options.policy() ? "selective" : "default");
+    SCOPED_TRACE(options.use_reentrant() ? "reentrant"
+                 : options.policy()      ? "selective"
+                                         : "default");
     auto net = model();
-    expect_same(run_step(*net,
-                         [&](const torch::Tensor& x) { return ckpt::checkpoint(options, net, x); }),
-                expected);
+    expect_same(
+        run_step(*net, [&](const torch::Tensor& x) { return ckpt::checkpoint(options, net, x); }),
+        expected);
     EXPECT_TRUE(net->is_training());
   }
 }
@@ -94,15 +95,14 @@ TEST_F(TrainingModeTest, CheckpointOfTheModuleRecomputesInTheForwardsMode) {
 TEST_F(TrainingModeTest, ModuleArgumentOfAFunctionIsRecomputedInTheForwardsMode) {
   const Step expected = plain();
   auto net = model();
-  expect_same(run_step(*net,
-                       [&](const torch::Tensor& x) {
-                         return ckpt::checkpoint(
-                             [](torch::nn::Sequential m, const torch::Tensor& t) {
-                               return m->forward(t);
-                             },
-                             net, x);
-                       }),
-              expected);
+  expect_same(
+      run_step(*net,
+               [&](const torch::Tensor& x) {
+                 return ckpt::checkpoint(
+                     [](torch::nn::Sequential m, const torch::Tensor& t) { return m->forward(t); },
+                     net, x);
+               }),
+      expected);
 }
 
 TEST_F(TrainingModeTest, CheckpointSequentialRecomputesInTheForwardsMode) {
