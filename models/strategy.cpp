@@ -132,7 +132,9 @@ CheckpointOptions checkpoint_options(const Strategy& strategy) {
   CheckpointOptions options;
   options.use_reentrant(strategy.reentrant);
   if (strategy.kind == Strategy::Kind::Selective) options.policy(save_matmuls());
-  if (strategy.kind == Strategy::Kind::Offload) options.offload(true);
+  if (strategy.kind == Strategy::Kind::Offload) {
+    options.offload(true).offload_options(strategy.offload_options);
+  }
   return options;
 }
 

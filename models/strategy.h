@@ -36,6 +36,8 @@ struct Strategy {
   /// Budget: the storage modes the planner may give a stage (`--storage-modes`).
   StorageModes storage_modes = StorageModes::standard();
   std::string text = "none";  ///< the strategy as spelled, such as "sequential:4"
+  /// Offload: how the regions move their data.
+  OffloadOptions offload_options;
 
   static Strategy sequential(int64_t segments, bool reentrant = false);
   static Strategy selective(int64_t segments);

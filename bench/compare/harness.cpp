@@ -257,6 +257,11 @@ Methods sequential_methods(const std::string& name, torch::nn::Sequential model,
     BenchRow offloaded = row("ckpt_offload", s);
     offloaded.forward_count = n;  // each stage runs once; its saved tensors move instead
     add_method(methods, offloaded, models::chain_forward(models::Strategy::offload(s), model));
+    // The same without bringing the next region's data back ahead: what the look-ahead hides.
+    models::Strategy one_at_a_time = models::Strategy::offload(s);
+    one_at_a_time.offload_options.look_ahead(0);
+    offloaded.method = "ckpt_offload_no_look_ahead";
+    add_method(methods, offloaded, models::chain_forward(one_at_a_time, model));
   }
   for (int s = 2; every_count && s <= n; ++s) {
     if (std::find(segments.begin(), segments.end(), s) != segments.end()) continue;

@@ -12,9 +12,11 @@ namespace ckpt {
 namespace bench {
 namespace {
 
-// Issue 31's targets: offloading at the peak of full recompute (within the 2% the project holds
-// predictions to) costs at most 5% of the plain step, and no more than Python's save_on_cpu.
+// Issue 50's targets: offloading at the peak of full recompute (within the 2% the project holds
+// predictions to) costs at most 3% of the plain step on the emulated accelerator and 5% on a GPU,
+// and no more than Python's save_on_cpu.
 constexpr double kPeakTolerance = 1.02;
+constexpr double kEmulatedStepTarget = 1.03;
 constexpr double kStepTarget = 1.05;
 
 std::string format(const char* spec, double value) {
@@ -58,6 +60,8 @@ std::vector<Compared> compared_rows(const std::vector<BenchRow>& rows, const std
   return {{"no checkpointing", find_row(rows, model, "none", 0), false},
           {"full recompute", find_row(rows, model, "ckpt_sequential", stages), false},
           {"offload", find_row(rows, model, "ckpt_offload", stages), false},
+          {"offload without look-ahead",
+           find_row(rows, model, "ckpt_offload_no_look_ahead", stages), false},
           {"Python, no checkpointing", find_row(rows, model, "python_none", 0), true},
           {"Python, save_on_cpu(pin_memory=True)", find_row(rows, model, "python_offload", stages),
            true},
@@ -89,9 +93,9 @@ std::string verdict(bool met) {
 
 // The targets, each beside what was measured.
 std::string targets(const BenchRow* recompute, const BenchRow* offload,
-                    const BenchRow* python_offload) {
+                    const BenchRow* python_offload, double step_target) {
   std::ostringstream md;
-  md << "| target (issue 31) | measured | met |\n|---|---|---|\n";
+  md << "| target (issue 50) | measured | met |\n|---|---|---|\n";
   md << "| ckpt's offload at the peak of full recompute (≤ " << format("%.2f×", kPeakTolerance)
      << ") | ";
   if (measured(offload) && measured(recompute) && recompute->peak_bytes > 0) {
@@ -102,10 +106,10 @@ std::string targets(const BenchRow* recompute, const BenchRow* offload,
   } else {
     md << "not measured | — |\n";
   }
-  md << "| ckpt's offload step ≤ " << format("%.2f×", kStepTarget) << " the plain step | ";
+  md << "| ckpt's offload step ≤ " << format("%.2f×", step_target) << " the plain step | ";
   if (measured(offload) && offload->overhead > 0) {
     md << format("%.3f×", offload->overhead) << " (" << format("%.2f ms", offload->step_ms)
-       << ") | " << verdict(offload->overhead <= kStepTarget) << " |\n";
+       << ") | " << verdict(offload->overhead <= step_target) << " |\n";
   } else {
     md << "not measured | — |\n";
   }
@@ -143,15 +147,20 @@ OffloadSummary offload_summary(const std::vector<BenchRow>& rows, const BenchOpt
        << " stages, each but the last its own region)\n\n"
        << "| method | row | setting | step ms | × plain step | peak MiB | × plain peak | notes |\n"
        << "|---|---|---|---:|---:|---:|---:|---|\n";
-    const char* expected[] = {"none",        "ckpt_sequential", "ckpt_offload",
-                              "python_none", "python_offload",  "python_sequential"};
+    const char* expected[] = {
+        "none",        "ckpt_sequential", "ckpt_offload",     "ckpt_offload_no_look_ahead",
+        "python_none", "python_offload",  "python_sequential"};
     for (size_t i = 0; i < compared.size(); ++i) {
       md << table_row(compared[i], expected[i], compared[i].python ? python_absent : "not run");
       if (!measured(compared[i].row) && (!compared[i].python || python_expected)) {
         summary.missing.push_back(model + ": " + expected[i] + " (" + compared[i].label + ")");
       }
     }
-    md << "\n" << targets(compared[1].row, compared[2].row, compared[4].row) << "\n";
+    const bool emulated = c10::Device(options.device).type() != c10::DeviceType::CUDA;
+    md << "\n"
+       << targets(compared[1].row, compared[2].row, compared[5].row,
+                  emulated ? kEmulatedStepTarget : kStepTarget)
+       << "\n";
   }
   summary.markdown = md.str();
   return summary;

@@ -1,7 +1,7 @@
 #pragma once
 
 // Offloading against checkpointing on one model, from the comparison's rows: the table and the
-// targets of issue 31 that scripts/gpu-check.sh's "Offloading on CUDA" section prints.
+// targets of issue 50 that scripts/gpu-check.sh's "Offloading on CUDA" section prints.
 
 #include "harness.h"
 

@@ -22,13 +22,6 @@ class OffloadedRecord;
 class SavedTensorHooksScope;
 }  // namespace detail
 
-/// Options of `OffloadGuard`.
-struct OffloadOptions {
-  /// Host copies of CUDA data go to pinned (page-locked) memory, which the copies need to run
-  /// asynchronously. Other devices get pageable memory. Default: true
-  TORCH_ARG(bool, pin_memory) = true;
-};
-
 /// While it lives, every tensor that autograd saves for the backward on this thread goes to host
 /// memory, and comes back when the backward needs it, as Python's `save_on_cpu` does, with the
 /// copies overlapped with compute:
@@ -36,7 +29,9 @@ struct OffloadOptions {
 ///     that computed it; the guard's end makes the device's current stream wait for the copies and
 ///     lets go of the device's copy (what the caller still holds stays);
 ///   - the backward's first use of any of them brings all of them back on the side stream, last
-///     saved first (the order a backward reads them in); each use waits for its own copy only;
+///     saved first (the order a backward reads them in), and behind them the data of the
+///     `look_ahead` guards or offloaded regions whose forward ended just before this one's on
+///     this thread (the ones the backward reaches next); a use waits for its guard's copies;
 ///   - data shared by several saved tensors (a view and its base; an output that two operators
 ///     save) moves once;
 ///   - data already in host memory, and parameters and other leaves that require grad (which
@@ -74,14 +69,21 @@ class OffloadGuard {
   std::unique_ptr<detail::SavedTensorHooksScope> scope_;
 };
 
-/// Host memory held by offloaded data in this process (guards, offloaded regions and selective
-/// offloading together): now, and at most since the process started or `reset_offload_peak()`.
+/// Offloaded data in this process (guards, offloaded regions and selective offloading together):
+/// the host memory it holds now, and at most since the process started or `reset_offload_peak()`;
+/// the host memory the pool keeps for the next copies; the device memory of data brought back
+/// ahead of the backward that reads it (`OffloadOptions::look_ahead`).
 struct OffloadStats {
   int64_t host_bytes = 0;
   int64_t peak_host_bytes = 0;
+  int64_t pooled_host_bytes = 0;
+  int64_t ahead_device_bytes = 0;
 };
 OffloadStats offload_stats();
 void reset_offload_peak();
+/// Frees the host buffers the pool keeps for reuse (the pool keeps at most the peak of offloaded
+/// host memory; this gives it back to the system, for a program that offloads no more).
+void empty_offload_pool();
 
 /// Bytes per second that offloading's copies move between `device` and host memory: the median
 /// of `repeats` round trips of `bytes` bytes (to the host and back, on the side stream offloading

@@ -24,6 +24,37 @@ struct RegionContexts {
   std::function<RegionContext()> recompute;
 };
 
+/// How offloading moves data: options of `ckpt::OffloadGuard` and of offloaded regions
+/// (`CheckpointOptions::offload_options`). The defaults suit a training step; docs/offloading.md
+/// says when to change them.
+struct OffloadOptions {
+  /// Host copies of CUDA data go to pinned (page-locked) memory, which the copies need to run
+  /// asynchronously; where pinned memory can't be had, pageable memory, with one warning. Other
+  /// devices get pageable memory. Host buffers are kept in a pool for the next step's copies.
+  /// Default: true
+  TORCH_ARG(bool, pin_memory) = true;
+  /// Scopes (guards, offloaded regions) brought back ahead: once the backward has begun using a
+  /// scope's data, the data of the `look_ahead` scopes offloaded just before it on the same thread
+  /// comes back too, behind its own and in the order their backwards read it, so that its copies
+  /// run during this scope's backward instead of in front of their own. 0: each scope's data
+  /// comes back at its own first use. Default: 1
+  TORCH_ARG(int, look_ahead) = 1;
+  /// Device bytes the look-ahead may hold beyond what the running backward has let go of. At 0
+  /// it brings data back only into room the backward freed, one release behind (the backward's
+  /// next temporaries often take the room just freed), so that the step peaks no higher than
+  /// without it; more lets the copies start earlier, at that much more memory. -1: whole scopes
+  /// at once, as soon as the backward reaches the scope before. Default: 0
+  TORCH_ARG(int64_t, max_ahead_bytes) = 0;
+  /// The scope keeps its device data (and its copy in host memory) while it is among the
+  /// `keep_last` newest scopes of its thread: the last scopes of a forward are the first of the
+  /// backward, whose copies back nothing could hide. Costs device memory at the forward's end.
+  /// Default: 0
+  TORCH_ARG(int, keep_last) = 0;
+  /// Data smaller than this many bytes stays on the device: a copy costs a fixed overhead, and
+  /// small tensors (a normalisation's statistics) free little. Default: 0
+  TORCH_ARG(int64_t, min_bytes) = 0;
+};
+
 /// Options for `ckpt::checkpoint` and `ckpt::checkpoint_sequential`.
 ///
 /// Mirrors the keyword arguments of Python's `torch.utils.checkpoint.checkpoint`; see
@@ -94,6 +125,8 @@ struct CheckpointOptions {
   /// The region's tensor arguments must be on an accelerator: host data has nowhere to go, and
   /// the region raises an error rather than copying host memory to host memory. Default: false
   TORCH_ARG(bool, offload) = false;
+  /// How an offloaded region (`offload(true)`) moves its data. Default: `OffloadOptions()`
+  TORCH_ARG(OffloadOptions, offload_options);
 };
 
 /// Overrides the `debug` option of every region whose forward starts from now on, in the whole

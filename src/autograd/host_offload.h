@@ -31,6 +31,12 @@ c10::Stream offload_stream(c10::Device device);
 int64_t offloaded_host_bytes();
 int64_t offloaded_host_peak_bytes();
 void reset_offloaded_host_peak();
+/// For tests: host copies of every device's data ask for pinned memory, as CUDA's do. Where there
+/// is no CUDA that fails, as pinning may on a GPU machine, and the fall-back runs.
+void pin_every_device_for_testing(bool pin);
+/// Host memory the pool of offloading's host buffers holds for reuse, and emptying it.
+int64_t pooled_host_bytes();
+void empty_host_pool();
 
 /// Where and how a tensor lies in its storage, to make it again on another copy of the storage.
 struct StorageView {
@@ -43,17 +49,36 @@ struct StorageView {
   bool conj = false, neg = false;  // a lazy conjugate or negative view's bits
 };
 
+/// How a group moves its data (OffloadOptions, less what the region layer decides).
+struct OffloadSettings {
+  bool pin_memory = true;  // host copies of CUDA data in pinned memory (other devices: pageable)
+  /// true: the copies back start with the data offloaded last (a backward's order); false: with
+  /// the data offloaded first (a recompute's order).
+  bool last_first = true;
+  /// The group joins its thread's chain of groups (see `ManualOffloadScope`): the look-ahead and
+  /// `keep_last` below apply to it. Selective offloading's groups stay out.
+  bool in_chain = true;
+  int look_ahead = 0;            // groups before this one to bring back during its backward
+  int64_t max_ahead_bytes = -1;  // beyond what its backward let go of (-1: whole groups at once)
+  int keep_last = 0;             // this group keeps its device data while it is this recent
+  int64_t min_bytes = 0;         // smaller storages stay on the device
+};
+
 /// The offloaded data of one scope (an offloaded region's forward, an `OffloadGuard`): each
 /// storage copied to host memory once, however many saved tensors share it, and brought back to
 /// the device when the backward first asks for any of them, all at once and in the order they
 /// will be read in.
-class OffloadGroup {
+///
+/// Groups that finish their forward on one thread form its chain, newest last. Once a group's
+/// backward has begun, it brings back the `look_ahead` groups before it in the chain (the ones
+/// the backward reaches next), slot by slot in the order their backwards read them, as it lets go
+/// of its own device memory, one release behind (plus `max_ahead_bytes`): their copies run during
+/// its backward instead of in front of their own, and the device holds no more than without them.
+/// The `keep_last` newest groups keep their device data until newer ones finish: the backward
+/// starts with them, and has nothing to wait for.
+class OffloadGroup : public std::enable_shared_from_this<OffloadGroup> {
  public:
-  /// `pin_memory`: host copies of CUDA data go to pinned memory (other devices: pageable).
-  /// `last_first`: the copies back start with the data offloaded last (a backward's order);
-  /// false: with the data offloaded first (a recompute's order).
-  explicit OffloadGroup(bool pin_memory, bool last_first = true)
-      : pin_memory_(pin_memory), last_first_(last_first) {}
+  explicit OffloadGroup(const OffloadSettings& settings) : settings_(settings) {}
   ~OffloadGroup();
   OffloadGroup(const OffloadGroup&) = delete;
   OffloadGroup& operator=(const OffloadGroup&) = delete;
@@ -61,20 +86,27 @@ class OffloadGroup {
   /// The data of `tensors` stays on the device (an offloaded region's arguments, which the caller
   /// holds): what the scope saves of it is used where it is, never copied. Before any `add`.
   void keep_on_device(const std::vector<at::Tensor>& tensors);
+  /// Whether `add` takes `tensor`: an accelerator's strided data of at least `min_bytes`.
+  bool takes(const at::Tensor& tensor) const;
   /// Starts the copy of `tensor`'s storage (an accelerator's) to the host, unless it is in the
   /// group already; one more user of it either way. Returns its slot. `if_let_go`: the copy
   /// waits for the forward's end, and is made only if nothing else holds the data then (a frozen
   /// parameter, the caller's batch stay on the device anyway: a copy would only double them).
   size_t add(const at::Tensor& tensor, bool if_let_go = false);
   /// The end of the forward: the current streams wait for the copies to the host, and the group
-  /// lets go of the device data (what else holds it keeps it). The data of `resident` tensors
-  /// (the scope's results, which stay on the device for what comes next) is used where it is:
-  /// its host copy goes.
+  /// lets go of the device data (what else holds it keeps it), unless `keep_last` keeps it for
+  /// now. The data of `resident` tensors (the scope's results, which stay on the device for what
+  /// comes next) is used where it is: its host copy goes. The group joins its thread's chain.
   void finish_forward(const std::vector<at::Tensor>& resident = {});
-  /// Starts bringing every slot back to its device (once; later calls do nothing).
+  /// Starts bringing every slot back to its device (once; later calls do nothing). Does not
+  /// look ahead.
   void prefetch();
+  /// Starts bringing slots back ahead of the group's backward, in the order it reads them, as many
+  /// as fit `allowance` bytes (-1: all). They count in `offloaded_ahead_bytes` until its first
+  /// fetch. Returns the bytes.
+  int64_t prefetch_ahead(int64_t allowance = -1);
   /// The data of `slot` on the device, once its copy back has landed for the current stream.
-  /// Prefetches first.
+  /// Prefetches first, and the first time also looks ahead.
   c10::Storage fetch(size_t slot);
   /// One user of `slot` is gone; the slot's copies go with its last user.
   void release(size_t slot);
@@ -92,31 +124,83 @@ class OffloadGroup {
 
  private:
   struct Slot {
-    c10::Storage device;  // the forward's data, until finish_forward
-    at::Tensor host;      // bytes
-    std::unique_ptr<c10::Event> copied;
-    c10::Storage fetched;  // the data back on the device
-    std::unique_ptr<c10::Event> fetched_event;
+    c10::Storage device;                      // the forward's data, until let go of
+    at::Tensor host;                          // bytes
+    c10::Storage fetched;                     // the data back on the device
+    std::shared_ptr<c10::Event> copied_back;  // its batch's copies back (fetch_in_order_locked)
     c10::Device where{c10::DeviceType::CPU};
     const c10::StorageImpl* data = nullptr;  // identity only: `device` goes at the forward's end
     int users = 0;
     bool resident = false;   // `device` stays: nothing to bring back
     bool if_let_go = false;  // copied at the forward's end, if only the group holds it then
+    bool pinned = false;     // `host` is pinned memory
   };
+  // The events of one device, recorded again for each use: the side stream waits for
+  // `produced` before a copy; the current streams wait for `copied_out` before the device data
+  // goes.
+  struct DeviceEvents {
+    c10::Device device;
+    std::unique_ptr<c10::Event> produced, copied_out;
+  };
+  DeviceEvents& events_of(c10::Device device);
   void start_copy(Slot& slot);
-  void prefetch_locked();
+  void join_thread_chain();
+  void let_go_of_device();
   void fetch_slot(Slot& slot);
-  void drop_locked(Slot& slot);  // frees the slot's copies
+  // Fetches the slots in the order the backward reads them, from where the last call stopped,
+  // while their bytes fit `allowance` (-1: all); returns the bytes fetched.
+  int64_t fetch_in_order_locked(int64_t allowance);
+  bool all_fetched_locked() const;
+  bool done_ahead();  // every slot fetched, or its backward began
+  std::vector<std::shared_ptr<OffloadGroup>> groups_ahead() const;
+  // Brings back as much of the groups ahead as the bytes this backward let go of allow, but for
+  // its latest release (which its next temporaries may take), plus max_ahead_bytes; the next
+  // group first.
+  void pump_locked();
+  void drop_host_locked(Slot& slot);  // gives the host copy back to the pool
+  void drop_locked(Slot& slot);       // frees the slot's copies
 
-  const bool pin_memory_;
-  const bool last_first_;
+  const OffloadSettings settings_;
   mutable std::mutex mutex_;
   std::vector<Slot> slots_;
+  std::vector<DeviceEvents> events_;
   std::unordered_map<const c10::StorageImpl*, size_t> index_;  // during the forward
+  std::weak_ptr<OffloadGroup> previous_;  // the group before this one in its thread's chain
+  int64_t position_ = 0;                  // its number in that chain
   bool forward_done_ = false;
-  bool prefetched_ = false;
+  bool device_kept_ = false;       // keep_last: the slots still hold their device data
+  size_t next_fetch_ = 0;          // slots fetched so far, in the backward's order
+  bool backward_started_ = false;  // the first fetch came
+  int64_t ahead_bytes_ = 0;        // device bytes brought back ahead of this group's own backward
+  // Its backward: the groups it brings back ahead, the device bytes it let go of, and the bytes
+  // brought back ahead for them.
+  std::vector<std::shared_ptr<OffloadGroup>> ahead_;
+  int64_t released_bytes_ = 0;
+  int64_t last_released_bytes_ = 0;
+  int64_t pumped_bytes_ = 0;
   int64_t host_bytes_ = 0;
 };
+
+/// While it lives, the groups that finish their forward on this thread stay out of its chain:
+/// no look-ahead and nothing kept on the device, for a planned schedule that brings data back
+/// where its plan counted it. `take_last` gives the group that finished last in the scope, if it
+/// still lives.
+class ManualOffloadScope {
+ public:
+  ManualOffloadScope();
+  ~ManualOffloadScope();
+  ManualOffloadScope(const ManualOffloadScope&) = delete;
+  ManualOffloadScope& operator=(const ManualOffloadScope&) = delete;
+  std::shared_ptr<OffloadGroup> take_last();
+
+ private:
+  ManualOffloadScope* outer_;
+  std::weak_ptr<OffloadGroup> last_;  // not held: the scope outlives groups it does not use
+  friend class OffloadGroup;
+};
+
+/// Device bytes of offloaded data brought back ahead of the backward that reads it, now.
+int64_t offloaded_ahead_bytes();
 
 /// The saved-tensor hooks of offloading: a tensor on an accelerator goes to `group`; anything else
 /// (host data, parameters and other leaves that require grad, which stay on the device anyway)

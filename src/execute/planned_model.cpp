@@ -249,6 +249,9 @@ PlannedModel::PlannedModel(std::shared_ptr<torch::nn::Module> model, Budget budg
 
 at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
   if (!at::GradMode::is_enabled()) return loss_fn();  // nothing is saved: candidates run plainly
+  // The plan counts each offloaded candidate's data as it measured it: brought back at its own
+  // backward, never ahead.
+  const detail::ManualOffloadScope offloads;
   if (!plan_) plan(loss_fn);
   if (options_.on_out_of_memory() == OutOfMemory::Replan) return run_surviving(loss_fn);
   return run_checked(loss_fn);

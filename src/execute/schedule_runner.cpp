@@ -5,6 +5,8 @@
 #include "autograd/recompute_scope.h"
 #include "stage_report.h"
 
+#include <algorithm>
+
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
@@ -81,6 +83,7 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
   x_.resize(n + 1);
   is_checkpoint_.assign(n + 1, false);
   graphs_.resize(n);
+  offload_groups_.resize(n);
   rng_.resize(n);
   autocast_.resize(n);
   training_.resize(n);
@@ -198,7 +201,10 @@ void ScheduleRunner::run_stage(const plan::Op& op, const at::Tensor& input) {
   if (op.kind == OpKind::ForwardAll) {
     const bool needs_grad = i > 0 ? is_differentiable(input) : input_requires_grad_;
     const StageForward& forward = option_forwards_->of(i, op.option);
+    // An offloaded stage's data comes back where the plan says (its look-ahead), not by itself.
+    ManualOffloadScope offloads;
     graphs_[i].emplace(forward, input, needs_grad);
+    offload_groups_[i] = offloads.take_last();
     return;
   }
   at::Tensor output;
@@ -237,11 +243,18 @@ void ScheduleRunner::run_backward(const plan::Op& op, LeafGradients* leaves) {
   const OpScope scope(observer_.get(), op);
   const int i = op.stage;
   TORCH_INTERNAL_ASSERT(graphs_[i].has_value(), "backward of stage ", i, " without its graph");
+  if (i > 0 && offload_groups_[i - 1] &&
+      std::binary_search(schedule_.look_ahead.begin(), schedule_.look_ahead.end(), i - 1)) {
+    // The stage's own data first, then the next stage's behind it, on the same side stream.
+    if (offload_groups_[i]) offload_groups_[i]->prefetch();
+    offload_groups_[i - 1]->prefetch_ahead();
+  }
   at::Tensor grad_output = std::move(delta_);
   delta_ = leaves != nullptr
                ? graphs_[i]->backward(std::move(grad_output), *leaves)
                : graphs_[i]->backward(std::move(grad_output), /*accumulate_parameters=*/false);
   graphs_[i].reset();
+  offload_groups_[i].reset();
   if (i > 0) {
     x_[i].reset();
     is_checkpoint_[i] = false;

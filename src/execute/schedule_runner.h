@@ -9,6 +9,7 @@
 #include <ckpt/storage_mode.h>
 
 #include "autograd/autocast_state.h"
+#include "autograd/host_offload.h"
 #include "autograd/rng_state.h"
 #include "autograd/stage_graph.h"
 #include "autograd/training_modes.h"
@@ -82,9 +83,11 @@ class ScheduleRunner {
   std::vector<at::Tensor> x_;        // standalone x_i, i = 0..L
   std::vector<bool> is_checkpoint_;  // x_i is kept until its backward
   std::vector<c10::optional<StageGraph>> graphs_;  // graphs_[i] holds x̄_{i+1}
-  std::vector<c10::optional<RngStash>> rng_;       // RNG before stage i first ran
-  std::vector<AutocastState> autocast_;            // autocast when stage i first ran
-  std::vector<TrainingModes> training_;            // train()/eval() when stage i first ran
+  // The data stage i's x̄ keeps in host memory, where its option offloads.
+  std::vector<std::shared_ptr<OffloadGroup>> offload_groups_;
+  std::vector<c10::optional<RngStash>> rng_;  // RNG before stage i first ran
+  std::vector<AutocastState> autocast_;       // autocast when stage i first ran
+  std::vector<TrainingModes> training_;       // train()/eval() when stage i first ran
   std::vector<bool> ran_;
   std::vector<bool> runs_again_;  // stage i runs more than once
   at::Tensor delta_;              // the gradient at the current position

@@ -3,6 +3,7 @@
 #include <ckpt/profiler.h>
 
 #include "autograd/buffer_guard.h"
+#include "autograd/host_offload.h"
 #include "autograd/rng_state.h"
 #include "autograd/stage_graph.h"
 #include "compat/torch_compat.h"
@@ -274,7 +275,9 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
   TORCH_CHECK(options.repeats() >= 1, "ckpt::profile_chain: repeats must be at least 1, but got ",
               options.repeats(), ".");
   MemoryTracker tracker = tracker_for(sample_input.device());
-  // Profiling runs the stages many times: leave the RNG and the buffers as they were.
+  // Profiling runs the stages many times: leave the RNG and the buffers as they were. Each
+  // offloaded stage is measured alone: no data brought back ahead across stages.
+  const detail::ManualOffloadScope offloads;
   const detail::RngRestore generators({sample_input}, detail::infer_device_type({sample_input}));
   const detail::BufferGuard buffers(stage_modules(stages));
 

@@ -72,21 +72,18 @@ int64_t Chain::activation_bytes(int i) const {
   return i == 0 ? input_bytes : stages[static_cast<size_t>(i - 1)].output_bytes;
 }
 
-namespace {
+namespace {}  // namespace
 
-// Seconds (the chain's unit) of copying `bytes` each way; the copies overlap the compute.
-double copy_time(int64_t bytes, double bandwidth) {
-  return bandwidth > 0 ? static_cast<double>(bytes) / bandwidth : 0.0;
+double Chain::copy_time(int64_t bytes) const {
+  return host_bandwidth > 0 ? static_cast<double>(bytes) / host_bandwidth : 0.0;
 }
 
-}  // namespace
-
 double Chain::forward_all_time(const StorageOption& option) const {
-  return std::max(option.forward_time, copy_time(option.offloaded_bytes, host_bandwidth));
+  return std::max(option.forward_time, copy_time(option.offloaded_bytes));
 }
 
 double Chain::backward_time(const StorageOption& option) const {
-  return std::max(option.backward_time, copy_time(option.offloaded_bytes, host_bandwidth));
+  return std::max(option.backward_time, copy_time(option.offloaded_bytes));
 }
 
 int64_t Chain::max_host_bytes() const {

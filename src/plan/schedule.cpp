@@ -61,6 +61,8 @@ std::string to_string(const Schedule& schedule) {
     if (!text.empty()) text += ' ';
     text += to_string(op);
   }
+  if (!schedule.look_ahead.empty()) text += " ahead:";
+  for (const int stage : schedule.look_ahead) text += ' ' + std::to_string(stage);
   return text;
 }
 

@@ -11,8 +11,9 @@ namespace {
 // Memory state of the simulation; see docs/memory-model.md.
 class Machine {
  public:
-  explicit Machine(const Chain& chain)
+  Machine(const Chain& chain, const Schedule& schedule)
       : chain_(chain),
+        schedule_(schedule),
         length_(chain.size()),
         x_(static_cast<size_t>(length_ + 1), false),
         kept_(static_cast<size_t>(length_ + 1), false),
@@ -186,8 +187,26 @@ class Machine {
       return fail("its input x_" + std::to_string(i) + " is not in memory");
     }
     const StorageOption option = stage.option(stored);
-    touch_peak(x_bytes(i), option.backward_tmp_bytes);
-    result_.time += chain_.backward_time(option);
+    // The look-ahead of stage i - 1: its data comes back during this backward, on the side.
+    int64_t ahead_bytes = 0;
+    if (i >= 1 && looks_ahead(i - 1)) {
+      const Op* next = index_ + 1 < static_cast<int>(schedule_.ops.size())
+                           ? &schedule_.ops[static_cast<size_t>(index_ + 1)]
+                           : nullptr;
+      if (next == nullptr || next->kind != OpKind::Backward || next->stage != i - 1) {
+        return fail("the look-ahead of stage " + std::to_string(i - 1) +
+                    " needs its backward right after this one");
+      }
+      ahead_bytes = chain_.stages[static_cast<size_t>(i - 1)].option(next->option).offloaded_bytes;
+      if (ahead_bytes == 0) {
+        return fail("the look-ahead of stage " + std::to_string(i - 1) +
+                    " needs an offload option in its backward");
+      }
+    }
+    touch_peak(x_bytes(i), option.backward_tmp_bytes + ahead_bytes);
+    // A stage brought back ahead waits for nothing; the copy runs beside the backward before.
+    const double own_time = looks_ahead(i) ? option.backward_time : chain_.backward_time(option);
+    result_.time += std::max(own_time, chain_.copy_time(ahead_bytes));
     host_ -= option.offloaded_bytes;  // the host copy lives until the backward's end
     backward_done_[static_cast<size_t>(i)] = true;
     delta_[static_cast<size_t>(i)] = true;
@@ -204,7 +223,12 @@ class Machine {
     return true;
   }
 
+  bool looks_ahead(int i) const {
+    return std::binary_search(schedule_.look_ahead.begin(), schedule_.look_ahead.end(), i);
+  }
+
   const Chain& chain_;
+  const Schedule& schedule_;
   int length_;
   std::vector<bool> x_;           // standalone x_i in memory
   std::vector<bool> kept_;        // standalone x_i is a checkpoint
@@ -223,8 +247,14 @@ class Machine {
 
 SimulationResult simulate(const Chain& chain, const Schedule& schedule) {
   chain.validate();
-  Machine machine(chain);
-  bool ok = true;
+  Machine machine(chain, schedule);
+  bool ok = std::is_sorted(schedule.look_ahead.begin(), schedule.look_ahead.end());
+  if (!ok) {
+    SimulationResult result;
+    result.valid = false;
+    result.error = "the look-ahead's stages must be in increasing order";
+    return result;
+  }
   for (size_t k = 0; k < schedule.ops.size() && ok; ++k) {
     ok = machine.run(static_cast<int>(k), schedule.ops[k]);
   }
@@ -232,6 +262,30 @@ SimulationResult simulate(const Chain& chain, const Schedule& schedule) {
   SimulationResult result = machine.result();
   result.valid = ok;
   return result;
+}
+
+Schedule add_look_ahead(const Chain& chain, Schedule schedule, int64_t budget_bytes) {
+  const SimulationResult without = simulate(chain, schedule);
+  if (!without.valid) return schedule;
+  const int64_t limit = std::max(budget_bytes, without.peak_bytes);
+  schedule.look_ahead.clear();
+  for (size_t k = 0; k + 1 < schedule.ops.size(); ++k) {
+    const Op& op = schedule.ops[k];
+    const Op& next = schedule.ops[k + 1];
+    if (op.kind != OpKind::Backward || next.kind != OpKind::Backward ||
+        next.stage != op.stage - 1 ||
+        chain.stages[static_cast<size_t>(next.stage)].option(next.option).offloaded_bytes == 0) {
+      continue;
+    }
+    schedule.look_ahead.push_back(next.stage);
+    std::sort(schedule.look_ahead.begin(), schedule.look_ahead.end());
+    const SimulationResult with = simulate(chain, schedule);
+    if (!with.valid || with.peak_bytes > limit) {
+      schedule.look_ahead.erase(
+          std::find(schedule.look_ahead.begin(), schedule.look_ahead.end(), next.stage));
+    }
+  }
+  return schedule;
 }
 
 }  // namespace plan

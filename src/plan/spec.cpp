@@ -231,6 +231,7 @@ Plan solve(const Chain& chain, const SolverSpec& spec, int64_t budget_bytes,
     plan.message = infeasible_message(chain, budget_bytes, options);
     return plan;
   }
+  schedule = add_look_ahead(chain, std::move(*schedule), budget_bytes);
   plan.prediction = simulate(chain, *schedule);
   plan.schedule = std::move(schedule);
   plan.feasible = plan.prediction.valid && plan.prediction.peak_bytes <= budget_bytes &&

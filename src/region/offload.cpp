@@ -24,8 +24,34 @@
 
 namespace ckpt {
 
+namespace detail {
+namespace {
+
+OffloadSettings offload_settings(const OffloadOptions& options, const char* function) {
+  TORCH_CHECK(options.look_ahead() >= 0 && options.keep_last() >= 0 && options.min_bytes() >= 0,
+              function,
+              ": OffloadOptions' look_ahead, keep_last and min_bytes must be >= 0, but "
+              "got ",
+              options.look_ahead(), ", ", options.keep_last(), " and ", options.min_bytes(), ".");
+  TORCH_CHECK(options.max_ahead_bytes() >= -1, function,
+              ": OffloadOptions().max_ahead_bytes must be >= 0 bytes, or -1 for whole scopes at "
+              "once, but got ",
+              options.max_ahead_bytes(), ".");
+  OffloadSettings settings;
+  settings.pin_memory = options.pin_memory();
+  settings.look_ahead = options.look_ahead();
+  settings.max_ahead_bytes = options.max_ahead_bytes();
+  settings.keep_last = options.keep_last();
+  settings.min_bytes = options.min_bytes();
+  return settings;
+}
+
+}  // namespace
+}  // namespace detail
+
 OffloadGuard::OffloadGuard(const OffloadOptions& options)
-    : group_(std::make_shared<detail::OffloadGroup>(options.pin_memory())) {
+    : group_(std::make_shared<detail::OffloadGroup>(
+          detail::offload_settings(options, "ckpt::OffloadGuard"))) {
   scope_ = std::make_unique<detail::SavedTensorHooksScope>(
       [group = group_] { return detail::offload_hooks(group); });
 }
@@ -40,7 +66,12 @@ int64_t OffloadGuard::host_bytes() const {
 }
 
 OffloadStats offload_stats() {
-  return {detail::offloaded_host_bytes(), detail::offloaded_host_peak_bytes()};
+  return {detail::offloaded_host_bytes(), detail::offloaded_host_peak_bytes(),
+          detail::pooled_host_bytes(), detail::offloaded_ahead_bytes()};
+}
+
+void empty_offload_pool() {
+  detail::empty_host_pool();
 }
 
 void reset_offload_peak() {
@@ -106,7 +137,8 @@ OffloadedRegion::OffloadedRegion(const CheckpointOptions& options,
   }
   inputs_ = inputs;
   label_ = std::make_unique<LabelScope>(next_region_label());
-  group_ = std::make_shared<OffloadGroup>(/*pin_memory=*/true);
+  group_ = std::make_shared<OffloadGroup>(
+      offload_settings(options.offload_options(), "ckpt::checkpoint"));
   group_->keep_on_device(inputs);  // the caller holds them: a copy would be dropped at the end
   if (KeptReport* report = active_report()) record_ = std::make_unique<OffloadedRecord>(*report);
   scope_ =

@@ -587,7 +587,12 @@ void KeptOutputs::offload() {
       value = map_tensors(value, [&](const at::Tensor& t) {
         Watch& watch = entry.watches[k++];
         if (!t.defined() || t.device().is_cpu() || t.layout() != c10::kStrided) return t;
-        if (!offloaded) offloaded = std::make_shared<OffloadGroup>(true, /*last_first=*/false);
+        if (!offloaded) {
+          OffloadSettings settings;  // brought back as the recompute starts: no chain
+          settings.last_first = false;
+          settings.in_chain = false;
+          offloaded = std::make_shared<OffloadGroup>(settings);
+        }
         watch.host_copy = HostCopy{offloaded->add(t), StorageView(t)};
         return at::Tensor();
       });

@@ -11,11 +11,13 @@
 #include "device/device_suite.h"
 #include "device/kernel_counter.h"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace offload_test {
@@ -392,6 +394,141 @@ TEST_P(OffloadTest, BackwardWaitsForEachCopyBack) {
   for (size_t i = 0; i < held.size(); ++i) EXPECT_TRUE(bit_equal(free_running[i], held[i])) << i;
 }
 
+// Three offloaded regions, each with a hook on its output that records the device bytes brought
+// back ahead: the hooks fire between the backward of the region after and that of the region
+// itself (third, second, first). With the look-ahead, the next region's data has started coming
+// back by then (the test fails if the prefetch is issued only when that region's own backward
+// starts); without, nothing comes back ahead. The gradients are the plain step's either way.
+TEST_P(OffloadTest, LookAheadBringsTheNextRegionBackBeforeItsBackward) {
+  std::vector<std::vector<int64_t>> ahead;
+  for (const auto& options : {ckpt::OffloadOptions().look_ahead(0), ckpt::OffloadOptions(),
+                              ckpt::OffloadOptions().look_ahead(2),
+                              ckpt::OffloadOptions().look_ahead(2).max_ahead_bytes(-1)}) {
+    const auto offloaded = ckpt::CheckpointOptions().offload(true).offload_options(options);
+    std::vector<int64_t> seen;
+    expect_same_gradients([&](Mlp& block, const at::Tensor& h) {
+      at::Tensor y = ckpt::checkpoint(offloaded, block, h);
+      y.register_hook(
+          [&seen](const at::Tensor&) { seen.push_back(ckpt::offload_stats().ahead_device_bytes); });
+      return y;
+    });
+    EXPECT_EQ(ckpt::offload_stats().ahead_device_bytes, 0) << "every region's backward ran";
+    EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+    ASSERT_EQ(seen.size(), 3u);
+    ahead.push_back(seen);
+  }
+  EXPECT_EQ(ahead[0], (std::vector<int64_t>{0, 0, 0})) << "look_ahead(0)";
+  const std::vector<int64_t>& one = ahead[1];
+  EXPECT_EQ(one[0], 0) << "before the first backward, nothing";
+  EXPECT_GT(one[1], 0) << "the second region's data, during the third's backward";
+  EXPECT_GT(one[2], 0) << "the first region's, during the second's";
+  // Whole regions at once (max_ahead_bytes(-1)), two ahead: the second and first regions' data
+  // (the same size) during the third's backward, the first's during the second's.
+  const std::vector<int64_t>& whole = ahead[3];
+  EXPECT_GT(whole[2], 0);
+  EXPECT_EQ(whole[1], 2 * whole[2]) << "look_ahead(2).max_ahead_bytes(-1)";
+  // Paced, one or two ahead: never more than the room the backward before let go of, one region.
+  EXPECT_LE(one[1], whole[2]);
+  EXPECT_LE(ahead[2][1], whole[2]) << "look_ahead(2)";
+}
+
+// keep_last: the newest region keeps its data on the device until a newer one's forward ends, so
+// after the forward the last region's data is still there, and the backward copies nothing back
+// for it; the others went to host memory. Gradients as the plain step's.
+TEST_P(OffloadTest, KeepLastKeepsTheNewestRegionsDataOnTheDevice) {
+  CKPT_SKIP_IF(missing_memory_statistics());
+  ckpt::MemoryTracker tracker(device());
+  const auto after_forward = [&](int keep_last) {
+    const auto options = ckpt::CheckpointOptions().offload(true).offload_options(
+        ckpt::OffloadOptions().look_ahead(0).keep_last(keep_last));
+    seed(7);
+    const int64_t before = tracker.current_bytes();
+    auto x = input.detach().requires_grad_();
+    at::Tensor h = x;
+    for (auto& block : blocks) h = ckpt::checkpoint(options, block, h);
+    const int64_t kept = tracker.current_bytes() - before;
+    h.pow(2).sum().backward();
+    for (auto& block : blocks) take_grads(*block);
+    return kept;
+  };
+  const int64_t none = after_forward(0), last = after_forward(1), two = after_forward(2);
+  // One block's inside: in's output and GELU's output (and the dropout mask).
+  const int64_t block_data = 32 * (256 + 256) * 4;
+  EXPECT_GE(last - none, block_data);
+  EXPECT_GE(two - last, block_data);
+  expect_same_gradients([](Mlp& block, const at::Tensor& h) {
+    return ckpt::checkpoint(ckpt::CheckpointOptions().offload(true).offload_options(
+                                ckpt::OffloadOptions().keep_last(2)),
+                            block, h);
+  });
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+}
+
+// min_bytes: data below it stays on the device, and nothing moves when all of it is below.
+TEST_P(OffloadTest, MinBytesKeepsSmallDataOnTheDevice) {
+  ckpt::reset_offload_peak();
+  expect_same_gradients([](Mlp& block, const at::Tensor& h) {
+    ckpt::OffloadGuard guard(ckpt::OffloadOptions().min_bytes(int64_t{1} << 30));
+    const at::Tensor y = block(h);
+    EXPECT_EQ(guard.host_bytes(), 0);
+    return y;
+  });
+  EXPECT_EQ(ckpt::offload_stats().peak_host_bytes, 0);
+  // 32 x 256 floats move, 32 x 64 (the mask, the blocks' inputs) stay.
+  expect_same_gradients([](Mlp& block, const at::Tensor& h) {
+    ckpt::OffloadGuard guard(ckpt::OffloadOptions().min_bytes(32 * 256 * 4));
+    const at::Tensor y = block(h);
+    EXPECT_EQ(guard.host_bytes(), 2 * 32 * 256 * 4);
+    return y;
+  });
+}
+
+// The host buffers of one step serve the next: the pool keeps them, a second step takes its
+// buffers from it, and empty_offload_pool frees them.
+TEST_P(OffloadTest, HostBuffersComeFromThePoolInTheNextStep) {
+  ckpt::empty_offload_pool();
+  const auto step = [&] {
+    expect_same_gradients([](Mlp& block, const at::Tensor& h) {
+      return ckpt::checkpoint(ckpt::CheckpointOptions().offload(true), block, h);
+    });
+  };
+  step();
+  const int64_t pooled = ckpt::offload_stats().pooled_host_bytes;
+  EXPECT_GT(pooled, 0);
+  EXPECT_LE(pooled, ckpt::offload_stats().peak_host_bytes);
+  step();
+  EXPECT_EQ(ckpt::offload_stats().pooled_host_bytes, pooled) << "taken and given back";
+  ckpt::empty_offload_pool();
+  EXPECT_EQ(ckpt::offload_stats().pooled_host_bytes, 0);
+}
+
+// Pinned memory that can't be had (here: no CUDA to pin with) falls back to pageable memory with a
+// warning; the step gives the plain gradients.
+TEST_P(OffloadTest, PinnedMemoryThatFailsFallsBackToPageableMemory) {
+  if (type() == c10::DeviceType::CUDA) GTEST_SKIP() << "pinning works on CUDA";
+  ckpt::detail::pin_every_device_for_testing(true);
+  ckpt::empty_offload_pool();
+  expect_same_gradients([](Mlp& block, const at::Tensor& h) {
+    ckpt::OffloadGuard guard;
+    const at::Tensor y = block(h);
+    EXPECT_GT(guard.host_bytes(), 0);
+    return y;
+  });
+  ckpt::detail::pin_every_device_for_testing(false);
+  ckpt::empty_offload_pool();
+}
+
+TEST_P(OffloadTest, BadOffloadOptionsAreClearErrors) {
+  auto x = input.detach().requires_grad_();
+  CKPT_EXPECT_THROWS_WITH(ckpt::OffloadGuard(ckpt::OffloadOptions().look_ahead(-1)),
+                          "look_ahead, keep_last and min_bytes must be >= 0, but got -1");
+  CKPT_EXPECT_THROWS_WITH(
+      ckpt::checkpoint(ckpt::CheckpointOptions().offload(true).offload_options(
+                           ckpt::OffloadOptions().max_ahead_bytes(-2)),
+                       blocks[0], x),
+      "max_ahead_bytes must be >= 0 bytes, or -1 for whole scopes at once, but got -2");
+}
+
 // Autograd lets go of what a node saved when the node goes: inside the scope, that may happen
 // before the scope's end, and the same data may be saved again after.
 TEST_P(OffloadTest, DataSavedThenLetGoOfInsideTheScope) {
@@ -503,6 +640,54 @@ TEST_P(OffloadTest, PlannedChainMixesOffloadingWithRecomputingAtThePredictedPeak
   for (auto& p : chain->parameters()) grads.push_back(p.grad());
   ASSERT_EQ(grads.size(), plain.size());
   for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(bit_equal(grads[i], plain[i])) << i;
+}
+
+// With host memory to spare, the plan offloads and brings stages back one backward early where
+// that raises no peak (Schedule::look_ahead): the runner does so (the data is back ahead at the
+// end of the backward before), the measured peak is the prediction within 2%, and the gradients
+// are the plain chain's.
+TEST_P(OffloadTest, PlannedChainLooksAheadWithinThePredictedPeak) {
+  CKPT_SKIP_IF(missing_memory_statistics());
+  torch::nn::Sequential chain;
+  for (int i = 0; i < 8; ++i) chain->push_back(Widening());
+  chain->to(device());
+  for (auto& p : chain->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  const auto x = torch::randn({64, 128}, on()).requires_grad_();
+  const auto target = torch::randn({64, 128}, on());
+  const auto options =
+      ckpt::PlannedSequentialOptions().count_parameter_gradients(false).storage_modes(
+          ckpt::StorageModes::standard().remove("selective").remove("checkpointed"));
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::parse("50%"), options);
+  planned->plan(x);
+  const auto& look_ahead = planned->schedule().look_ahead;
+  ASSERT_FALSE(look_ahead.empty()) << ckpt::plan::to_string(planned->schedule());
+
+  struct AheadAtEnd : ckpt::ExecutionObserver {
+    void on_op_end(const ckpt::plan::Op& op) override {
+      if (op.kind == ckpt::plan::OpKind::Backward)
+        ahead.emplace_back(op.stage, ckpt::offload_stats().ahead_device_bytes);
+    }
+    std::vector<std::pair<int, int64_t>> ahead;
+  };
+  const auto observer = std::make_shared<AheadAtEnd>();
+  planned->set_observer(observer);
+  const auto plain_grads = [&] {
+    (chain->forward(x) * target).sum().backward();
+    std::vector<at::Tensor> grads{x.grad().clone()};
+    for (auto& p : chain->parameters()) grads.push_back(p.grad().clone());
+    return grads;
+  };
+  const auto plain = plain_grads();
+  for (auto& p : chain->parameters()) p.mutable_grad().zero_();
+  x.mutable_grad().reset();
+  ckpt::test::expect_step_peak_as_predicted(planned, x, target);
+  for (const auto& [stage, bytes] : observer->ahead) {
+    const bool ahead = std::binary_search(look_ahead.begin(), look_ahead.end(), stage - 1);
+    EXPECT_EQ(bytes > 0, ahead) << "after B" << stage;
+  }
+  std::vector<at::Tensor> grads{x.grad()};
+  for (auto& p : chain->parameters()) grads.push_back(p.grad());
+  expect_same_bits(plain, grads);
 }
 
 // A convolution saves its weight itself (Linear saves a transposed view of it), and under

@@ -391,6 +391,61 @@ TEST(OffloadOptimalTest, RejectsANegativeHostBudget) {
   EXPECT_THROW(solve_exact(chain, 200, kUnlimited, options), std::invalid_argument);
 }
 
+// Look-ahead (Schedule::look_ahead): stage 0's data comes back during B1.1, which holds it too.
+TEST(OffloadLookAheadTest, TheBackwardBeforeHoldsTheDataAndOverlapsItsCopy) {
+  Schedule both{{{kFall, 0, 1}, {kFall, 1, 1}, {kLoss, 2, 0}, {kB, 1, 1}, {kB, 0, 1}}};
+  const Chain chain = offload_chain(2.0);
+  const SimulationResult without = simulate(chain, both);
+  both.look_ahead = {0};
+  const SimulationResult with = simulate(chain, both);
+  ASSERT_TRUE(with.valid) << with.error;
+  // B1.1: 110 + 20 + 31 without, and stage 0's 10 bytes with.
+  EXPECT_EQ(without.peak_bytes, 161);
+  EXPECT_EQ(with.peak_bytes, 171);
+  EXPECT_EQ(with.host_peak_bytes, without.host_peak_bytes);
+  // 2 bytes per unit: Fall0.1 max(1, 5) + Fall1.1 max(2, 15) + B1.1 max(3, 15) + B0.1 max(2, 5)
+  // without; with, B0.1's copy (5) runs beside B1.1 (max(15, 5)) and B0.1 takes its compute, 2.
+  EXPECT_EQ(without.time, 5.0 + 15.0 + 15.0 + 5.0);
+  EXPECT_EQ(with.time, 5.0 + 15.0 + 15.0 + 2.0);
+  EXPECT_EQ(to_string(both), "Fall0.1 Fall1.1 L B1.1 B0.1 ahead: 0");
+}
+
+TEST(OffloadLookAheadTest, ALookAheadWithoutItsBackwardNextOrWithoutOffloadingIsInvalid) {
+  const Chain chain = offload_chain(0.0);
+  Schedule apart{
+      {{kFck, 0, 0}, {kFall, 1, 1}, {kLoss, 2, 0}, {kB, 1, 1}, {kFall, 0, 1}, {kB, 0, 1}}, {0}};
+  const SimulationResult not_next = simulate(chain, apart);
+  EXPECT_FALSE(not_next.valid);
+  EXPECT_NE(not_next.error.find("needs its backward right after this one"), std::string::npos)
+      << not_next.error;
+  Schedule kept{{{kFall, 0, 0}, {kFall, 1, 1}, {kLoss, 2, 0}, {kB, 1, 1}, {kB, 0, 0}}, {0}};
+  const SimulationResult plain = simulate(chain, kept);
+  EXPECT_FALSE(plain.valid);
+  EXPECT_NE(plain.error.find("needs an offload option"), std::string::npos) << plain.error;
+}
+
+// add_look_ahead takes a look-ahead only where the peak stays within the budget (or the
+// schedule's own peak); plan::solve adds it.
+TEST(OffloadLookAheadTest, AddedOnlyWithinTheBudgetAndBySolve) {
+  const Schedule both{{{kFall, 0, 1}, {kFall, 1, 1}, {kLoss, 2, 0}, {kB, 1, 1}, {kB, 0, 1}}};
+  // B1.1 is the peak (161): holding stage 0's 10 bytes there needs a budget of 171.
+  EXPECT_TRUE(add_look_ahead(offload_chain(0.0), both, 170).look_ahead.empty());
+  EXPECT_TRUE(add_look_ahead(offload_chain(0.0), both, 0).look_ahead.empty());
+  EXPECT_EQ(add_look_ahead(offload_chain(0.0), both, 171).look_ahead, std::vector<int>{0});
+  // With B0.1's temporaries the peak, B1.1 has room for it within the schedule's own peak.
+  Chain roomy = offload_chain(0.0);
+  roomy.stages[0].alternatives[0].backward_tmp_bytes = 200;
+  const Schedule ahead = add_look_ahead(roomy, both, 0);
+  EXPECT_EQ(ahead.look_ahead, std::vector<int>{0});
+  EXPECT_EQ(simulate(roomy, ahead).peak_bytes, simulate(roomy, both).peak_bytes);
+  const Plan plan = solve(roomy, SolverSpec{}, simulate(roomy, both).peak_bytes);
+  ASSERT_TRUE(plan.feasible) << plan.message;
+  for (const int stage : plan.schedule->look_ahead) {
+    EXPECT_GT(roomy.stages[static_cast<size_t>(stage)].option(1).offloaded_bytes, 0);
+  }
+  EXPECT_EQ(plan.prediction.peak_bytes, simulate(roomy, *plan.schedule).peak_bytes);
+}
+
 }  // namespace
 }  // namespace plan
 }  // namespace ckpt

@@ -86,8 +86,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchArgs& args) {
   command
       ->add_option("--offload-summary", args.offload_summary_path,
                    "Also write the offloading comparison to FILE and print it: no checkpointing, "
-                   "full recompute, ckpt's offload and Python's save_on_cpu, with issue 31's "
-                   "targets beside the measures; needs --device cuda or emulated. Exit code 1 "
+                   "full recompute, ckpt's offload with and without its look-ahead and Python's "
+                   "save_on_cpu, with issue 50's targets beside the measures; needs --device cuda "
+                   "or emulated. Exit code 1 "
                    "when one of its rows could not be measured")
       ->type_name("FILE");
   return command;
@@ -180,7 +181,7 @@ std::vector<Chart> bench_charts(const std::vector<bench::BenchRow>& rows) {
   return charts;
 }
 
-// --offload-summary: the offloading comparison and issue 31's targets (scripts/gpu-check.sh),
+// --offload-summary: the offloading comparison and issue 50's targets (scripts/gpu-check.sh),
 // printed and written. Exit code 1 when a row it compares failed or is missing; a missed target
 // is only reported.
 int write_offload_summary(const std::vector<bench::BenchRow>& rows,

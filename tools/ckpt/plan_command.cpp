@@ -182,6 +182,7 @@ void write_json(const PlanReport& r, std::ostream& out) {
   result["forward_count"] = has_schedule ? json(prediction.forward_count) : json(nullptr);
   result["schedule"] =
       has_schedule ? schedule_to_json(*r.outcome.schedule, r.chain) : json::array();
+  result["look_ahead"] = has_schedule ? json(r.outcome.schedule->look_ahead) : json::array();
   result["schedule_text"] = has_schedule ? plan::to_string(*r.outcome.schedule) : "";
   result["min_feasible_budget_bytes"] = r.min_budget;
   result["no_checkpoint_time"] = r.baseline.time;

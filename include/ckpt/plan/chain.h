@@ -95,6 +95,9 @@ struct Chain {
   int size() const { return static_cast<int>(stages.size()); }
   /// |x_i| for i in [0, L]: input_bytes for i = 0, stages[i-1].output_bytes otherwise.
   int64_t activation_bytes(int i) const;
+  /// The time of copying `bytes` one way between host and device: bytes / host_bandwidth (0 when
+  /// host_bandwidth is 0).
+  double copy_time(int64_t bytes) const;
   /// The time of Fall with `option`: max(forward_time, offloaded_bytes / host_bandwidth), since
   /// the copies run on a side stream beside the compute (0 copy time when host_bandwidth is 0).
   /// The simulator and every solver charge this.

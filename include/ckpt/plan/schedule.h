@@ -4,6 +4,7 @@
 // loss / backward over the stages of a `Chain`.
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ckpt {
@@ -47,10 +48,21 @@ struct Op {
 
 /// A sequence of operations that runs one training step (forward, loss, backward) of a chain.
 struct Schedule {
-  std::vector<Op> ops;
+  Schedule() = default;
+  Schedule(std::vector<Op> ops_, std::vector<int> look_ahead_ = {})  // NOLINT: {ops} reads well
+      : ops(std::move(ops_)), look_ahead(std::move(look_ahead_)) {}
 
-  bool operator==(const Schedule& other) const { return ops == other.ops; }
-  bool operator!=(const Schedule& other) const { return ops != other.ops; }
+  std::vector<Op> ops;
+  /// Look-ahead: stages i whose offloaded data (an offload option's `ForwardAll`) starts coming
+  /// back when the backward of stage i + 1 starts, which must come right before `B`i, instead of
+  /// when `B`i starts. The copies then run during that backward, which holds the data as well
+  /// (docs/memory-model.md, "Offloading"). Increasing. Default: none
+  std::vector<int> look_ahead;
+
+  bool operator==(const Schedule& other) const {
+    return ops == other.ops && look_ahead == other.look_ahead;
+  }
+  bool operator!=(const Schedule& other) const { return !(*this == other); }
 };
 
 /// Short notation of one operation: `Fn3` (forward_none of stage 3), `Fck3` (forward_input),
@@ -58,7 +70,7 @@ struct Schedule {
 std::string to_string(const Op& op);
 
 /// The operations in short notation (see `to_string(const Op&)`), separated by single spaces,
-/// e.g. `Fck0 Fn1 Fall2 L B2 Fall0 Fall1 B1 B0`.
+/// e.g. `Fck0 Fn1 Fall2 L B2 Fall0 Fall1 B1 B0`; a look-ahead follows as `ahead: 2 5`.
 std::string to_string(const Schedule& schedule);
 
 /// Number of forward operations (forward_none, forward_input and forward_all) in the schedule.

@@ -43,5 +43,12 @@ struct SimulationResult {
 /// schedule is not an exception: the result has `valid == false` and an `error`.
 SimulationResult simulate(const Chain& chain, const Schedule& schedule);
 
+/// `schedule` with the look-ahead (`Schedule::look_ahead`) of offloaded stages whose backward
+/// comes right after the next stage's, each taken, first stage last, where holding its data
+/// during that backward keeps the simulated peak within `budget_bytes` (or within the schedule's
+/// own peak, if that is larger): the copies back hide behind compute in memory the budget
+/// allows. Replaces the schedule's look-ahead; an invalid schedule comes back as it was.
+Schedule add_look_ahead(const Chain& chain, Schedule schedule, int64_t budget_bytes);
+
 }  // namespace plan
 }  // namespace ckpt
