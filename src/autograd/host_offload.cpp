@@ -223,6 +223,15 @@ OffloadGroup::DeviceEvents& OffloadGroup::events_of(c10::Device device) {
   return events_.back();
 }
 
+void OffloadGroup::side_waits_for_current(c10::Device device) {
+  const c10::Stream current = current_stream(device);
+  const c10::Stream side = offload_stream(device);
+  if (current == side) return;
+  c10::Event& produced = *events_of(device).produced;  // one event, recorded again for each wait
+  produced.record(current);
+  produced.block(side);
+}
+
 void OffloadGroup::keep_on_device(const std::vector<at::Tensor>& tensors) {
   const std::lock_guard<std::mutex> lock(mutex_);
   for (const at::Tensor& tensor : tensors) {
@@ -272,19 +281,11 @@ size_t OffloadGroup::add(const at::Tensor& tensor, bool if_let_go) {
 void OffloadGroup::start_copy(Slot& slot) {
   const DispatchModesOff modes_off;  // the copy is no operator of the forward's
   slot.if_let_go = false;
-  const c10::Stream side = offload_stream(slot.where);
-  const c10::Stream current = current_stream(slot.where);
-  if (current != side) {
-    // One event per device, recorded again for each copy: the side stream waits for the work
-    // that made this data.
-    c10::Event& produced = *events_of(slot.where).produced;
-    produced.record(current);
-    produced.block(side);
-  }
+  side_waits_for_current(slot.where);  // for the work that made this data
   slot.pinned = settings_.pin_memory && (slot.where.is_cuda() || pin_every_device.load());
   slot.host = host_pool().take(static_cast<int64_t>(slot.device.nbytes()), slot.where, slot.pinned);
   {
-    const c10::StreamGuard on_side(side);
+    const c10::StreamGuard on_side(offload_stream(slot.where));
     slot.host.copy_(bytes_of(slot.device), /*non_blocking=*/true);
   }
   host_bytes_ += slot.host.nbytes();
@@ -426,15 +427,9 @@ int64_t OffloadGroup::fetch_in_order_locked(int64_t allowance) {
     auto found = std::find_if(batch.begin(), batch.end(),
                               [&](const auto& entry) { return entry.first == slot.where; });
     if (found == batch.end()) {
-      // The side stream waits for the current stream: the new device memory is allocated on it,
-      // and may have been in use there until now.
-      const c10::Stream current = current_stream(slot.where);
-      const c10::Stream side = offload_stream(slot.where);
-      if (current != side) {
-        c10::Event& produced = *events_of(slot.where).produced;
-        produced.record(current);
-        produced.block(side);
-      }
+      // The new device memory is allocated on the current stream, and may have been in use there
+      // until now.
+      side_waits_for_current(slot.where);
       batch.emplace_back(slot.where, std::make_shared<c10::Event>(slot.where.type()));
       found = std::prev(batch.end());
     }

@@ -143,6 +143,7 @@ class OffloadGroup : public std::enable_shared_from_this<OffloadGroup> {
     std::unique_ptr<c10::Event> produced, copied_out;
   };
   DeviceEvents& events_of(c10::Device device);
+  void side_waits_for_current(c10::Device device);  // the device's side stream, its current one
   void start_copy(Slot& slot);
   void join_thread_chain();
   void let_go_of_device();
