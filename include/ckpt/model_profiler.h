@@ -82,15 +82,10 @@ struct ModelProfileOptions {
 /// chain of one; a longer chain's is `recomputed_mode(length)`.
 inline constexpr const char* kRecomputedMode = "recomputed";
 
-/// The name of the "recomputed" option that ends a chain of `length` recomputed candidates.
+/// The name of the "recomputed" option that ends a chain of `length` recomputed candidates
+/// (`plan::OptionRun::recomputed(length).name()`).
 inline std::string recomputed_mode(int length) {
-  return length <= 1 ? kRecomputedMode
-                     : std::string(kRecomputedMode) + ", chain of " + std::to_string(length);
-}
-
-/// Whether `option` names a "recomputed" option (a chain of any length).
-inline bool is_recomputed_mode(const std::string& option) {
-  return option.rfind(kRecomputedMode, 0) == 0;
+  return plan::OptionRun::recomputed(length).name();
 }
 
 /// The measured step: the planner's model, and what the executor checks each step against.

@@ -168,6 +168,8 @@ class PlannedModel {
   void replan_for_less(c10::OutOfMemoryError& error, std::optional<int64_t> held_bytes,
                        bool in_backward);
   at::Tensor run_planned(const std::function<at::Tensor()>& loss_fn);
+  // Solves `measured` for `budget`: the plan, not yet the current one.
+  Plan make_plan(MeasuredModel measured, const Budget& budget) const;
   const Plan& current() const;
 
   std::shared_ptr<torch::nn::Module> model_;

@@ -112,6 +112,10 @@ struct PlannedSequentialOptions {
   /// When the budget is below the smallest feasible one, plan for that one with a warning instead
   /// of raising `InfeasibleBudget`. Default: false
   TORCH_ARG(bool, fall_back_to_minimum) = false;
+  /// The share of a budget below the no-checkpoint peak that the optimal solver leaves free, in
+  /// [0, 0.5): room for what the profile did not see (the any-model planner's default is 0.0025;
+  /// a chain's profile predicts its peak within a fraction of that). Default: 0
+  TORCH_ARG(double, headroom) = 0.0;
   /// The storage modes a stage may use (`ckpt::StorageModes`): the profiler measures each, the
   /// solver may choose any, and the executor runs the stages of a profile's options with them.
   /// A profile from elsewhere must name its options after these. Default:
@@ -224,7 +228,8 @@ class PlannedSequentialImpl : public torch::nn::Module {
   void check_profile(const plan::Chain& profile) const;
   std::shared_ptr<detail::ChainPlan> solve(std::vector<torch::nn::AnyModule> stages,
                                            const plan::Chain& profile,
-                                           int64_t no_checkpoint_peak_bytes) const;
+                                           int64_t no_checkpoint_peak_bytes,
+                                           const Budget& budget) const;
   std::shared_ptr<detail::ChainPlan> measure_and_solve(const torch::Tensor& sample_input) const;
   /// The plan for `input`: the current one when it holds the input, else a new one (or an
   /// error), as `options.on_input_change()` says.

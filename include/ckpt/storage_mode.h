@@ -7,6 +7,7 @@
 #include <ckpt/selective.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/nn/modules/container/any.h>
 
 #include <functional>
@@ -16,6 +17,10 @@
 #include <vector>
 
 namespace ckpt {
+
+/// The name of the standard table's checkpointed mode, which the planners also run candidates
+/// whose outputs are recomputed in.
+inline constexpr const char* kCheckpointedMode = "checkpointed";
 
 /// What storage modes read from the options of `profile_chain` (`ProfileOptions`) and of
 /// `PlannedSequential` (`PlannedSequentialOptions`).
@@ -38,6 +43,12 @@ struct StorageMode {
   /// The options of the region the stage runs as, under `settings`; std::nullopt where the
   /// settings turn the mode off (the profiler then does not offer it).
   std::function<std::optional<CheckpointOptions>(const StorageSettings& settings)> region;
+
+  /// The options of the region for a stage on `device`: `region(settings)`, and std::nullopt
+  /// also where the mode offloads and `device` has no memory of its own to offload from (the
+  /// CPU; meta tensors have no data to copy). What both profilers offer.
+  std::optional<CheckpointOptions> region_on(const StorageSettings& settings,
+                                             c10::Device device) const;
 };
 
 /// The storage modes a chain may use, in the order the profiler offers them. Adding a mode is

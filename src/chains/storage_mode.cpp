@@ -12,7 +12,7 @@ namespace ckpt {
 
 StorageModes StorageModes::standard() {
   StorageModes modes;
-  modes.add({"checkpointed", "keeps the stage's output; its backward recomputes the rest",
+  modes.add({kCheckpointedMode, "keeps the stage's output; its backward recomputes the rest",
              [](const StorageSettings&) -> std::optional<CheckpointOptions> {
                return CheckpointOptions();
              }});
@@ -29,6 +29,13 @@ StorageModes StorageModes::standard() {
                return CheckpointOptions().offload(true);
              }});
   return modes;
+}
+
+std::optional<CheckpointOptions> StorageMode::region_on(const StorageSettings& settings,
+                                                        c10::Device device) const {
+  std::optional<CheckpointOptions> options = region(settings);
+  if (options && options->offload() && (device.is_cpu() || device.is_meta())) return std::nullopt;
+  return options;
 }
 
 StorageModes& StorageModes::add(StorageMode mode) {

@@ -8,6 +8,7 @@
 #include "autograd/rng_state.h"
 #include "compat/torch_compat.h"
 #include "out_of_memory.h"
+#include "plan_budget.h"
 #include "stage_report.h"
 
 #include <ATen/core/grad_mode.h>
@@ -76,20 +77,8 @@ std::optional<at::Tensor> run_or_put_back(const std::shared_ptr<torch::nn::Modul
   return std::nullopt;
 }
 
-// The budget a plan is for, and what it is solved for: `headroom` of it left free.
-struct PlanBudget {
-  int64_t bytes = 0;
-  int64_t smallest = 0;  // the smallest feasible budget, headroom included
-  int64_t solved_for = 0;
-};
-
-PlanBudget plan_budget(const plan::ModelProfile& profile, const plan::ModelSolverOptions& solver,
-                       const Budget& requested, const PlannedModelOptions& options) {
-  const double headroom = options.headroom();
-  TORCH_CHECK(headroom >= 0.0 && headroom < 0.5,
-              "ckpt::PlannedModel: headroom must be in [0, 0.5), a share of the budget to leave "
-              "free; got ",
-              headroom, ".");
+// The solver's options; bad values are clear errors.
+plan::ModelSolverOptions solver_options(const PlannedModelOptions& options) {
   TORCH_CHECK(options.relative_gap() >= 0.0 && options.relative_gap() < 1.0,
               "ckpt::PlannedModel: relative_gap must be in [0, 1), the share of the step time a "
               "plan may be slower than the fastest where the exact search stops at its node "
@@ -99,27 +88,30 @@ PlanBudget plan_budget(const plan::ModelProfile& profile, const plan::ModelSolve
               "ckpt::PlannedModel: max_exact_nodes must not be negative (0: the heuristic "
               "alone); got ",
               options.max_exact_nodes(), ".");
-  const int64_t smallest_peak = plan::min_model_budget(profile, solver);
-  const int64_t plain_peak = profile.plain_peak_bytes();  // measured: no headroom needed
-  PlanBudget budget;
-  budget.smallest = std::min(
-      static_cast<int64_t>(std::ceil(static_cast<double>(smallest_peak) / (1.0 - headroom))),
-      std::max(plain_peak, smallest_peak));
-  budget.bytes = requested.resolve(plain_peak, budget.smallest);
-  if (budget.bytes < budget.smallest) {
-    const std::string message = c10::str(
-        "ckpt::PlannedModel: no choice of storage modes fits in a budget of ", budget.bytes,
-        " bytes; the smallest feasible budget for this model is ", budget.smallest,
-        " bytes (the plain step's peak is ", plain_peak,
-        "). Raise the budget, ask for it with Budget::minimum() (\"min\"), mark more or smaller "
-        "candidates, or set PlannedModelOptions().fall_back_to_minimum(true).");
-    if (!options.fall_back_to_minimum()) throw InfeasibleBudget(message, budget.smallest);
-    TORCH_WARN(message, " Planning for ", budget.smallest, " bytes instead.");
-    budget.bytes = budget.smallest;
-  }
-  const auto usable = static_cast<int64_t>(static_cast<double>(budget.bytes) * (1.0 - headroom));
-  budget.solved_for = budget.bytes >= plain_peak ? budget.bytes : std::max(usable, smallest_peak);
-  return budget;
+  plan::ModelSolverOptions solver;
+  solver.host_budget_bytes = options.host_budget_bytes();
+  solver.max_exact_nodes = options.max_exact_nodes();
+  solver.relative_gap = options.relative_gap();
+  return solver;
+}
+
+detail::ResolvedBudget plan_budget(const plan::ModelProfile& profile,
+                                   const plan::ModelSolverOptions& solver, const Budget& requested,
+                                   const PlannedModelOptions& options) {
+  const int64_t plain_peak = profile.plain_peak_bytes();
+  const detail::BudgetLimits limits{"ckpt::PlannedModel", plain_peak,
+                                    plan::min_model_budget(profile, solver), options.headroom()};
+  return detail::resolve_budget(
+      requested, limits, options.fall_back_to_minimum(), [&](int64_t bytes, int64_t smallest) {
+        return InfeasibleBudget(
+            c10::str("ckpt::PlannedModel: no choice of storage modes fits in a budget of ", bytes,
+                     " bytes; the smallest feasible budget for this model is ", smallest,
+                     " bytes (the plain step's peak is ", plain_peak,
+                     "). Raise the budget, ask for it with Budget::minimum() (\"min\"), mark more "
+                     "or smaller candidates, or set PlannedModelOptions().fall_back_to_minimum("
+                     "true)."),
+            smallest);
+      });
 }
 
 // What the solver proved of its plan.
@@ -261,12 +253,10 @@ at::Tensor PlannedModel::run_checked(const std::function<at::Tensor()>& loss_fn)
   const auto step = [&] { return run_planned(loss_fn); };
   std::string change;
   if (std::optional<at::Tensor> loss = run_or_put_back(model_, step, change)) return *loss;
-  TORCH_CHECK(options_.on_input_change() == InputChange::Replan, "ckpt::PlannedModel: ", change,
-              ". The step did not run and the model's state is as it was. Plan with the largest "
-              "input (plan(loss_fn)), or let it re-plan: "
-              "PlannedModelOptions().on_input_change(InputChange::Replan).");
-  TORCH_WARN("ckpt::PlannedModel: ", change,
-             "; profiling this step and solving again, so this step takes several steps' time.");
+  detail::on_input_change("ckpt::PlannedModel", options_.on_input_change(), change,
+                          "The step did not run and the model's state is as it was. Plan with the "
+                          "largest input (plan(loss_fn)), or let it re-plan: "
+                          "PlannedModelOptions().on_input_change(InputChange::Replan).");
   plan(loss_fn);
   if (std::optional<at::Tensor> loss = run_or_put_back(model_, step, change)) return *loss;
   TORCH_CHECK(false, "ckpt::PlannedModel: ", change,
@@ -355,29 +345,19 @@ at::Tensor PlannedModel::run_again(c10::OutOfMemoryError& error, detail::StepSta
 void PlannedModel::replan_for_less(c10::OutOfMemoryError& error, std::optional<int64_t> held_bytes,
                                    bool in_backward) {
   const Plan& failed = current();
-  const int64_t old_budget = failed.budget_bytes;
-  const int64_t predicted = failed.solution.prediction.peak_bytes;
-  plan::ModelSolverOptions solver;
-  solver.host_budget_bytes = options_.host_budget_bytes();
-  solver.max_exact_nodes = options_.max_exact_nodes();
-  solver.relative_gap = options_.relative_gap();
   const int64_t smallest =
-      plan_budget(failed.measured.profile, solver, Budget::minimum(), options_).bytes;
-  const int64_t next =
-      std::max(smallest, detail::budget_after_out_of_memory(predicted, held_bytes));
-  Plan previous = failed;
-  const Budget kept = budget_;
-  budget_ = Budget::bytes(next);
-  plan(MeasuredModel(previous.measured));
-  if (current().solution.prediction.peak_bytes >= predicted) {  // no plan leaves more room
-    budget_ = kept;
-    plan_ = std::move(previous);
-    detail::explain_no_smaller_plan(error, "ckpt::PlannedModel", old_budget, predicted, smallest);
-    throw error;
-  }
-  TORCH_WARN(detail::replanned_message("ckpt::PlannedModel", in_backward ? "backward" : "forward",
-                                       error, old_budget, next,
-                                       current().solution.prediction.peak_bytes));
+      plan_budget(failed.measured.profile, solver_options(options_), Budget::minimum(), options_)
+          .bytes;
+  std::optional<Plan> smaller;
+  int64_t smaller_budget = 0;
+  detail::plan_for_less("ckpt::PlannedModel", error, in_backward, held_bytes, failed.budget_bytes,
+                        failed.solution.prediction.peak_bytes, smallest, [&](int64_t next) {
+                          smaller = make_plan(MeasuredModel(failed.measured), Budget::bytes(next));
+                          smaller_budget = next;
+                          return smaller->solution.prediction.peak_bytes;
+                        });
+  budget_ = Budget::bytes(smaller_budget);  // later plans (a changed input) stay as small
+  plan_ = std::move(smaller);
 }
 
 at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn) {
@@ -404,40 +384,38 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
 }
 
 void PlannedModel::plan(MeasuredModel measured) {
+  plan_ = make_plan(std::move(measured), budget_);
+}
+
+PlannedModel::Plan PlannedModel::make_plan(MeasuredModel measured, const Budget& budget) const {
   const plan::ModelProfile& profile = measured.profile;  // the solvers validate it
-  plan::ModelSolverOptions solver;
-  solver.host_budget_bytes = options_.host_budget_bytes();
-  solver.max_exact_nodes = options_.max_exact_nodes();
-  solver.relative_gap = options_.relative_gap();
-  const PlanBudget budget = plan_budget(profile, solver, budget_, options_);
-  plan::ModelPlan solution = plan::solve_model(profile, budget.solved_for, solver);
+  const plan::ModelSolverOptions solver = solver_options(options_);
+  const detail::ResolvedBudget resolved = plan_budget(profile, solver, budget, options_);
+  plan::ModelPlan solution = plan::solve_model(profile, resolved.solved_for, solver);
   TORCH_CHECK(solution.feasible, "ckpt::PlannedModel: the solver found no choice within ",
-              budget.solved_for, " bytes although its smallest feasible budget is ",
-              budget.smallest, "; please report this with the model.");
+              resolved.solved_for, " bytes although its smallest feasible budget is ",
+              resolved.smallest, "; please report this with the model.");
   Plan next{std::move(measured),
             std::move(solution),
-            budget.bytes,
+            resolved.bytes,
             {},
             std::make_shared<const detail::CandidateNames>(*model_),
             {}};
   const StorageSettings settings{options_.selective_policy()};
   const auto& candidates = next.measured.profile.candidates;  // `profile` was moved from
   for (size_t c = 0; c < candidates.size(); ++c) {
-    const std::string& option = candidates[c].options[next.solution.choice[c]].name;
-    const bool recomputable = is_recomputed_mode(option);  // a checkpointed region, outputs dropped
-    // The storage mode an option runs in: its name up to a qualifier (", takers kept").
-    const std::string mode = recomputable ? "checkpointed" : option.substr(0, option.find(','));
+    const plan::OptionRun& run = candidates[c].options[next.solution.choice[c]].run;
     std::optional<CheckpointOptions> region;
-    if (next.solution.choice[c] != 0) {
-      region = options_.storage_modes().at(mode, "ckpt::PlannedModel").region(settings);
-      TORCH_CHECK(region.has_value(), "ckpt::PlannedModel: the storage mode \"", mode,
+    if (!run.mode.empty()) {
+      region = options_.storage_modes().at(run.mode, "ckpt::PlannedModel").region(settings);
+      TORCH_CHECK(region.has_value(), "ckpt::PlannedModel: the storage mode \"", run.mode,
                   "\" is off with these options; the measurement offers it.");
       region->preserve_rng_state(options_.preserve_rng_state());
     }
     next.regions.push_back(region);
-    next.recomputable.push_back(recomputable);
+    next.recomputable.push_back(run.outputs_recomputed);  // a checkpointed region, outputs dropped
   }
-  plan_ = std::move(next);
+  return next;
 }
 
 const PlannedModel::Plan& PlannedModel::current() const {

@@ -7,6 +7,7 @@
 #include "compat/torch_compat.h"
 #include "joined_stages.h"
 #include "out_of_memory.h"
+#include "plan_budget.h"
 #include "schedule_runner.h"
 
 #include <ATen/core/grad_mode.h>
@@ -297,8 +298,9 @@ void PlannedSequentialImpl::plan(const torch::Tensor& sample_input) {
 
 void PlannedSequentialImpl::plan(const plan::Chain& profile) {
   check_profile(profile);
-  auto planned = solve(stages_, profile,
-                       plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes);
+  auto planned =
+      solve(stages_, profile,
+            plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes, budget_);
   const std::lock_guard<std::mutex> lock(mutex_);
   plan_ = std::move(planned);
 }
@@ -321,7 +323,7 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::measure_and_solve(
               " stages but the chain has ", stages.size(), " to plan.");
   profile.validate();
   const int64_t no_checkpoint_peak = profiler->no_checkpoint_peak(stages, sample_input);
-  auto planned = solve(std::move(stages), profile, no_checkpoint_peak);
+  auto planned = solve(std::move(stages), profile, no_checkpoint_peak, budget_);
   planned->input = detail::InputSignature::of(sample_input);
   return planned;
 }
@@ -338,7 +340,7 @@ void PlannedSequentialImpl::check_profile(const plan::Chain& profile) const {
 // temporaries would predict more.
 std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
     std::vector<torch::nn::AnyModule> stages, const plan::Chain& profile,
-    int64_t no_checkpoint_peak_bytes) const {
+    int64_t no_checkpoint_peak_bytes, const Budget& budget) const {
   auto planned = std::make_shared<detail::ChainPlan>();
   // First, so that a profile with an option the executor cannot run fails whatever the budget.
   planned->option_forwards = std::make_shared<const detail::OptionForwards>(detail::option_forwards(
@@ -346,25 +348,26 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
   plan::OptimalOptions optimal;
   optimal.slots = options.slots();
   optimal.host_budget_bytes = options.host_budget_bytes();
-  // The plain chain always fits in its own measured peak, even where the model's minimum is
-  // above it.
-  const int64_t minimum =
-      std::min(plan::min_feasible_budget_bytes(profile, optimal), no_checkpoint_peak_bytes);
-  int64_t budget_bytes = budget_.resolve(no_checkpoint_peak_bytes, minimum);
   const plan::SolverSpec solver = parse_solver(options.solver());
   const bool optimal_solver = solver.name == "optimal";
-  if (optimal_solver && budget_bytes < minimum) {
-    if (!options.fall_back_to_minimum()) throw infeasible(profile, optimal, budget_bytes, minimum);
-    TORCH_WARN("ckpt::PlannedSequential: no schedule fits in a budget of ", budget_bytes,
-               " bytes; planning for the smallest feasible budget, ", minimum, " bytes.");
-    budget_bytes = minimum;
+  const detail::BudgetLimits limits{"ckpt::PlannedSequential", no_checkpoint_peak_bytes,
+                                    plan::min_feasible_budget_bytes(profile, optimal),
+                                    options.headroom()};
+  // Only the optimal solver answers every budget it can; the others plan their own way, and a
+  // schedule over the budget is an error below.
+  detail::InfeasibleError infeasible_error;
+  if (optimal_solver) {
+    infeasible_error = [&](int64_t bytes, int64_t smallest) {
+      return infeasible(profile, optimal, bytes, smallest);
+    };
   }
-  const bool fits_plain_chain = budget_bytes >= no_checkpoint_peak_bytes;
-  const bool store_everything = optimal_solver && fits_plain_chain;
+  const detail::ResolvedBudget resolved =
+      detail::resolve_budget(budget, limits, options.fall_back_to_minimum(), infeasible_error);
+  const bool store_everything = optimal_solver && resolved.fits_plain_step;
   plan::Schedule schedule = plan::solve_no_checkpoint(profile);
   if (!store_everything) {
     plan::Plan solved =
-        as_torch_error([&] { return plan::solve(profile, solver, budget_bytes, optimal); });
+        as_torch_error([&] { return plan::solve(profile, solver, resolved.solved_for, optimal); });
     TORCH_INTERNAL_ASSERT(solved.schedule.has_value(), "no schedule at a budget above the minimum");
     schedule = std::move(*solved.schedule);
   }
@@ -377,16 +380,16 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
   }
   // A schedule never needs more than the plain chain; the profile's model of temporaries may
   // predict more than the measured plain step, so only a tighter budget is checked.
-  TORCH_CHECK(fits_plain_chain || prediction.peak_bytes <= budget_bytes,
+  TORCH_CHECK(resolved.fits_plain_step || prediction.peak_bytes <= resolved.bytes,
               "ckpt::PlannedSequential: the ", options.solver(), " schedule needs ",
-              prediction.peak_bytes, " bytes, more than the budget of ", budget_bytes,
+              prediction.peak_bytes, " bytes, more than the budget of ", resolved.bytes,
               " bytes. Raise the budget or use the optimal solver.");
   planned->profile = profile;
   planned->keeps_everything = keeps_everything(schedule, profile.size());
   planned->stages = std::move(stages);
   planned->schedule = std::move(schedule);
   planned->prediction = std::move(prediction);
-  planned->budget_bytes = budget_bytes;
+  planned->budget_bytes = resolved.bytes;
   planned->no_checkpoint_peak_bytes = no_checkpoint_peak_bytes;
   return planned;
 }
@@ -398,15 +401,14 @@ std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::plan_for(
   if (plan_) {
     const std::string planned_for = plan_->input->to_string();
     const std::string now = detail::InputSignature::of(input).to_string();
-    TORCH_CHECK(options.on_input_change() == InputChange::Replan,
-                "ckpt::PlannedSequential: the input ", now,
-                " is larger than the one the chain was planned for, ", planned_for,
-                ", or of another kind, so the schedule may need more memory than the budget. Plan "
-                "with a sample of the largest input (plan(sample)), or set "
-                "PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan).");
-    TORCH_WARN("ckpt::PlannedSequential: planning again for the input ", now,
-               ", larger than the one the chain was planned for, ", planned_for,
-               ", or of another kind (this step profiles the chain first).");
+    detail::on_input_change(
+        "ckpt::PlannedSequential", options.on_input_change(),
+        c10::str("the input ", now, " is larger than the one the chain was planned for, ",
+                 planned_for,
+                 ", or of another kind, so the schedule may need more memory than "
+                 "the budget"),
+        "Plan with a sample of the largest input (plan(sample)), or set "
+        "PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan).");
   }
   plan_ = measure_and_solve(input);
   return plan_;
@@ -490,34 +492,23 @@ std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::replan_for_less(
   plan::OptimalOptions optimal;
   optimal.slots = options.slots();
   optimal.host_budget_bytes = options.host_budget_bytes();
-  const int64_t smallest = std::min(plan::min_feasible_budget_bytes(failed.profile, optimal),
-                                    failed.no_checkpoint_peak_bytes);
-  const int64_t predicted = failed.prediction.peak_bytes;
-  const int64_t next =
-      std::max(smallest, detail::budget_after_out_of_memory(predicted, held_bytes));
+  const int64_t smallest = detail::smallest_budget(
+      {"ckpt::PlannedSequential", failed.no_checkpoint_peak_bytes,
+       plan::min_feasible_budget_bytes(failed.profile, optimal), options.headroom()});
   std::shared_ptr<detail::ChainPlan> smaller;
-  {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    const Budget kept = budget_;
-    budget_ = Budget::bytes(next);
-    try {
-      smaller = solve(failed.stages, failed.profile, failed.no_checkpoint_peak_bytes);
-    } catch (...) {
-      budget_ = kept;
-      throw;
-    }
-    if (smaller->prediction.peak_bytes >= predicted) {  // no schedule leaves more room
-      budget_ = kept;
-      detail::explain_no_smaller_plan(error, "ckpt::PlannedSequential", failed.budget_bytes,
-                                      predicted, smallest);
-      throw error;
-    }
-    smaller->input = failed.input;
-    plan_ = smaller;
-  }
-  TORCH_WARN(detail::replanned_message("ckpt::PlannedSequential",
-                                       in_backward ? "backward" : "forward", error,
-                                       failed.budget_bytes, next, smaller->prediction.peak_bytes));
+  int64_t smaller_budget = 0;
+  detail::plan_for_less("ckpt::PlannedSequential", error, in_backward, held_bytes,
+                        failed.budget_bytes, failed.prediction.peak_bytes, smallest,
+                        [&](int64_t next) {
+                          smaller = solve(failed.stages, failed.profile,
+                                          failed.no_checkpoint_peak_bytes, Budget::bytes(next));
+                          smaller_budget = next;
+                          return smaller->prediction.peak_bytes;
+                        });
+  smaller->input = failed.input;
+  const std::lock_guard<std::mutex> lock(mutex_);
+  budget_ = Budget::bytes(smaller_budget);  // later plans (a changed input) stay as small
+  plan_ = smaller;
   return smaller;
 }
 

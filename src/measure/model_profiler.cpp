@@ -642,6 +642,14 @@ void check_same_candidates(const StepRecord& plain, const StepRecord& other,
               "with its own PlannedModel.");
 }
 
+// An option that runs as `run`, named after it.
+plan::CandidateOption option_in(plan::OptionRun run, double seconds, int64_t host_bytes,
+                                std::vector<int64_t> peak_delta) {
+  plan::CandidateOption option{run.name(), seconds, host_bytes, std::move(peak_delta), {}};
+  option.run = std::move(run);
+  return option;
+}
+
 // Whether `options` already has an option with these bytes kept and peaks: a selective policy
 // that saves nothing of a candidate is its checkpointed mode again.
 bool offered_already(const plan::Candidate& candidate, const plan::CandidateOption& option) {
@@ -679,7 +687,7 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
   plan::Candidate candidate;
   candidate.name = plain.candidates[c].profiled.name;
   candidate.window_begin = span.forward_end;
-  candidate.options.push_back({"stored", kept.costs.seconds, 0, {}, {}});
+  candidate.options.push_back(option_in(plan::OptionRun::stored(), kept.costs.seconds, 0, {}));
   if (span.backward_begin < 0) return candidate;  // no gradient reaches it: nothing to save
   for (const ModeRun& run : modes) {
     if (!run.measured.empty() && !run.measured[c]) continue;
@@ -688,11 +696,9 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     const CandidateInStep mode{run.step->candidates[c], mode_span,
                                costs_of(*run.step, mode_span, c)};
     if (mode.costs.forward_kept >= kept.costs.forward_kept && mode.costs.host == 0) continue;
-    plan::CandidateOption option{run.name,
-                                 at_least_plain_time(kept.costs, mode.costs, run),
-                                 mode.costs.host,
-                                 peak_deltas(kept, mode, run.matching),
-                                 {}};
+    plan::CandidateOption option = option_in(
+        plan::OptionRun::in_mode(run.name), at_least_plain_time(kept.costs, mode.costs, run),
+        mode.costs.host, peak_deltas(kept, mode, run.matching));
     if (!offered_already(candidate, option)) candidate.options.push_back(std::move(option));
   }
   return candidate;
@@ -766,7 +772,7 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
     }
     seconds += chain_seconds(checkpointed, trial, c);
   }
-  return {recomputed_mode(trial.length), seconds, 0, std::move(deltas), {}};
+  return option_in(plan::OptionRun::recomputed(trial.length), seconds, 0, std::move(deltas));
 }
 
 // Runs a trial's steps (each with every candidate checkpointed) until every candidate ended a
@@ -779,7 +785,7 @@ void run_trials(const StepSetup& setup, const StepRecord& plain, const Checkpoin
     trial.start_step();
     rng.restore();
     auto step = record_step(setup, {region, {}, &trial});
-    check_same_candidates(plain, *step, kRecomputedMode);
+    check_same_candidates(plain, *step, plan::OptionRun::recomputed(1).name());
     if (std::find(trial.depth.begin(), trial.depth.end(), trial.length) == trial.depth.end()) break;
     Matching matching = matching_events(plain, *step);
     runs.push_back(
@@ -800,13 +806,14 @@ struct ChainOption {
 // be chosen together: the taker as it was measured (a chain end measured with this producer at
 // this depth, a chain start with none), and a producer whose outputs are recomputed only with a
 // taker that runs "checkpointed" or is measured so.
-bool compatible(const ChainOption& p, const ChainOption& t, const std::string& taker_mode,
+bool compatible(const ChainOption& p, const ChainOption& t, const plan::OptionRun& taker,
                 int producer) {
   if (t.depth > 0) {
     const auto found = t.producers->find(producer);
     return p.depth == (found == t.producers->end() ? 0 : found->second);
   }
-  return p.depth == 0 || taker_mode == "checkpointed";
+  return p.depth == 0 ||
+         (taker.mode == kCheckpointedMode && !taker.outputs_recomputed && !taker.takers_kept);
 }
 
 // Adds the "recomputed" options to each candidate that a trial step ended a chain with, whose
@@ -848,7 +855,7 @@ void add_recomputed_options(plan::ModelProfile& profile, const StepRecord& plain
       auto& taker = profile.candidates[t].options;
       for (int op = 0; op < static_cast<int>(producer.size()); ++op) {
         for (int ot = 0; ot < static_cast<int>(taker.size()); ++ot) {
-          if (compatible(chain_of(p, op), chain_of(t, ot), taker[ot].name, p)) continue;
+          if (compatible(chain_of(p, op), chain_of(t, ot), taker[ot].run, p)) continue;
           // Option 0 excludes nothing (storing everything stays valid): the other side lists it.
           if (op != 0)
             producer[op].excludes.push_back({t, ot});
@@ -880,9 +887,6 @@ std::vector<bool> kept_takers(const std::vector<std::set<int>>& takers) {
   }
   return kept;
 }
-
-// The suffix of a "takers kept" option's name, after its storage mode's.
-constexpr const char* kKeptTakers = ", takers kept";
 
 bool lower_somewhere(const std::vector<int64_t>& deltas, const std::vector<int64_t>& than) {
   for (size_t i = 0; i < deltas.size() && i < than.size(); ++i) {
@@ -919,11 +923,9 @@ std::vector<KeptTakersOption> add_kept_takers_options(plan::ModelProfile& profil
       if (same_mode == candidate.options.end() || mode_span.backward_begin < 0) continue;
       const CandidateInStep mode{run.step->candidates[c], mode_span,
                                  costs_of(*run.step, mode_span, c)};
-      plan::CandidateOption option{run.name + kKeptTakers,
-                                   same_mode->time,
-                                   mode.costs.host,
-                                   peak_deltas(stored, mode, run.matching),
-                                   {}};
+      plan::CandidateOption option =
+          option_in(plan::OptionRun::in_mode(run.name, /*takers_kept=*/true), same_mode->time,
+                    mode.costs.host, peak_deltas(stored, mode, run.matching));
       if (!lower_somewhere(option.peak_delta, same_mode->peak_delta) ||
           offered_already(candidate, option)) {
         continue;
@@ -1063,8 +1065,8 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   bool call_sites_taught =
       std::find(copies_inputs.begin(), copies_inputs.end(), true) == copies_inputs.end();
   for (const StorageMode& mode : options.storage_modes().all()) {
-    std::optional<CheckpointOptions> region = mode.region(settings);
-    if (!region || (region->offload() && (device.is_cpu() || device.is_meta()))) continue;
+    std::optional<CheckpointOptions> region = mode.region_on(settings, device);
+    if (!region) continue;
     region->preserve_rng_state(options.preserve_rng_state());
     if (!call_sites_taught) {
       rng.restore();
@@ -1084,19 +1086,20 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
       for (size_t c = 0; c < others.size(); ++c) others[c] = others[c] || kept[c];
       rng.restore();
       auto beside_kept = record_step(setup, {region, others});
-      check_same_candidates(*plain, *beside_kept, mode.name + kKeptTakers);
+      check_same_candidates(*plain, *beside_kept,
+                            plan::OptionRun::in_mode(mode.name, /*takers_kept=*/true).name());
       matching = matching_events(*plain, *beside_kept);
       with_kept_takers.push_back(
           {mode.name, !region->offload(), std::move(beside_kept), std::move(matching), group});
     }
   }
-  const auto checkpointed = std::find_if(modes.begin(), modes.end(),
-                                         [](const ModeRun& m) { return m.name == "checkpointed"; });
+  const auto checkpointed = std::find_if(
+      modes.begin(), modes.end(), [](const ModeRun& m) { return m.name == kCheckpointedMode; });
   std::vector<TrialRun> runs;
   std::vector<std::set<int>> consumers(plain->candidates.size());
   if (options.recompute_outputs() && checkpointed != modes.end()) {
     std::optional<CheckpointOptions> region =
-        options.storage_modes().at("checkpointed", "ckpt::profile_model").region(settings);
+        options.storage_modes().at(kCheckpointedMode, "ckpt::profile_model").region(settings);
     region->preserve_rng_state(options.preserve_rng_state());
     for (int length = 1; length <= options.max_recompute_chain(); ++length) {
       RecomputeTrial trial(copies_inputs, length);

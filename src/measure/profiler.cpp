@@ -211,9 +211,8 @@ void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
                          plan::Stage& measured) {
   const StorageSettings settings{options.selective_policy()};
   for (const StorageMode& mode : options.storage_modes().all()) {
-    const std::optional<CheckpointOptions> region = mode.region(settings);
-    // No host to go to on the CPU; meta tensors have no data to copy there.
-    if (!region || (region->offload() && (x.device().is_cpu() || x.device().is_meta()))) continue;
+    const std::optional<CheckpointOptions> region = mode.region_on(settings, x.device());
+    if (!region) continue;
     plan::StorageOption option =
         measure_full_storage(stage, stage_forward(stage, region), x, input_grad, options, tracker);
     option.name = mode.name;

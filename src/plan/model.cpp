@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "solvers/model_problem.h"
@@ -135,6 +136,29 @@ void check_choice(const ModelProfile& profile, const std::vector<int>& choice) {
 }
 
 }  // namespace
+
+OptionRun OptionRun::in_mode(std::string mode, bool takers_kept) {
+  OptionRun run;
+  run.mode = std::move(mode);
+  run.takers_kept = takers_kept;
+  return run;
+}
+
+OptionRun OptionRun::recomputed(int chain_length) {
+  OptionRun run = in_mode("checkpointed");
+  run.outputs_recomputed = true;
+  run.chain_length = std::max(chain_length, 1);
+  return run;
+}
+
+std::string OptionRun::name() const {
+  if (outputs_recomputed) {
+    return chain_length <= 1 ? "recomputed"
+                             : "recomputed, chain of " + std::to_string(chain_length);
+  }
+  const std::string base = mode.empty() ? "stored" : mode;
+  return takers_kept ? base + ", takers kept" : base;
+}
 
 namespace detail {
 

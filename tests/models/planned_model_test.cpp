@@ -284,7 +284,7 @@ TEST_F(PlannedModelTest, UNetTakersKeptOptionsExcludeTheirDecoderBlocksOtherOpti
         if (other.name == decoder) {
           excluded.insert(ref.option);
         } else {  // a chain measured with this block's outputs recomputed
-          EXPECT_TRUE(ckpt::is_recomputed_mode(other.options.at(ref.option).name))
+          EXPECT_TRUE(other.options.at(ref.option).run.outputs_recomputed)
               << candidate.name << " excludes " << other.name;
         }
       }
@@ -420,6 +420,30 @@ TEST_F(PlannedModelTest, AnOutputWrittenInPlaceAfterItsCandidateIsNotRecomputed)
   }
 }
 
+// Issue 48: the executor runs each option as its typed `run` says, never as its name reads. With
+// every option's name changed to "stored", the forced plan still runs "a" and "b" with their
+// outputs recomputed and "c" checkpointed: the step's peak is the plan's prediction (running
+// them plainly holds far more), and the step is the plain step's.
+TEST_F(PlannedModelTest, AnOptionRunsAsItsRunSaysWhateverItsName) {
+  const torch::Tensor x = torch::randn({32, 64}, torch::requires_grad());
+  const auto make = [] {
+    torch::manual_seed(3);
+    return WrittenAfter();
+  };
+  const auto relabelled = [](ckpt::MeasuredModel& measured) {
+    ckpt::test::only_plan({{"a", ckpt::recomputed_mode(1)},
+                           {"b", ckpt::recomputed_mode(2)},
+                           {"c", "checkpointed"},
+                           {"d", "stored"}})(measured);
+    for (auto& candidate : measured.profile.candidates) {
+      for (auto& option : candidate.options) option.name = "stored";
+    }
+  };
+  expect_planned_like_plain<WrittenAfter>(
+      make(), make(), [&](WrittenAfter& model) { return model->forward(x).pow(2).mean(); },
+      ckpt::Budget::bytes(int64_t{1} << 30), 0.02, none_over_counted, relabelled);
+}
+
 // A recomputed candidate in the backward of its taker, which runs it again: what it holds there is
 // read where that backward begins, not counted by segment (its output, freed in that segment in
 // the plain step, was counted as gone all through it: the plan came out 32 KiB, 3.4%, below its
@@ -547,8 +571,7 @@ TEST_F(PlannedModelTest, RecomputedCandidatesOfAUNetWrittenAsUsersWriteIt) {
         ckpt::profile_model(model.ptr(), [&] { return loss_of(model); });
     for (const auto& candidate : measured.profile.candidates) {
       for (const auto& option : candidate.options) {
-        if (ckpt::is_recomputed_mode(option.name))
-          recomputable.emplace_back(candidate.name, option.name);
+        if (option.run.outputs_recomputed) recomputable.emplace_back(candidate.name, option.name);
       }
     }
     std::map<std::string, std::string> plan;
@@ -718,7 +741,7 @@ TEST_F(PlannedModelTest, RecomputedExcludesWhatWouldKeepItsOutputs) {
   int offered = 0;
   for (const auto& candidate : measured.profile.candidates) {
     for (const auto& option : candidate.options) {
-      if (!ckpt::is_recomputed_mode(option.name)) continue;
+      if (!option.run.outputs_recomputed) continue;
       ++offered;
       EXPECT_FALSE(option.excludes.empty()) << candidate.name;
       for (const auto& ref : option.excludes) {
@@ -879,7 +902,7 @@ TEST_F(PlannedModelErrorTest, ALargerInputIsPlannedForAgain) {
   }
   ckpt::test::WarningCapture warnings;
   const StepResult replanned = measured_step(*model, [&] { return planned.run(loss_fn); });
-  EXPECT_TRUE(warnings.contains("solving again"));
+  EXPECT_TRUE(warnings.contains("planning again"));
   expect_same_step(plain, replanned);
   EXPECT_EQ(planned.measured().candidates.front().inputs.front().sizes,
             (std::vector<int64_t>{12, 16}));

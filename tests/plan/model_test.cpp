@@ -64,6 +64,24 @@ TEST(ModelProfileTest, ValidateSaysWhatIsWrong) {
   EXPECT_NO_THROW(hand_profile().validate());
 }
 
+// How an option runs is typed; its name is made from it, never read back (issue 48).
+TEST(OptionRunTest, NamesWhatRunsAndNothingParsesIt) {
+  EXPECT_EQ(OptionRun::stored().name(), "stored");
+  EXPECT_TRUE(OptionRun::stored().mode.empty());
+  EXPECT_EQ(OptionRun::in_mode("selective").name(), "selective");
+  EXPECT_EQ(OptionRun::in_mode("offloaded", /*takers_kept=*/true).name(), "offloaded, takers kept");
+  const OptionRun recomputed = OptionRun::recomputed(3);
+  EXPECT_EQ(recomputed.name(), "recomputed, chain of 3");
+  EXPECT_EQ(recomputed.mode, "checkpointed");
+  EXPECT_TRUE(recomputed.outputs_recomputed);
+  EXPECT_EQ(recomputed.chain_length, 3);
+  EXPECT_EQ(OptionRun::recomputed(1).name(), "recomputed");
+  EXPECT_EQ(OptionRun::recomputed(0).chain_length, 1);
+  // A profile written by hand names options as it likes; they run plainly unless `run` says so.
+  const CandidateOption labelled{"checkpointed", 1.0, 0, {}};
+  EXPECT_TRUE(labelled.run.mode.empty());
+}
+
 TEST(ModelSimulateTest, AddsTheChosenDeltasTimesAndHostBytes) {
   const ModelProfile p = hand_profile();
   ModelPrediction plain = simulate_model(p, {0, 0});

@@ -19,10 +19,39 @@ struct OptionRef {
   int option = 0;     ///< index in that candidate's options
 };
 
+/// How an executor runs a candidate in one of its options, typed, so that no executor reads it
+/// back out of the option's name. The solvers and the simulator ignore it.
+struct OptionRun {
+  /// The storage mode of the region the candidate runs as, a name in the storage-mode table
+  /// ("checkpointed", "selective", "offloaded", ...); empty: it runs plainly, keeping everything.
+  std::string mode;
+  /// The region lets go of the candidate's outputs, and the region of each candidate that takes
+  /// them runs it again to give them back (the "recomputed" options; their mode is
+  /// "checkpointed"). Default: false
+  bool outputs_recomputed = false;
+  /// Of such an option: how many candidates whose outputs are recomputed the chain it ends has
+  /// (1: itself alone). Default: 0
+  int chain_length = 0;
+  /// Measured in a step where the candidates that take its outputs without saving them run
+  /// plainly, so valid only with those kept ("takers kept"). Default: false
+  bool takers_kept = false;
+
+  /// Runs plainly, keeping everything (option 0 of every candidate).
+  static OptionRun stored() { return {}; }
+  /// A region in the storage mode `mode`.
+  static OptionRun in_mode(std::string mode, bool takers_kept = false);
+  /// A checkpointed region that lets go of its outputs, ending a chain of `chain_length`.
+  static OptionRun recomputed(int chain_length);
+  /// How plans, reports and `PlannedModel::mode_of` name it: "stored", "checkpointed",
+  /// "selective, takers kept", "recomputed", "recomputed, chain of 2".
+  std::string name() const;
+};
+
 /// One way a candidate can store what its backward needs.
 struct CandidateOption {
-  /// The storage mode's name: "stored" (option 0: the plain forward keeps everything),
-  /// "checkpointed", "selective", "offloaded", ...
+  /// How plans and reports name it: `run.name()` in a measured profile ("stored" for option 0,
+  /// "checkpointed", "selective", "offloaded", "recomputed", ...); any label in a profile
+  /// written by hand.
   std::string name;
   /// Seconds the candidate's forward and backward take in this mode (a recompute included).
   double time = 0.0;
@@ -35,6 +64,8 @@ struct CandidateOption {
   /// Options of other candidates this one cannot be chosen with: a choice that picks this option
   /// and any of these is invalid (the relation is symmetric: listing it on either side is enough).
   std::vector<OptionRef> excludes{};  // {}: no warning where a brace list stops before it
+  /// How the executor runs it. Default: plainly (`OptionRun::stored()`)
+  OptionRun run{};
 };
 
 /// A marked region of the model (`ckpt::candidate`) and its storage options.

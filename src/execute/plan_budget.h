@@ -1,0 +1,73 @@
+#pragma once
+
+// What both planners (`PlannedSequential` and `PlannedModel`) do the same way around their
+// solvers: resolve the budget asked for against the plain step's peak and the smallest plan's,
+// with headroom; answer a budget no plan fits; plan for less after the device ran out of memory;
+// and decide what an input the plan was not made for does.
+
+#include <ckpt/planned_sequential.h>
+
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace ckpt {
+namespace detail {
+
+/// What a budget is resolved against.
+struct BudgetLimits {
+  /// Names the planner in messages: "ckpt::PlannedModel".
+  const char* planner = "";
+  /// The plain step's peak. It was measured, so a plan that keeps everything fits in it without
+  /// headroom, even where the planner's model predicts more.
+  int64_t plain_peak_bytes = 0;
+  /// The smallest peak any plan is predicted to reach.
+  int64_t smallest_peak_bytes = 0;
+  /// The share of a budget below the plain peak that a plan leaves free, for what the
+  /// prediction does not see.
+  double headroom = 0.0;
+};
+
+/// A budget resolved: the bytes it is, the smallest that a plan fits in (headroom included), and
+/// what the solver is asked for (`bytes` less the headroom, never below the smallest peak).
+struct ResolvedBudget {
+  int64_t bytes = 0;
+  int64_t smallest = 0;
+  int64_t solved_for = 0;
+  /// Whether the plain step fits: a plan that keeps everything needs no solver.
+  bool fits_plain_step = false;
+};
+
+/// The error for a budget below the smallest that fits (`bytes`, `smallest`).
+using InfeasibleError = std::function<InfeasibleBudget(int64_t bytes, int64_t smallest)>;
+
+/// `requested` in bytes under `limits`. A budget below the smallest raises `infeasible(...)`, or
+/// with `fall_back_to_minimum`, warns and is the smallest; without `infeasible` (a solver that
+/// answers any budget its own way), it stays as asked. A headroom outside [0, 0.5) is an error.
+ResolvedBudget resolve_budget(const Budget& requested, const BudgetLimits& limits,
+                              bool fall_back_to_minimum, const InfeasibleError& infeasible);
+
+/// The smallest budget under `limits`, headroom included.
+int64_t smallest_budget(const BudgetLimits& limits);
+
+/// OutOfMemory::Replan's next plan, after the step under a plan for `failed_budget_bytes`,
+/// predicted to peak at `failed_peak_bytes`, ran out of device memory with `error` (holding
+/// `held_bytes` where known): `solve(budget)` makes the plan for a budget below that prediction
+/// (never below `smallest_bytes`) and answers its predicted peak; the next plan must leave more
+/// room, or `error` passes on with the failed plan's figures. Warns with one line where it does.
+void plan_for_less(const char* planner, c10::OutOfMemoryError& error, bool in_backward,
+                   std::optional<int64_t> held_bytes, int64_t failed_budget_bytes,
+                   int64_t failed_peak_bytes, int64_t smallest_bytes,
+                   const std::function<int64_t(int64_t budget_bytes)>& solve);
+
+/// What a step whose input the plan was not made for does (`change` says how it differs):
+/// raises an error that ends with `advice` under InputChange::Error, and warns that the step
+/// plans again under InputChange::Replan.
+void on_input_change(const char* planner, InputChange policy, const std::string& change,
+                     const std::string& advice);
+
+}  // namespace detail
+}  // namespace ckpt
