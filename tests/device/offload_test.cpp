@@ -719,6 +719,136 @@ TEST_P(OffloadTest, OffloadedConvolutionsAddTheirWeightGradientsAtOnce) {
   ckpt::test::expect_step_peak_as_predicted(planned, x, target);
 }
 
+// Hostile cases of the look-ahead (on by default): what a user may write beside it.
+
+// Offloaded regions inside an offloaded region: the inner groups join the chain before the outer,
+// whose backward then brings them back ahead of their own. The plain gradients, every option.
+TEST_P(OffloadTest, NestedOffloadedRegionsLookAheadToThePlainGradients) {
+  const auto whole = ckpt::OffloadOptions().look_ahead(2).max_ahead_bytes(-1);
+  for (const auto& options : {ckpt::OffloadOptions(), whole, ckpt::OffloadOptions().keep_last(1)}) {
+    const auto offloaded = ckpt::CheckpointOptions().offload(true).offload_options(options);
+    const auto run = [&](bool offload) {
+      const auto nested = [&](const at::Tensor& h) {
+        at::Tensor inner = h;
+        for (auto& block : blocks) {
+          inner = offload ? ckpt::checkpoint(offloaded, block, inner) : block(inner);
+        }
+        return inner.tanh();
+      };
+      seed(7);
+      auto x = input.detach().requires_grad_();
+      const at::Tensor y = offload ? ckpt::checkpoint(offloaded, nested, x) : nested(x);
+      y.pow(2).sum().backward();
+      return gradients_after(x);
+    };
+    expect_same_bits(run(false), run(true));
+    EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+    EXPECT_EQ(ckpt::offload_stats().ahead_device_bytes, 0);
+  }
+}
+
+// A region whose backward never runs, after one whose backward runs: the look-ahead of the one
+// that runs brings the other's data back, and letting go of its graph lets go of that data too,
+// on the device and in host memory.
+TEST_P(OffloadTest, DataBroughtBackAheadForABackwardThatNeverRunsIsLetGoOf) {
+  CKPT_SKIP_IF(missing_memory_statistics());
+  ckpt::MemoryTracker tracker(device());
+  const auto offloaded = ckpt::CheckpointOptions().offload(true).offload_options(
+      ckpt::OffloadOptions().max_ahead_bytes(-1));
+  const int64_t before = tracker.current_bytes();
+  {
+    auto x = input.detach().requires_grad_();
+    at::Tensor never = ckpt::checkpoint(offloaded, blocks[0], x);      // its backward never runs
+    at::Tensor runs = ckpt::checkpoint(offloaded, blocks[1], x * 2);  // joins the chain after
+    runs.pow(2).sum().backward();
+    EXPECT_GT(ckpt::offload_stats().ahead_device_bytes, 0) << "brought back for nothing";
+    for (auto& block : blocks) take_grads(*block);
+  }
+  EXPECT_EQ(ckpt::offload_stats().ahead_device_bytes, 0);
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+  EXPECT_EQ(tracker.current_bytes(), before) << "device memory left behind";
+}
+
+// Backwards in another order than the forwards: the second branch's backward runs first, the
+// first's later, each with the plain gradients, and nothing is held when both are done.
+TEST_P(OffloadTest, BackwardsInAnotherOrderThanTheForwardsGiveThePlainGradients) {
+  const auto run = [&](bool offload) {
+    const auto options = ckpt::CheckpointOptions().offload(true);
+    seed(5);
+    auto x = input.detach().requires_grad_();
+    std::vector<at::Tensor> branches;
+    for (auto& block : blocks) {
+      branches.push_back(offload ? ckpt::checkpoint(options, block, x) : block(x));
+    }
+    for (auto it = branches.rbegin(); it != branches.rend(); ++it) it->pow(2).sum().backward();
+    return gradients_after(x);
+  };
+  expect_same_bits(run(false), run(true));
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+  EXPECT_EQ(ckpt::offload_stats().ahead_device_bytes, 0);
+}
+
+// Saved tensors whose sizes depend on the values (a mask's selection): offloaded and brought back
+// ahead as they were, the plain gradients.
+TEST_P(OffloadTest, SizesThatDependOnTheValuesComeBackAsSaved) {
+  const auto step = [&](const at::Tensor& h) {
+    const at::Tensor picked = h.masked_select(h > 0.25);  // its size depends on h's values
+    return h * picked.pow(2).sum() + h.tanh();
+  };
+  const auto offloaded = ckpt::CheckpointOptions().offload(true);
+  const auto run = [&](bool offload) {
+    seed(9);
+    auto x = input.detach().requires_grad_();
+    at::Tensor h = x;
+    for (auto& block : blocks) {
+      h = block(h);
+      h = offload ? ckpt::checkpoint(offloaded, step, h) : step(h);
+    }
+    h.pow(2).mean().backward();
+    return gradients_after(x);
+  };
+  expect_same_bits(run(false), run(true));
+}
+
+// Two threads, each training its own blocks under offloaded regions at once: each thread's chain
+// of groups is its own, so each gets the gradients it gets alone.
+TEST_P(OffloadTest, TwoThreadsOffloadingAtOnceGiveTheirOwnGradients) {
+  std::vector<std::vector<Widening>> models(2);
+  for (size_t t = 0; t < models.size(); ++t) {
+    torch::manual_seed(static_cast<uint64_t>(t) + 1);
+    for (int i = 0; i < 4; ++i) models[t].push_back(Widening());
+    for (auto& block : models[t]) block->to(device());
+  }
+  const at::Tensor batch = torch::randn({64, 128}, on());
+  const auto step = [&](size_t t, bool offload) {
+    auto x = (batch * static_cast<double>(t + 1)).detach().requires_grad_();
+    at::Tensor h = x;
+    for (auto& block : models[t]) {
+      h = offload ? ckpt::checkpoint(ckpt::CheckpointOptions().offload(true), block, h) : block(h);
+    }
+    h.pow(2).sum().backward();
+    std::vector<at::Tensor> grads{x.grad()};
+    for (auto& block : models[t]) {
+      for (auto& g : take_grads(*block)) grads.push_back(g);
+    }
+    return grads;
+  };
+  const std::vector<std::vector<at::Tensor>> alone{step(0, false), step(1, false)};
+  std::vector<std::vector<std::vector<at::Tensor>>> together(2);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) together[t].push_back(step(t, true));
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (size_t t = 0; t < 2; ++t) {
+    ASSERT_EQ(together[t].size(), 3u);
+    for (const auto& grads : together[t]) expect_same_bits(alone[t], grads);
+  }
+  EXPECT_EQ(ckpt::offload_stats().host_bytes, 0);
+}
+
 CKPT_INSTANTIATE_DEVICE_SUITE(OffloadTest);
 
 // A budget that fits only with more host memory than the host budget: the infeasible-budget
