@@ -86,7 +86,9 @@ struct PlannedModelOptions {
 /// refused (`PlannedModelOptions::on_input_change`), never run on a stale plan. Gradients and
 /// buffers are those of the plain step; RNG is replayed. Percentages are of the plain step's
 /// measured peak; "min" is the smallest feasible budget; a budget below it raises
-/// `InfeasibleBudget`, which carries it. One thread runs a `PlannedModel` at a time.
+/// `InfeasibleBudget`, which carries it; at a budget that holds the plain step, a plan
+/// predicted no faster than it runs the plain step (every candidate stored). One thread runs a
+/// `PlannedModel` at a time.
 ///
 /// Example:
 /// ```

@@ -114,6 +114,17 @@ detail::ResolvedBudget plan_budget(const plan::ModelProfile& profile,
       });
 }
 
+// Every candidate stored: the plain step, which is the fastest.
+plan::ModelPlan plain_plan(const plan::ModelProfile& profile) {
+  plan::ModelPlan plain;
+  plain.feasible = true;
+  plain.choice.assign(profile.candidates.size(), 0);
+  plain.prediction = plan::simulate_model(profile, plain.choice);
+  plain.exact = true;
+  plain.gap = 0.0;
+  return plain;
+}
+
 // What the solver proved of its plan.
 std::string proven(const plan::ModelPlan& solution) {
   if (solution.exact) return "the fastest plan that fits";
@@ -392,6 +403,13 @@ PlannedModel::Plan PlannedModel::make_plan(MeasuredModel measured, const Budget&
   const plan::ModelSolverOptions solver = solver_options(options_);
   const detail::ResolvedBudget resolved = plan_budget(profile, solver, budget, options_);
   plan::ModelPlan solution = plan::solve_model(profile, resolved.solved_for, solver);
+  // Where the plain step fits, a plan no faster runs it, as PlannedSequential runs its plain
+  // chain: a mode timed at the plain step's time (its floor, where noise measured it faster)
+  // would otherwise win the tie on its lower peak, and cost its copies or recomputes for nothing.
+  if (resolved.fits_plain_step) {
+    plan::ModelPlan plain = plain_plan(profile);
+    if (solution.prediction.time >= plain.prediction.time) solution = std::move(plain);
+  }
   TORCH_CHECK(solution.feasible, "ckpt::PlannedModel: the solver found no choice within ",
               resolved.solved_for, " bytes although its smallest feasible budget is ",
               resolved.smallest, "; please report this with the model.");

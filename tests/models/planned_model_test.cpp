@@ -444,6 +444,29 @@ TEST_F(PlannedModelTest, AnOptionRunsAsItsRunSaysWhateverItsName) {
       ckpt::Budget::bytes(int64_t{1} << 30), 0.02, none_over_counted, relabelled);
 }
 
+// Where the plain step fits, a plan no faster than it is the plain step: options timed at the
+// plain time (their floor, where noise measured them faster) lose the tie to "stored" there,
+// and win it on their lower peak below the plain peak. (Docs.CodeBlocksCompileAndRun's
+// out-of-memory example planned an offloading step at 100% under load before this.)
+TEST_F(PlannedModelTest, APlanNoFasterThanThePlainStepWhereItFitsIsThePlainStep) {
+  const torch::Tensor x = torch::randn({128, 64});
+  ckpt::test::ResidualTower model;
+  const LossFn loss_fn = [&] { return model->forward(x).pow(2).mean(); };
+  ckpt::MeasuredModel measured = ckpt::profile_model(model.ptr(), loss_fn);
+  for (auto& candidate : measured.profile.candidates) {
+    for (auto& option : candidate.options) option.time = candidate.options[0].time;
+  }
+  ckpt::PlannedModel at_plain(model, ckpt::Budget::parse("100%"));
+  at_plain.plan(ckpt::MeasuredModel(measured));
+  for (const auto& candidate : measured.profile.candidates) {
+    EXPECT_EQ(at_plain.mode_of(candidate.name), "stored") << at_plain.summary();
+  }
+  ckpt::PlannedModel below(model, ckpt::Budget::parse("min"));
+  below.plan(ckpt::MeasuredModel(measured));
+  EXPECT_LT(below.solution().prediction.peak_bytes, at_plain.solution().prediction.peak_bytes)
+      << below.summary();
+}
+
 // A recomputed candidate in the backward of its taker, which runs it again: what it holds there is
 // read where that backward begins, not counted by segment (its output, freed in that segment in
 // the plain step, was counted as gone all through it: the plan came out 32 KiB, 3.4%, below its
