@@ -37,7 +37,8 @@ struct ResolvedBudget {
   int64_t bytes = 0;
   int64_t smallest = 0;
   int64_t solved_for = 0;
-  /// Whether the plain step fits: a plan that keeps everything needs no solver.
+  /// Whether the plain step fits (its measured peak is within `bytes`): PlannedSequential then
+  /// keeps everything without solving, PlannedModel unless a plan is predicted faster.
   bool fits_plain_step = false;
 };
 

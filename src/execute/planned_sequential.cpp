@@ -257,6 +257,20 @@ InfeasibleBudget::InfeasibleBudget(int64_t budget_bytes, int64_t smallest_feasib
 
 namespace {
 
+plan::OptimalOptions optimal_options(const PlannedSequentialOptions& options) {
+  plan::OptimalOptions optimal;
+  optimal.slots = options.slots();
+  optimal.host_budget_bytes = options.host_budget_bytes();
+  return optimal;
+}
+
+// What the chain's budget is resolved against: its plain peak and the optimal solver's minimum.
+detail::BudgetLimits budget_limits(const plan::Chain& profile, int64_t no_checkpoint_peak_bytes,
+                                   const PlannedSequentialOptions& options) {
+  return {"ckpt::PlannedSequential", no_checkpoint_peak_bytes,
+          plan::min_feasible_budget_bytes(profile, optimal_options(options)), options.headroom()};
+}
+
 // The infeasible-budget error for `budget_bytes`, naming the host budget that would make it fit
 // where only the host budget is short.
 InfeasibleBudget infeasible(const plan::Chain& profile, const plan::OptimalOptions& optimal,
@@ -345,14 +359,10 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
   // First, so that a profile with an option the executor cannot run fails whatever the budget.
   planned->option_forwards = std::make_shared<const detail::OptionForwards>(detail::option_forwards(
       stages, profile, options.storage_modes(), StorageSettings{options.selective_policy()}));
-  plan::OptimalOptions optimal;
-  optimal.slots = options.slots();
-  optimal.host_budget_bytes = options.host_budget_bytes();
+  const plan::OptimalOptions optimal = optimal_options(options);
   const plan::SolverSpec solver = parse_solver(options.solver());
   const bool optimal_solver = solver.name == "optimal";
-  const detail::BudgetLimits limits{"ckpt::PlannedSequential", no_checkpoint_peak_bytes,
-                                    plan::min_feasible_budget_bytes(profile, optimal),
-                                    options.headroom()};
+  const detail::BudgetLimits limits = budget_limits(profile, no_checkpoint_peak_bytes, options);
   // Only the optimal solver answers every budget it can; the others plan their own way, and a
   // schedule over the budget is an error below.
   detail::InfeasibleError infeasible_error;
@@ -489,12 +499,8 @@ PlannedSequentialImpl::run_again_function(const torch::Tensor& input,
 std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::replan_for_less(
     c10::OutOfMemoryError& error, const detail::ChainPlan& failed,
     std::optional<int64_t> held_bytes, bool in_backward) {
-  plan::OptimalOptions optimal;
-  optimal.slots = options.slots();
-  optimal.host_budget_bytes = options.host_budget_bytes();
   const int64_t smallest = detail::smallest_budget(
-      {"ckpt::PlannedSequential", failed.no_checkpoint_peak_bytes,
-       plan::min_feasible_budget_bytes(failed.profile, optimal), options.headroom()});
+      budget_limits(failed.profile, failed.no_checkpoint_peak_bytes, options));
   std::shared_ptr<detail::ChainPlan> smaller;
   int64_t smaller_budget = 0;
   detail::plan_for_less("ckpt::PlannedSequential", error, in_backward, held_bytes,

@@ -758,7 +758,7 @@ TEST_P(OffloadTest, DataBroughtBackAheadForABackwardThatNeverRunsIsLetGoOf) {
   const int64_t before = tracker.current_bytes();
   {
     auto x = input.detach().requires_grad_();
-    at::Tensor never = ckpt::checkpoint(offloaded, blocks[0], x);      // its backward never runs
+    at::Tensor never = ckpt::checkpoint(offloaded, blocks[0], x);     // its backward never runs
     at::Tensor runs = ckpt::checkpoint(offloaded, blocks[1], x * 2);  // joins the chain after
     runs.pow(2).sum().backward();
     EXPECT_GT(ckpt::offload_stats().ahead_device_bytes, 0) << "brought back for nothing";

@@ -390,6 +390,34 @@ TEST_F(PlannedSequentialTest, InfeasibleBudgetCarriesTheSmallestFeasibleOne) {
   EXPECT_TRUE(warnings.contains("planning for the smallest feasible budget"));
 }
 
+// Issue 48: the chain takes the headroom the any-model planner had, through the shared budget
+// code: a budget below the plain peak is solved for that share less (never below the smallest
+// plan's peak), the smallest feasible budget grows by it, and a bad share is a clear error.
+TEST_F(PlannedSequentialTest, HeadroomLeavesAShareOfTheBudgetFree) {
+  auto chain = make_chain(8, 64);
+  const ckpt::plan::Chain profile =
+      ckpt::plan::homogeneous_chain(16, 1.0, 2.0, int64_t{1} << 20, int64_t{3} << 20);
+  const auto planned_at = [&](const ckpt::Budget& budget, double headroom) {
+    ckpt::PlannedSequential planned(chain, budget,
+                                    ckpt::PlannedSequentialOptions().headroom(headroom));
+    planned->plan(profile);
+    return std::make_pair(planned->budget_bytes(), planned->prediction().peak_bytes);
+  };
+  const int64_t smallest = planned_at(ckpt::Budget::minimum(), 0.0).first;
+  const int64_t plain = planned_at(ckpt::Budget::fraction(1.0), 0.0).first;
+  const int64_t budget = (smallest + plain) / 2;
+  const auto [bytes, peak] = planned_at(ckpt::Budget::bytes(budget), 0.25);
+  EXPECT_EQ(bytes, budget);
+  EXPECT_LE(peak, budget * 3 / 4);
+  EXPECT_GT(planned_at(ckpt::Budget::bytes(budget), 0.0).second, budget * 3 / 4)
+      << "without headroom the plan takes more than three quarters (else this test shows nothing)";
+  const int64_t smallest_with_headroom = planned_at(ckpt::Budget::minimum(), 0.25).first;
+  EXPECT_GT(smallest_with_headroom, smallest);
+  EXPECT_LE(smallest_with_headroom, plain);
+  CKPT_EXPECT_THROWS_WITH(planned_at(ckpt::Budget::bytes(budget), 0.5),
+                          "headroom must be in [0, 0.5)");
+}
+
 // The executor plans through the ChainProfiler interface: a profiler of the user's is asked once
 // per plan and its numbers decide the schedule; the Impl made without a profiler says what to do.
 struct StoredProfiler : ckpt::ChainProfiler {
