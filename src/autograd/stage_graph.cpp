@@ -76,6 +76,7 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, bool accumulate_paramete
   if (output_.requires_grad() && grad_output.defined()) {
     auto& engine = torch::autograd::Engine::get_default_engine();
     const torch::autograd::edge_list roots = {torch::autograd::impl::gradient_edge(output_)};
+    output_.reset();  // as in autograd's backward, it lives on only where the stage saved it
     if (accumulate_parameters) {
       engine.execute(roots, {std::move(grad_output)}, /*keep_graph=*/false,
                      /*create_graph=*/false, /*accumulate_grad=*/true, boundary_.edges);
@@ -94,6 +95,7 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
   at::Tensor input_grad;
   if (output_.requires_grad() && grad_output.defined()) {
     const torch::autograd::edge_list roots = {torch::autograd::impl::gradient_edge(output_)};
+    output_.reset();  // as in autograd's backward, it lives on only where the stage saved it
     const Node* input_node = leaf_.requires_grad()
                                  ? torch::autograd::impl::gradient_edge(leaf_).function.get()
                                  : nullptr;

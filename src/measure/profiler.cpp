@@ -79,7 +79,8 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
     tracker.reset_peak();
     const int64_t before_backward = tracker.current_bytes();
     start = detail::clock_now(device);
-    at::Tensor input_grad_value = graph.backward(grad_output, /*accumulate_parameters=*/true);
+    at::Tensor input_grad_value =
+        graph.backward(std::move(grad_output), /*accumulate_parameters=*/true);
     const double backward_time = seconds_since(start, device);
     backward_tmp = std::max(
         backward_tmp, tracker.peak_bytes() - before_backward - storage_bytes(input_grad_value));
