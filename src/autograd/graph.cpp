@@ -3,9 +3,11 @@
 #include "compat/torch_compat.h"
 
 #include <ATen/SequenceNumber.h>
+#include <ATen/ops/empty.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <algorithm>
@@ -16,6 +18,37 @@
 
 namespace ckpt {
 namespace detail {
+namespace {
+
+// The root of an engine run that hands the engine its gradients and keeps none of them. Like
+// ckpt's border nodes it carries the largest sequence number: it belongs to no region.
+class GradientSource final : public Node {
+ public:
+  // `start`: what the engine passes in, which it requires to be a tensor (an empty one).
+  GradientSource(edge_list roots, torch::autograd::variable_list grads, const at::Tensor& start)
+      : Node(std::numeric_limits<uint64_t>::max(), std::move(roots)), grads_(std::move(grads)) {
+    add_input_metadata(start);
+  }
+  std::string name() const override { return "ckpt::GradientSource"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& /*none*/) override {
+    return std::move(grads_);
+  }
+
+ private:
+  torch::autograd::variable_list grads_;
+};
+
+}  // namespace
+
+torch::autograd::variable_list execute_letting_go(const edge_list& roots,
+                                                  torch::autograd::variable_list grads,
+                                                  EngineRun run, const edge_list& outputs) {
+  const at::Tensor start = at::empty({0});
+  const compat::NodePtr source =
+      compat::make_node<GradientSource>(edge_list(roots), std::move(grads), start);
+  return torch::autograd::Engine::get_default_engine().execute(
+      {Edge(source, 0)}, {start}, run.keep_graph, run.create_graph, run.accumulate_grad, outputs);
+}
 
 RegionMarker::RegionMarker()
     : first_sequence_nr_(at::sequence_number::peek()),

@@ -5,7 +5,6 @@
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
 
 namespace ckpt {
@@ -66,25 +65,35 @@ void LeafGradients::accumulate_rest() {
   }
   slots_.clear();
   if (roots.empty()) return;
-  torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false,
-                                                        /*create_graph=*/false,
-                                                        /*accumulate_grad=*/true, {});
+  // Handed over, not held: an accumulator takes a sum as the leaf's gradient instead of a copy.
+  execute_letting_go(roots, std::move(grads), EngineRun{}, {});
 }
+
+namespace {
+
+// A list of one gradient, moved in: a braced list copies its elements, and the original would
+// live until the engine's run ends.
+torch::autograd::variable_list only(at::Tensor grad) {
+  torch::autograd::variable_list list;
+  list.push_back(std::move(grad));
+  return list;
+}
+
+}  // namespace
 
 at::Tensor StageGraph::backward(at::Tensor grad_output, bool accumulate_parameters) {
   at::Tensor input_grad;
   if (output_.requires_grad() && grad_output.defined()) {
-    auto& engine = torch::autograd::Engine::get_default_engine();
     const torch::autograd::edge_list roots = {torch::autograd::impl::gradient_edge(output_)};
     output_.reset();  // as in autograd's backward, it lives on only where the stage saved it
     if (accumulate_parameters) {
-      engine.execute(roots, {std::move(grad_output)}, /*keep_graph=*/false,
-                     /*create_graph=*/false, /*accumulate_grad=*/true, boundary_.edges);
+      execute_letting_go(roots, only(std::move(grad_output)), EngineRun{}, boundary_.edges);
       if (leaf_.requires_grad()) input_grad = leaf_.grad();
     } else if (leaf_.requires_grad()) {
-      input_grad = engine.execute(roots, {std::move(grad_output)}, /*keep_graph=*/false,
-                                  /*create_graph=*/false, /*accumulate_grad=*/false,
-                                  {torch::autograd::impl::gradient_edge(leaf_)})[0];
+      input_grad = execute_letting_go(
+          roots, only(std::move(grad_output)),
+          EngineRun{/*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false},
+          {torch::autograd::impl::gradient_edge(leaf_)})[0];
     }
   }
   release();
@@ -129,9 +138,7 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
                  ? 3 + saved_leaves_.holders_of(edge.function.get())
                  : -1;
     });
-    torch::autograd::Engine::get_default_engine().execute(
-        roots, {std::move(grad_output)}, /*keep_graph=*/false, /*create_graph=*/false,
-        /*accumulate_grad=*/true, border.outputs());
+    execute_letting_go(roots, only(std::move(grad_output)), EngineRun{}, border.outputs());
   }
   release();
   return input_grad;

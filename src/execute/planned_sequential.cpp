@@ -384,10 +384,8 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
   plan::SimulationResult prediction = plan::simulate(profile, schedule);
   TORCH_INTERNAL_ASSERT(prediction.valid,
                         "solver returned an invalid schedule: ", prediction.error);
-  // The plain chain's peak is known better than the model predicts it.
-  if (store_everything) {
-    prediction.peak_bytes = std::min(prediction.peak_bytes, no_checkpoint_peak_bytes);
-  }
+  // Where the plain step fits, the plain chain runs: its peak is measured, not modeled.
+  if (store_everything) prediction.peak_bytes = no_checkpoint_peak_bytes;
   // A schedule never needs more than the plain chain; the profile's model of temporaries may
   // predict more than the measured plain step, so only a tighter budget is checked.
   TORCH_CHECK(resolved.fits_plain_step || prediction.peak_bytes <= resolved.bytes,

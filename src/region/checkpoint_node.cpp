@@ -107,9 +107,10 @@ std::shared_ptr<const RecomputedGraph> NonReentrantBackward::recompute() const {
 
 // The engine's roots: the recomputed outputs that have a gradient. An output the function did
 // not compute (an argument, a captured tensor) is not a root: its gradient goes straight to its
-// boundary edge in `result`.
+// boundary edge in `result`. The gradients are moved out of `grads` (the engine's inputs to this
+// node), so that each lives only until the recompute's node that reads it has run.
 std::pair<edge_list, variable_list> NonReentrantBackward::roots(const RecomputedGraph& graph,
-                                                                const variable_list& grads,
+                                                                variable_list& grads,
                                                                 variable_list& result) const {
   edge_list roots;
   variable_list root_grads;
@@ -121,7 +122,7 @@ std::pair<edge_list, variable_list> NonReentrantBackward::roots(const Recomputed
                 "The checkpointed function must compute the same thing when it runs again.");
     if (graph.marker.created_inside(*edge.function)) {
       roots.push_back(edge);
-      root_grads.push_back(grads[slot]);
+      root_grads.push_back(std::move(grads[slot]));
     } else {
       // The function returned a tensor it did not compute (an argument, a captured tensor).
       const int64_t k = boundary_.index.find(edge);
@@ -212,7 +213,7 @@ void NonReentrantBackward::stop_forwarding_locked() {
 // The backward through a fresh recompute. Every needed border edge gets a receiver, which
 // collects its gradients: each is returned summed over the region's uses, and reaches its
 // accumulator with the rest of the backward's.
-void NonReentrantBackward::run_recomputed(const RecomputedGraph& graph, const variable_list& grads,
+void NonReentrantBackward::run_recomputed(const RecomputedGraph& graph, variable_list& grads,
                                           const std::vector<size_t>& needed, bool keep_graph,
                                           variable_list& result) {
   auto [roots, root_grads] = this->roots(graph, grads, result);
@@ -237,8 +238,9 @@ void NonReentrantBackward::run_recomputed(const RecomputedGraph& graph, const va
   // through torch::autograd::grad raised it; issue 46).
   std::optional<compat::WarningFilter> engine_advice;
   if (create_graph) engine_advice.emplace("Using backward() with create_graph=True");
-  Engine::get_default_engine().execute(roots, root_grads, keep_graph || create_graph, create_graph,
-                                       /*accumulate_grad=*/true, border.outputs());
+  execute_letting_go(roots, std::move(root_grads),
+                     EngineRun{keep_graph || create_graph, create_graph, /*accumulate_grad=*/true},
+                     border.outputs());
 }
 
 // Holders of a border edge's accumulator when nothing else leads to it: the boundary's copy of

@@ -35,11 +35,10 @@ class NonReentrantBackward final : public BorderNode {
   }
   long sole_holders(size_t k) const;
   std::shared_ptr<const RecomputedGraph> recompute() const;
-  std::pair<edge_list, variable_list> roots(const RecomputedGraph& graph,
-                                            const variable_list& grads,
+  std::pair<edge_list, variable_list> roots(const RecomputedGraph& graph, variable_list& grads,
                                             variable_list& result) const;
   std::shared_ptr<GroupState> group() const;
-  void run_recomputed(const RecomputedGraph& graph, const variable_list& grads,
+  void run_recomputed(const RecomputedGraph& graph, variable_list& grads,
                       const std::vector<size_t>& needed, bool keep_graph, variable_list& result);
   void forward_after_this_backward(std::shared_ptr<const RecomputedGraph> graph, GroupState& group);
   void stop_forwarding();

@@ -78,6 +78,29 @@ TEST_F(CheckpointTest, TheBackwardDoesNotHoldTheRecomputedOutputs) {
   EXPECT_EQ(step_peak(true), plain);
 }
 
+// Nor its output's gradient past the recomputed node that reads it: autograd's backward (and
+// Python's non-reentrant checkpoint, which recomputes inside it) lets it go there. The region's
+// backward held it to its end, one output-sized tensor above them (issue 48).
+TEST_F(CheckpointTest, TheBackwardLetsGoOfTheOutputsGradientOnceRead) {
+  torch::nn::Linear linear(16, 32);
+  const auto x = torch::randn({8, 16}, torch::requires_grad());
+  c10::Storage grad_memory;
+  long holders = -1;
+  const auto y = ckpt::checkpoint(
+      [&](const torch::Tensor& t) {
+        torch::Tensor h = linear(t);
+        // Reached in the recompute's backward once tanh's backward has read the output's gradient.
+        h.register_hook([&](const torch::Tensor&) {
+          if (holders < 0) holders = static_cast<long>(grad_memory.use_count());
+        });
+        return torch::tanh(h);
+      },
+      x);
+  y.register_hook([&](const torch::Tensor& grad) { grad_memory = grad.storage(); });
+  (y * 2).sum().backward();
+  EXPECT_EQ(holders, 1) << "only this test holds the gradient of the region's output";
+}
+
 TEST_F(CheckpointTest, WorksWithAutogradGradForInputsAndParameters) {
   auto block = make_block();
   auto x = torch::randn({8, 16}, torch::requires_grad());
