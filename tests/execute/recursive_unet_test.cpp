@@ -83,9 +83,10 @@ TEST(RecursiveUNetTest, OuterChainAtTheMinimumIsPredictedAndProfilesNearThePlain
   EXPECT_NEAR(static_cast<double>(planned_step), static_cast<double>(predicted), 0.01 * predicted)
       << "measured " << planned_step << " predicted " << predicted;
   EXPECT_LE(planned_step, plain);
-  // The profiler holds the stage's output and a gradient for it beside the stage's backward,
-  // where the step has let the output go: that much above the plain step, no more.
-  EXPECT_LE(first, plain * 11 / 10) << "first step " << first << ", plain step " << plain;
+  // A measured stage lets go of its output and the output's gradient in its backward as the step
+  // does: the first step peaked 1.09 times the plain step while both lived to the backward's end,
+  // 1.001 times since.
+  EXPECT_LE(first, plain + plain / 100) << "first step " << first << ", plain step " << plain;
 }
 
 }  // namespace recursive_unet_test
