@@ -24,7 +24,9 @@ namespace {
 // ckpt's border nodes it carries the largest sequence number: it belongs to no region.
 class GradientSource final : public Node {
  public:
-  // `start`: what the engine passes in, which it requires to be a tensor (an empty one).
+  // `start`: what the engine passes in, which it requires to be a tensor (an empty one). Its
+  // device and that device's current stream are where the engine runs this node and what the
+  // nodes that read the gradients synchronize with, as for gradients passed in directly.
   GradientSource(edge_list roots, torch::autograd::variable_list grads, const at::Tensor& start)
       : Node(std::numeric_limits<uint64_t>::max(), std::move(roots)), grads_(std::move(grads)) {
     add_input_metadata(start);
@@ -43,7 +45,14 @@ class GradientSource final : public Node {
 torch::autograd::variable_list execute_letting_go(const edge_list& roots,
                                                   torch::autograd::variable_list grads,
                                                   EngineRun run, const edge_list& outputs) {
-  const at::Tensor start = at::empty({0});
+  at::TensorOptions device;  // the CPU's where no gradient is defined
+  for (const auto& grad : grads) {
+    if (grad.defined()) {
+      device = at::TensorOptions().device(grad.device());
+      break;
+    }
+  }
+  const at::Tensor start = at::empty({0}, device);
   const compat::NodePtr source =
       compat::make_node<GradientSource>(edge_list(roots), std::move(grads), start);
   return torch::autograd::Engine::get_default_engine().execute(

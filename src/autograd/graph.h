@@ -23,16 +23,19 @@ using torch::autograd::Edge;
 using torch::autograd::edge_list;
 using torch::autograd::Node;
 
-/// `Engine::execute` from `roots` with their gradients `grads`, letting go of each gradient as
-/// autograd's own backward does: once the node that reads it has run. Given to the engine as its
-/// inputs, the gradients would be held by that list until the whole run ends, one output-sized
-/// tensor above autograd's peak in the backward of every stage of a chain and every region; a
-/// node of its own hands them to the engine instead. Returns the gradients of `outputs`.
+/// How `execute_letting_go` runs the engine: `Engine::execute`'s flags.
 struct EngineRun {
   bool keep_graph = false;
   bool create_graph = false;
   bool accumulate_grad = true;
 };
+
+/// `Engine::execute` from `roots` with their gradients `grads`, letting go of each gradient as
+/// autograd's own backward does: once the node that reads it has run. Given to the engine as its
+/// inputs, the gradients would be held by that list until the whole run ends, one output-sized
+/// tensor above autograd's peak in the backward of every stage of a chain and every region; a
+/// node of its own hands them to the engine instead, from the gradients' device and current
+/// stream, as the engine would have taken them. Returns the gradients of `outputs`.
 torch::autograd::variable_list execute_letting_go(const edge_list& roots,
                                                   torch::autograd::variable_list grads,
                                                   EngineRun run, const edge_list& outputs);
