@@ -165,6 +165,20 @@ std::string python_script(const BenchOptions& options) {
   return std::string(CKPT_BENCH_COMPARE_DIR) + "/torch_checkpoint.py";
 }
 
+// The lower bound on the peak of any schedule of the step that runs LibTorch's backward operators
+// whole (bench/compare/lower_bound.py, computed by the Python side on the CPU): a row with a peak
+// and no step, so that plans and measured peaks read beside it.
+BenchRow floor_row(const std::string& model, const nlohmann::json& floor) {
+  BenchRow row;
+  row.model = model;
+  row.method = "floor";
+  row.setting = "-";
+  row.peak_bytes = floor["peak_bytes"].get<int64_t>();
+  row.step_ms = -1;
+  row.note = "no schedule peaks lower (lower_bound.py): " + floor["node"].get<std::string>();
+  return row;
+}
+
 std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig& config,
                                  const std::vector<int>& segments, int steps, int warmup) {
   std::string python = options.python_executable;
@@ -215,6 +229,7 @@ std::vector<BenchRow> run_python(const BenchOptions& options, const ModelConfig&
     row.note = "torch " + result["torch_version"].get<std::string>();
     rows.push_back(row);
   }
+  if (result.contains("floor")) rows.push_back(floor_row(config.name, result["floor"]));
   return rows;
 }
 
@@ -505,12 +520,12 @@ void add_ratios(std::vector<BenchRow>& rows) {
     }
     const bool py = row.method.rfind("python", 0) == 0;
     const BenchRow* base = py ? py_none : cpp_none;
-    if (base == nullptr || row.step_ms <= 0) continue;
-    row.overhead = row.step_ms / base->step_ms;
-    if (device_peak(row) && row.peak_bytes >= 0 && base->peak_bytes > 0) {
+    if (base != nullptr && device_peak(row) && row.peak_bytes >= 0 && base->peak_bytes > 0) {
       row.memory_ratio =
           static_cast<double>(row.peak_bytes) / static_cast<double>(base->peak_bytes);
     }
+    if (base == nullptr || row.step_ms <= 0) continue;
+    row.overhead = row.step_ms / base->step_ms;
     if (row.rss_peak_bytes >= 0 && base->rss_peak_bytes > 0) {
       row.rss_memory_ratio =
           static_cast<double>(row.rss_peak_bytes) / static_cast<double>(base->rss_peak_bytes);
@@ -552,7 +567,10 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
   for (auto& m : methods) rows.push_back(m->row);
   if (options.python && (device.is_cpu() || device.is_cuda())) {
     std::cerr << "ckpt bench: " << name << ": running torch.utils.checkpoint on " << device << "\n";
-    for (auto& row : run_python(options, config, segments, steps, warmup)) rows.push_back(row);
+    for (auto& row : run_python(options, config, segments, steps, warmup)) {
+      // The floor reads best beside the plain step.
+      rows.insert(row.method == "floor" ? rows.begin() + 1 : rows.end(), row);
+    }
   }
   add_ratios(rows);
   return rows;

@@ -22,34 +22,42 @@ While N's operator runs these are live:
     gradient is held to the step's end, in the engine's slots along its way (TBackward, views)
     or as .grad; counted at the smallest size it takes on the way;
   - pending gradients: a slot of a node in A(N) that a node of B(N) has fed holds it until that
-    node runs.
+    node runs; and a gradient that a node of B(N) sends through chain nodes unordered with N
+    (views, transposes: attention's dv) to a node of A(N) is in one of that chain's tensors,
+    whichever runs first;
+  - the operator's own allocations: its gradients, or, where more, the highest its allocations
+    rose above the allocator's total when it started (its gradients and its scratch, less what
+    it freed on the way), read from the profiler's events of the recorded step. The operator
+    runs on the same inputs in every schedule, so it allocates the same.
 Each storage is counted once, and a tensor only for the elements it covers (a region's input
 gradient may be copied out of a larger one, as reentrant checkpointing does). Aliasing is read
 from one recorded plain step that keeps every tensor alive (no address reused): a slot fed once
 holds the producer's very tensor; a slot fed more than once holds a sum, new or made in place in
 a tensor nobody else holds, so counted on its own at the smallest contribution's size; a
 parameter's gradient is counted on its own only where no other gradient shares its storage.
-Left out, so that the bound stays one: temporaries inside operators, the loss, and anything held
-only under some orders the engine may choose. Limits: the bound holds for schedules that run
-autograd's backward operators whole; splitting an operator (micro-batches, tiling), other
-gradient formulas, or offloading could go lower. test_lower_bound.py checks it on hand-counted
-cases.
+Left out, so that the bound stays one: the loss, and anything held only under some orders the
+engine may choose. Limits: the bound holds for schedules that run autograd's backward operators
+whole; splitting an operator (micro-batches, tiling), other gradient formulas, or offloading
+could go lower. test_lower_bound.py checks it on hand-counted cases. torch_checkpoint.py uses it
+for `ckpt bench`'s floor rows, with gradients that exist before the step (`grads_before_step`:
+they are added into in place, so no parameter gradient is held).
 
   OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/compare/lower_bound.py \\
       [--quick] [--models unet,seq2seq,resnet,transformer]
 
-Full run (2026-11-26, torch 2.15 wheel, 1 thread, the shared 2-core machine, 42 s), the command
+Full run (2026-11-29, torch 2.15 wheel, 1 thread, the shared 2-core machine), the command
 above without options; bound / plain peak, the node giving it (forward order), what is live:
-  unet         40.03 / 179.29 MiB = 22.3% (target 30%: not ruled out; ckpt's floor 48.5%): the
-               last decoder block's first convolution: its input, the concatenation (16 MiB),
-               its incoming gradient (8 MiB) and its input's gradient (16 MiB);
-  seq2seq      18.56 / 106.21 MiB = 17.5% (ckpt's floor 20.6%): the first softmax: its result,
-               gradient in and out (4 MiB each), every other parameter's gradient (6.56 MiB);
-  resnet       13.67 /  67.96 MiB = 20.1% (target 15%: below any schedule; ckpt 40.8%): the first
-               block's first convolution: its input, gradient in and out (2 MiB each), the
-               shortcut's pending gradient (2 MiB), the other parameters' gradients (5.66 MiB);
-  transformer  17.86 /  99.18 MiB = 18.0% (target 12%: below any schedule; ckpt 20.6%): the first
-               softmax, as seq2seq's (4+4+4 MiB), with 5.86 MiB of parameter gradients.
+  unet         64.03 / 179.29 MiB = 35.7% (ckpt's smallest plan 48.4%): the last decoder
+               block's first convolution: its input, the concatenation (16 MiB), its incoming
+               gradient (8 MiB), and its gradients and scratch (40 MiB);
+  seq2seq      19.06 / 106.21 MiB = 17.9% (ckpt 20.3%): the first softmax: its result,
+               gradient in and out (4 MiB each), every other parameter's gradient (6.56 MiB),
+               dv on its way (0.5 MiB);
+  resnet       17.67 /  67.96 MiB = 26.0% (ckpt 32.0%): the first block's first convolution:
+               its input, gradient in, the shortcut's pending gradient (2 MiB each), the other
+               parameters' gradients (5.66 MiB), its gradients and scratch (6.01 MiB);
+  transformer  18.36 /  99.18 MiB = 18.5% (ckpt 20.6%): the first softmax, as seq2seq's, with
+               5.86 MiB of parameter gradients.
 Every measured variant (none; every candidate, every other one, the first half, the second half
 checkpointed; every candidate reentrant; selective, saving matrix products; every leaf module;
 every candidate and every leaf module in it) peaked at or above its model's bound: the lowest,
@@ -65,12 +73,18 @@ from collections import Counter, defaultdict
 
 import torch
 import torch.utils.checkpoint as tuc
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import any_model_python as amp  # noqa: E402
 import torch_checkpoint as chains  # noqa: E402  (save_matmuls, the selective policy)
+
+# Kineto's warnings (on a machine without a GPU it logs an ERROR line per profiled step) would
+# read as failures in `ckpt bench`'s output; read when the profiler first starts.
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 # Saved tensors whose data a node's backward reads, by the outputs (positions in next_functions)
 # that need them; None: every needed output. A node type not listed reads nothing we count.
@@ -93,9 +107,10 @@ READS = {
                                  "_saved_result2": {0, 1}},
 }
 
-# Quoted from bench/results.md "Any model" (ckpt's smallest feasible budgets) and issue 32.
-CKPT_FLOOR = {"unet": 48.5, "seq2seq": 20.6, "resnet": 40.8, "transformer": 20.6}
-TARGET = {"unet": 30.0, "resnet": 15.0, "transformer": 12.0}
+# Quoted from bench/results.md "Any model" (ckpt's smallest feasible budgets) and issue 48 (its
+# ResNet and transformer targets are in `ckpt bench`'s accounting: its floor rows).
+CKPT_FLOOR = {"unet": 48.4, "seq2seq": 20.3, "resnet": 32.0, "transformer": 20.6}
+TARGET = {"unet": 40.0}
 MIB = 2**20
 
 # --- Storages and the bytes a set of tensors covers.
@@ -205,12 +220,39 @@ def graph_order(root):
     return [n for n in order if n in needed]
 
 
-class Record:
-    """One plain step of `model` under `step_loss`, every tensor of it kept alive."""
+def own_allocation_peaks(prof):
+    """Sequence number -> the highest the allocator's total rose above its value when the
+    backward node of that number started, while its operator ran (its gradients and scratch,
+    less what it freed on the way)."""
+    peaks, stack = {}, list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag != _EventType.TorchOp or not event.name.endswith("Backward0"):
+            continue
+        sizes, below = [], list(event.children)
+        while below:
+            inner = below.pop()
+            below.extend(inner.children)
+            if inner.tag == _EventType.Allocation and inner.extra_fields.device.type == "cpu":
+                sizes.append((inner.start_time_ns, inner.extra_fields.alloc_size))
+        live = peak = 0
+        for _, size in sorted(sizes, key=lambda e: e[0]):
+            live += size
+            peak = max(peak, live)
+        peaks[event.extra_fields.sequence_number] = peak
+    return peaks
 
-    def __init__(self, model, step_loss):
+
+class Record:
+    """One plain step of `model` under `step_loss`, every tensor of it kept alive. With
+    `grads_before_step` the parameters' gradients exist before the step (zeros), so that the
+    backward adds into them in place, as ckpt bench's steps do."""
+
+    def __init__(self, model, step_loss, grads_before_step=False):
         for p in model.parameters():
-            p.grad = None
+            p.grad = torch.zeros_like(p) if grads_before_step else None
+        self.grads_before_step = grads_before_step
         created = StepStorages()
         with created:
             loss = step_loss()
@@ -222,7 +264,10 @@ class Record:
         self.grads = {}
         hooks = [n.register_hook(functools.partial(self.keep, i))
                  for i, n in enumerate(self.order) if not is_parameter_sink(n)]
-        loss.backward()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            loss.backward()
+        peaks = own_allocation_peaks(prof)
+        self.own_peak = [peaks.get(n._sequence_nr(), 0) for n in self.order]
         for hook in hooks:
             hook.remove()
         self.before, self.after = reach(len(self.order), self.edges)
@@ -324,6 +369,8 @@ def parameter_items(rec, i):
     """The parameter gradients held while node i runs: one per parameter a flow of which has
     left a node of B(i) (and does not pass through i, where it is counted as i's gradients)."""
     items = []
+    if rec.grads_before_step:  # each is added into its .grad, which lives before the step
+        return items
     for sink, flows in rec.flows.items():
         fed = [f for f in flows if rec.before[i] >> f.producer & 1 and i not in f.nodes]
         variable = rec.order[sink].variable
@@ -350,16 +397,37 @@ def pending_items(rec, i):
             items.append(Item(fed[0]))
         else:  # a sum: new, or made in place in a tensor nobody else holds
             items.append(Item(key=("sum", c, nr), nbytes=min(Item(t).nbytes for t in fed)))
+    return items + detoured_items(rec, i)
+
+
+def unordered(rec, i, j):
+    return j != i and not (rec.before[i] >> j & 1) and not (rec.after[i] >> j & 1)
+
+
+def detoured_items(rec, i):
+    """Gradients that nodes of B(i) send through chain nodes unordered with node i (views,
+    transposes) to a node of A(i): whether those run before node i or after it, one of the
+    flow's tensors holds the gradient while node i runs (counted at the flow's smallest, where
+    no tensor outside the flow shares its storages)."""
+    items = []
+    for p, k, c, nr in rec.edges:
+        if not (rec.before[i] >> p & 1 and unordered(rec, i, c) and rec.is_chain(c)):
+            continue
+        flow = Flow(rec, p, k, c, nr)
+        if (rec.after[i] >> flow.sink & 1 and all(unordered(rec, i, n) for n in flow.nodes)
+                and not is_parameter_sink(rec.order[flow.sink]) and flow.exclusive(rec)):
+            items.append(Item(key=("detour", p, k), nbytes=flow.nbytes))
     return items
 
 
-def live_at(rec, i):
-    """The parts live while node i runs, each counted above the ones before it."""
+def live_at(rec, i, scratch=True):
+    """The parts live while node i runs, each counted above the ones before it. Last the
+    operator's own: the gradients it makes, or with `scratch` what it allocated at its highest
+    (gradients and temporaries, measured in the record) where that is more."""
     produced, incoming = rec.grads[i]
     needed = rec.needed_outputs(rec.order[i])
-    grads = [Item(t) for t in incoming if t is not None]
-    grads += [Item(t) for k, t in enumerate(produced) if k in needed and t is not None]
-    parts = [("saved", [Item(t) for _, t in rec.saved[i]]), ("gradients in and out", grads),
+    parts = [("saved", [Item(t) for _, t in rec.saved[i]]),
+             ("gradients in", [Item(t) for t in incoming if t is not None]),
              ("parameter gradients", parameter_items(rec, i)),
              ("pending gradients", pending_items(rec, i))]
     breakdown, items, total = {}, [], 0
@@ -367,7 +435,13 @@ def live_at(rec, i):
         items += part
         now = union_bytes(items)
         breakdown[name], total = now - total, now
-    return total, breakdown
+    made = [Item(t) for k, t in enumerate(produced) if k in needed and t is not None]
+    own = union_bytes(items + made) - total
+    if scratch and rec.own_peak[i] > own:
+        breakdown["gradients out and scratch"] = rec.own_peak[i]
+        return total + rec.own_peak[i], breakdown
+    breakdown["gradients out"] = own
+    return total + own, breakdown
 
 
 def describe(rec, i):
@@ -380,10 +454,10 @@ def describe(rec, i):
             f"(gradient in {shapes(rec.grads[i][1])}; reads {saved or 'nothing counted'})")
 
 
-def lower_bound(model, step_loss):
+def lower_bound(model, step_loss, scratch=True, grads_before_step=False):
     """(bound bytes, the node giving it, its breakdown) over the nodes of one recorded step."""
-    rec = Record(model, step_loss)
-    best = max((live_at(rec, i) + (i,) for i in range(len(rec.order))
+    rec = Record(model, step_loss, grads_before_step)
+    best = max((live_at(rec, i, scratch) + (i,) for i in range(len(rec.order))
                 if not is_parameter_sink(rec.order[i])), key=lambda r: r[0])
     total, breakdown, i = best
     return total, describe(rec, i), breakdown

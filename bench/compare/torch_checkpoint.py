@@ -196,6 +196,20 @@ def set_mmap_threshold(threshold, trim):
         pass
 
 
+def floor(model, x):
+    """lower_bound.py's bound on the peak of any schedule of this step that runs LibTorch's
+    backward operators whole (their scratch counted), in the C++ side's terms: gradients
+    allocated before the step, the input's too."""
+    try:
+        import lower_bound  # here: it imports this file
+    except ImportError:  # an installed copy without bench/compare's other scripts
+        return None
+    x.grad = torch.zeros_like(x)
+    bound, node, parts = lower_bound.lower_bound(model, lambda: model(x).square().mean(),
+                                                 grads_before_step=True)
+    return {"peak_bytes": bound, "node": node, "parts": parts}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
@@ -326,8 +340,13 @@ def main():
         if cuda:
             row["peak_bytes"] = results[s]["peak_bytes"]
         rows.append(row)
-    json.dump({"torch_version": torch.__version__, "threads": torch.get_num_threads(),
-               "stages": n, "rows": rows}, sys.stdout)
+    result = {"torch_version": torch.__version__, "threads": torch.get_num_threads(),
+              "stages": n, "rows": rows}
+    if device.type == "cpu" and int(torch.__version__.split(".")[0]) >= 2:
+        bound = floor(model, x)
+        if bound is not None:
+            result["floor"] = bound
+    json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 
 
