@@ -81,15 +81,27 @@ torch::autograd::variable_list only(at::Tensor grad) {
 
 }  // namespace
 
-at::Tensor StageGraph::backward(at::Tensor grad_output, bool accumulate_parameters) {
+std::unordered_set<const c10::TensorImpl*> single_stage_leaves(
+    const std::vector<torch::nn::AnyModule>& stages) {
+  std::unordered_map<const c10::TensorImpl*, int> stages_using;
+  for (const auto& stage : stages) {
+    std::unordered_set<const c10::TensorImpl*> own;
+    for (const auto& p : stage.ptr()->parameters()) own.insert(p.unsafeGetTensorImpl());
+    for (const auto* leaf : own) ++stages_using[leaf];
+  }
+  std::unordered_set<const c10::TensorImpl*> single;
+  for (const auto& [leaf, count] : stages_using) {
+    if (count == 1) single.insert(leaf);
+  }
+  return single;
+}
+
+at::Tensor StageGraph::input_gradient(at::Tensor grad_output) {
   at::Tensor input_grad;
   if (output_.requires_grad() && grad_output.defined()) {
     const torch::autograd::edge_list roots = {torch::autograd::impl::gradient_edge(output_)};
     output_.reset();  // as in autograd's backward, it lives on only where the stage saved it
-    if (accumulate_parameters) {
-      execute_letting_go(roots, only(std::move(grad_output)), EngineRun{}, boundary_.edges);
-      if (leaf_.requires_grad()) input_grad = leaf_.grad();
-    } else if (leaf_.requires_grad()) {
+    if (leaf_.requires_grad()) {
       input_grad = execute_letting_go(
           roots, only(std::move(grad_output)),
           EngineRun{/*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false},

@@ -14,6 +14,7 @@
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace ckpt {
 namespace detail {
@@ -53,6 +54,11 @@ class LeafGradients {
   std::unordered_set<const c10::TensorImpl*> single_stage_leaves_;
 };
 
+/// The leaves exactly one of `stages` uses (the parameters of one stage's modules), for
+/// `LeafGradients`.
+std::unordered_set<const c10::TensorImpl*> single_stage_leaves(
+    const std::vector<torch::nn::AnyModule>& stages);
+
 /// A stage's forward: its module run on its input, plainly or as a region.
 using StageForward = std::function<at::Tensor(const at::Tensor&)>;
 
@@ -67,13 +73,12 @@ class StageGraph {
   const at::Tensor& output() const { return output_; }
 
   /// Backward through the stage from `grad_output`; frees the graph and returns the gradient of
-  /// the input (undefined when the input needs none). With `accumulate_parameters` (a plain
-  /// backward) the gradients of parameters are accumulated into their `.grad` as autograd does;
-  /// otherwise (inside `autograd::grad`) only the input's gradient is computed.
-  at::Tensor backward(at::Tensor grad_output, bool accumulate_parameters);
-
-  /// The same, with the gradients of parameters (and other leaves) added to `leaves` instead.
+  /// the input (undefined when the input needs none). The gradients of parameters (and other
+  /// leaves) go to `leaves`.
   at::Tensor backward(at::Tensor grad_output, LeafGradients& leaves);
+
+  /// The same inside `autograd::grad`: only the input's gradient is computed.
+  at::Tensor input_gradient(at::Tensor grad_output);
 
  private:
   void release();

@@ -101,17 +101,7 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
 }
 
 std::unordered_set<const c10::TensorImpl*> ScheduleRunner::single_stage_leaves() const {
-  std::unordered_map<const c10::TensorImpl*, int> stages_using;
-  for (const auto& stage : stages_) {
-    std::unordered_set<const c10::TensorImpl*> own;
-    for (const auto& p : stage.ptr()->parameters()) own.insert(p.unsafeGetTensorImpl());
-    for (const auto* leaf : own) ++stages_using[leaf];
-  }
-  std::unordered_set<const c10::TensorImpl*> single;
-  for (const auto& [leaf, count] : stages_using) {
-    if (count == 1) single.insert(leaf);
-  }
-  return single;
+  return detail::single_stage_leaves(stages_);
 }
 
 const at::Tensor& ScheduleRunner::available(int i) const {
@@ -250,9 +240,8 @@ void ScheduleRunner::run_backward(const plan::Op& op, LeafGradients* leaves) {
     offload_groups_[i - 1]->prefetch_ahead();
   }
   at::Tensor grad_output = std::move(delta_);
-  delta_ = leaves != nullptr
-               ? graphs_[i]->backward(std::move(grad_output), *leaves)
-               : graphs_[i]->backward(std::move(grad_output), /*accumulate_parameters=*/false);
+  delta_ = leaves != nullptr ? graphs_[i]->backward(std::move(grad_output), *leaves)
+                             : graphs_[i]->input_gradient(std::move(grad_output));
   graphs_[i].reset();
   offload_groups_[i].reset();
   if (i > 0) {

@@ -57,7 +57,7 @@ class ScheduleRunner {
   at::Tensor forward(const at::Tensor& input);
   /// Runs the operations after the loss from δ_L; returns δ_0 (undefined if the input needs no
   /// grad). With `leaves` (a plain backward), the gradients of parameters are added to it;
-  /// without, only the input's gradient is computed (as in `StageGraph::backward`).
+  /// without, only the input's gradient is computed (as in `StageGraph::input_gradient`).
   at::Tensor backward(at::Tensor grad_output, LeafGradients* leaves);
   /// The parameters exactly one stage uses (see `LeafGradients`).
   std::unordered_set<const c10::TensorImpl*> single_stage_leaves() const;

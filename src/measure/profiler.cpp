@@ -46,17 +46,29 @@ std::vector<int64_t> gradient_bytes_per_stage(const std::vector<torch::nn::AnyMo
   return bytes;
 }
 
+using Leaves = std::unordered_set<const c10::TensorImpl*>;
+
 // Runs the stage's forward in one storage mode (`forward`: plainly, or as a checkpointed region)
 // with grad enabled, and its backward, repeatedly: median times, what the forward keeps, and the
 // temporaries of both, as one storage option of the planner. The forward's temporaries are above
-// what it keeps; the backward's are above its inputs and the input gradient it produces.
+// what it keeps; the backward's are above its inputs and the input gradient it produces. The
+// backward is the executor's own (its leaves' gradients collected as the chain's are, with
+// `single_stage_leaves` its stages' sole leaves): measured through another path, a recomputing
+// stage's backward came out up to its output's size below what the executor holds.
 plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
                                          const detail::StageForward& forward, const at::Tensor& x,
-                                         bool input_grad, const ProfileOptions& options,
-                                         MemoryTracker& tracker) {
+                                         bool input_grad, const Leaves& single_stage_leaves,
+                                         const ProfileOptions& options, MemoryTracker& tracker) {
   const c10::Device device = x.device();
   std::vector<double> forward_times, backward_times;
   int64_t saved = 0, forward_tmp = 0, backward_tmp = 0, offloaded = 0;
+  // Held as the executor's chain node holds them (an edge to each leaf's accumulator), so that
+  // a sole gradient goes into an existing .grad at once here too.
+  std::vector<decltype(torch::autograd::impl::grad_accumulator(at::Tensor()))> accumulators;
+  for (const auto& parameter : stage.ptr()->parameters()) {
+    if (parameter.requires_grad())
+      accumulators.push_back(torch::autograd::impl::grad_accumulator(parameter));
+  }
   for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
@@ -79,11 +91,12 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
     tracker.reset_peak();
     const int64_t before_backward = tracker.current_bytes();
     start = detail::clock_now(device);
-    at::Tensor input_grad_value =
-        graph.backward(std::move(grad_output), /*accumulate_parameters=*/true);
+    detail::LeafGradients leaves(single_stage_leaves);
+    at::Tensor input_grad_value = graph.backward(std::move(grad_output), leaves);
     const double backward_time = seconds_since(start, device);
     backward_tmp = std::max(
         backward_tmp, tracker.peak_bytes() - before_backward - storage_bytes(input_grad_value));
+    leaves.accumulate_rest();  // where the chain's backward ends
     if (r >= options.warmup()) {
       forward_times.push_back(forward_time);
       backward_times.push_back(backward_time);
@@ -208,14 +221,14 @@ plan::Chain calibrated_to_step(plan::Chain chain, const std::vector<torch::nn::A
 // Measures the stage in each storage mode the options turn on, and offers the planner those that
 // keep less than the plain stage (`full_saved` bytes) and differ from every mode offered before.
 void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
-                         const ProfileOptions& options, MemoryTracker& tracker, int64_t full_saved,
-                         plan::Stage& measured) {
+                         const Leaves& single_stage_leaves, const ProfileOptions& options,
+                         MemoryTracker& tracker, int64_t full_saved, plan::Stage& measured) {
   const StorageSettings settings{options.selective_policy()};
   for (const StorageMode& mode : options.storage_modes().all()) {
     const std::optional<CheckpointOptions> region = mode.region_on(settings, x.device());
     if (!region) continue;
-    plan::StorageOption option =
-        measure_full_storage(stage, stage_forward(stage, region), x, input_grad, options, tracker);
+    plan::StorageOption option = measure_full_storage(
+        stage, stage_forward(stage, region), x, input_grad, single_stage_leaves, options, tracker);
     option.name = mode.name;
     bool useful = option.saved_bytes < full_saved;
     for (const auto& offered : measured.alternatives) {
@@ -229,11 +242,12 @@ void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
 // Measures one stage on its input into `measured`: the sizes and times of the planner's model,
 // and the storage options that keep less than the plain stage. Returns the stage's output.
 at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
-                         const ProfileOptions& options, MemoryTracker& tracker,
-                         plan::Stage& measured) {
-  const plan::StorageOption full =
-      measure_full_storage(stage, stage_forward(stage), x, input_grad, options, tracker);
-  offer_storage_modes(stage, x, input_grad, options, tracker, full.saved_bytes, measured);
+                         const Leaves& single_stage_leaves, const ProfileOptions& options,
+                         MemoryTracker& tracker, plan::Stage& measured) {
+  const plan::StorageOption full = measure_full_storage(stage, stage_forward(stage), x, input_grad,
+                                                        single_stage_leaves, options, tracker);
+  offer_storage_modes(stage, x, input_grad, single_stage_leaves, options, tracker, full.saved_bytes,
+                      measured);
   NoGradForward no_grad = measure_no_grad_forward(stage, x, options, tracker);
   measured.forward_time = no_grad.time;
   measured.forward_all_time = full.forward_time;
@@ -284,13 +298,14 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
   plan::Chain chain;
   chain.input_bytes = storage_bytes(sample_input);
   const std::vector<int64_t> gradient_bytes = gradient_bytes_per_stage(stages);
+  const Leaves single_stage_leaves = detail::single_stage_leaves(stages);
   at::Tensor x = sample_input.detach();
   for (size_t i = 0; i < stages.size(); ++i) {
     auto stage = stages[i];
     const SwappedGradients grads({stage.ptr()}, SwappedGradients::Start::None);
     const bool input_grad = i > 0 ? detail::is_differentiable(x) : sample_input.requires_grad();
     plan::Stage measured{};
-    x = measure_stage(stage, x, input_grad, options, tracker, measured);
+    x = measure_stage(stage, x, input_grad, single_stage_leaves, options, tracker, measured);
     if (options.count_parameter_gradients()) measured.gradient_bytes = gradient_bytes[i];
     chain.stages.push_back(measured);
   }

@@ -14,23 +14,30 @@ TEST(StageGraphTest, TheOutputIsLetGoOfWhenItsBackwardStarts) {
   torch::nn::Linear linear(8, 32);
   torch::nn::AnyModule stage(linear);
   const torch::Tensor x = torch::randn({4, 8});
-  ckpt::detail::StageGraph graph(
-      [&](const at::Tensor& input) { return stage.forward<at::Tensor>(input); }, x,
-      /*input_requires_grad=*/true);
-  const c10::Storage output = graph.output().storage();
+  c10::Storage output;
   torch::Tensor grad_output = torch::ones({4, 32});
   const c10::Storage grad_output_memory = grad_output.storage();
   long output_holders = -1, grad_output_holders = -1;
-  linear->weight.register_hook([&](const torch::Tensor&) {
-    if (output_holders >= 0) return;
-    output_holders = static_cast<long>(output.use_count());
-    grad_output_holders = static_cast<long>(grad_output_memory.use_count());
-  });
-  const torch::Tensor input_grad = graph.backward(std::move(grad_output), true);
+  // The stage is tanh(linear(x)); the hook on the Linear's output runs once tanh's backward,
+  // which read the output and its gradient, has run.
+  ckpt::detail::StageGraph graph(
+      [&](const at::Tensor& input) {
+        at::Tensor hidden = stage.forward<at::Tensor>(input);
+        hidden.register_hook([&](const at::Tensor&) {
+          output_holders = static_cast<long>(output.use_count());
+          grad_output_holders = static_cast<long>(grad_output_memory.use_count());
+        });
+        return at::tanh(hidden);
+      },
+      x, /*input_requires_grad=*/true);
+  output = graph.output().storage();
+  ckpt::detail::LeafGradients leaves(ckpt::detail::single_stage_leaves({stage}));
+  const torch::Tensor input_grad = graph.backward(std::move(grad_output), leaves);
+  leaves.accumulate_rest();
   EXPECT_EQ(output_holders, 1) << "only this test holds the output's memory";
   EXPECT_EQ(grad_output_holders, 1) << "and the gradient's, once the Linear's backward read it";
   torch::Tensor reference = x.detach().requires_grad_();
-  linear->forward(reference).backward(torch::ones({4, 32}));
+  at::tanh(linear->forward(reference)).backward(torch::ones({4, 32}));
   EXPECT_TRUE(ckpt::test::bit_equal(input_grad, reference.grad()));
 }
 
