@@ -228,7 +228,10 @@ def own_allocation_peaks(prof):
     while stack:
         event = stack.pop()
         stack.extend(event.children)
-        if event.tag != _EventType.TorchOp or not event.name.endswith("Backward0"):
+        # The node's own range (named as the node: "ConvolutionBackward0", "MulBackward1"...),
+        # not the engine's "autograd::engine::evaluate_function: ..." around it.
+        if (event.tag != _EventType.TorchOp or "Backward" not in event.name
+                or event.name.startswith("autograd::")):
             continue
         sizes, below = [], list(event.children)
         while below:

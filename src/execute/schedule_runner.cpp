@@ -98,10 +98,7 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
   }
   runs_again_.resize(n);
   for (size_t i = 0; i < n; ++i) runs_again_[i] = forwards[i] > 1;
-}
-
-std::unordered_set<const c10::TensorImpl*> ScheduleRunner::single_stage_leaves() const {
-  return detail::single_stage_leaves(stages_);
+  single_stage_leaves_ = detail::single_stage_leaves(stages_);
 }
 
 const at::Tensor& ScheduleRunner::available(int i) const {

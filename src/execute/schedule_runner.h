@@ -60,7 +60,9 @@ class ScheduleRunner {
   /// without, only the input's gradient is computed (as in `StageGraph::input_gradient`).
   at::Tensor backward(at::Tensor grad_output, LeafGradients* leaves);
   /// The parameters exactly one stage uses (see `LeafGradients`).
-  std::unordered_set<const c10::TensorImpl*> single_stage_leaves() const;
+  const std::unordered_set<const c10::TensorImpl*>& single_stage_leaves() const {
+    return single_stage_leaves_;
+  }
 
  private:
   void run_forward(const plan::Op& op);
@@ -89,8 +91,9 @@ class ScheduleRunner {
   std::vector<AutocastState> autocast_;       // autocast when stage i first ran
   std::vector<TrainingModes> training_;       // train()/eval() when stage i first ran
   std::vector<bool> ran_;
-  std::vector<bool> runs_again_;  // stage i runs more than once
-  at::Tensor delta_;              // the gradient at the current position
+  std::vector<bool> runs_again_;                                    // stage i runs more than once
+  std::unordered_set<const c10::TensorImpl*> single_stage_leaves_;  // once, not every backward
+  at::Tensor delta_;  // the gradient at the current position
   // x_0 and the parameters of the stages that run again, after the forward; (stage, parameter
   // number) of each, stage -1 for x_0.
   VersionSnapshot read_again_;

@@ -35,7 +35,7 @@ TEST(StageGraphTest, TheOutputIsLetGoOfWhenItsBackwardStarts) {
   const torch::Tensor input_grad = graph.backward(std::move(grad_output), leaves);
   leaves.accumulate_rest();
   EXPECT_EQ(output_holders, 1) << "only this test holds the output's memory";
-  EXPECT_EQ(grad_output_holders, 1) << "and the gradient's, once the Linear's backward read it";
+  EXPECT_EQ(grad_output_holders, 1) << "and the gradient's, once tanh's backward read it";
   torch::Tensor reference = x.detach().requires_grad_();
   at::tanh(linear->forward(reference)).backward(torch::ones({4, 32}));
   EXPECT_TRUE(ckpt::test::bit_equal(input_grad, reference.grad()));
