@@ -107,7 +107,9 @@ struct PlannedSequentialOptions {
   /// What `plan(sample)` measures the chain with; none: a `ckpt::MeasuringProfiler` with these
   /// options' storage modes, settings and `count_parameter_gradients`. Default: none
   TORCH_ARG(std::shared_ptr<ChainProfiler>, profiler) = nullptr;
-  /// Replay each stage's RNG state when it is recomputed. Default: true
+  /// Replay each stage's RNG state when it is recomputed, leaving the caller's random streams
+  /// where they were. Off: recomputes draw from the caller's streams, as Python's
+  /// `preserve_rng_state=False` does. Default: true
   TORCH_ARG(bool, preserve_rng_state) = true;
   /// When the budget is below the smallest feasible one, plan for that one with a warning instead
   /// of raising `InfeasibleBudget`. Default: false

@@ -33,6 +33,8 @@ class RngStash {
   /// stash was taken (a forward run again).
   void restore() const;
 
+  /// Whether restoring would write any generator: a CPU state not dropped, or a device's.
+  bool holds_state() const { return cpu_state_.defined() || !device_states_.empty(); }
   c10::DeviceType device_type() const { return device_type_; }
   bool had_device_at_forward() const { return had_device_; }
   /// The stashed states (for reports of what a region keeps): the CPU's (undefined once

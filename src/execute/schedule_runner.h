@@ -69,6 +69,8 @@ class ScheduleRunner {
   std::string storage_name(const plan::Op& op) const;
   void run_stage(const plan::Op& op, const at::Tensor& input);
   void run_backward(const plan::Op& op, LeafGradients* leaves);
+  // Whether a recompute will put a stashed random state into a generator.
+  bool replays_random_state() const;
   const at::Tensor& available(int i) const;
   void snapshot_read_again(const at::Tensor& input);
   std::string describe_read_again(size_t i) const;

@@ -114,12 +114,14 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
 
 struct NoGradForward {
   at::Tensor output;
-  int64_t tmp_bytes = 0;  // above the output
-  double time = 0.0;      // median
+  int64_t tmp_bytes = 0;      // above the output
+  double time = 0.0;          // median
+  bool draws_random = false;  // on the CPU: its random state moved
 };
 
 // The forward of forward_none and forward_input, repeatedly: its temporaries and its own time,
-// which is below the grad-enabled forward's (no autograd graph is built).
+// which is below the grad-enabled forward's (no autograd graph is built), and whether it draws
+// random numbers on the CPU (the executor's stash of a stage that runs again is then kept).
 NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Tensor& x,
                                       const ProfileOptions& options, MemoryTracker& tracker) {
   const at::NoGradGuard no_grad;
@@ -128,6 +130,8 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
   std::vector<double> times;
   for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
     result.output = at::Tensor();
+    std::optional<detail::RngStash> stash;  // as the executor takes it, outside the measure
+    if (r == 0) stash.emplace(std::vector<at::Tensor>{x}, detail::infer_device_type({x}));
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
     const auto start = detail::clock_now(device);
@@ -135,6 +139,10 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
     const double time = seconds_since(start, device);
     result.tmp_bytes =
         std::max(result.tmp_bytes, tracker.peak_bytes() - before - storage_bytes(result.output));
+    if (stash) {
+      stash->drop_cpu_state_if_unused();
+      result.draws_random = stash->cpu_state().defined();
+    }
     if (r >= options.warmup()) times.push_back(time);
   }
   result.time = median(times);
@@ -239,6 +247,14 @@ void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   }
 }
 
+// The bytes of one copy of the random state that the tracker counts: the CPU generator's on the
+// CPU; none on an accelerator, whose tracker counts device memory (the states are host tensors).
+int64_t random_state_bytes(const at::Tensor& sample_input) {
+  if (!sample_input.device().is_cpu()) return 0;
+  const detail::RngStash now({sample_input}, detail::infer_device_type({sample_input}));
+  return storage_bytes(now.cpu_state());
+}
+
 // Measures one stage on its input into `measured`: the sizes and times of the planner's model,
 // and the storage options that keep less than the plain stage. Returns the stage's output.
 at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
@@ -257,6 +273,7 @@ at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   measured.forward_tmp_bytes = std::max<int64_t>(no_grad.tmp_bytes, 0);
   measured.forward_all_tmp_bytes = full.forward_tmp_bytes;
   measured.backward_tmp_bytes = full.backward_tmp_bytes;
+  measured.random_state_bytes = no_grad.draws_random ? random_state_bytes(x) : 0;
   for (auto& option : measured.alternatives) {
     option.saved_bytes = std::max(option.saved_bytes, measured.output_bytes);
     if (option.offloaded_bytes > 0) {
@@ -297,6 +314,7 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
 
   plan::Chain chain;
   chain.input_bytes = storage_bytes(sample_input);
+  chain.random_state_bytes = random_state_bytes(sample_input);
   const std::vector<int64_t> gradient_bytes = gradient_bytes_per_stage(stages);
   const Leaves single_stage_leaves = detail::single_stage_leaves(stages);
   at::Tensor x = sample_input.detach();

@@ -145,8 +145,8 @@ Totals totals(const Chain& chain) {
 // Whether the stage passes check_stage, without building any message.
 bool stage_ok(const Stage& stage) {
   bool ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 && stage.gradient_bytes >= 0 &&
-            stage.forward_all_tmp_bytes >= -1 && std::isfinite(stage.forward_time) &&
-            stage.forward_time >= 0 &&
+            stage.random_state_bytes >= 0 && stage.forward_all_tmp_bytes >= -1 &&
+            std::isfinite(stage.forward_time) && stage.forward_time >= 0 &&
             (stage.forward_all_time == -1.0 || stage.forward_all_time >= 0) &&
             option_ok(stage.option(0), stage.output_bytes);
   for (const StorageOption& option : stage.alternatives) {
@@ -161,6 +161,7 @@ void check_stage(const Stage& stage, size_t i) {
   check_size(stage.output_bytes, name + "output_bytes");
   check_size(stage.forward_tmp_bytes, name + "forward_tmp_bytes");
   check_size(stage.gradient_bytes, name + "gradient_bytes");
+  check_size(stage.random_state_bytes, name + "random_state_bytes");
   if (stage.forward_all_tmp_bytes < -1) {
     throw std::invalid_argument(std::string(kValidate) + name +
                                 "forward_all_tmp_bytes must be >= 0 bytes, or -1 for \"the same "
@@ -207,8 +208,8 @@ void check_totals(const Chain& chain) {
 
 void Chain::validate() const {
   // Fast path without building messages (the simulator validates on every call).
-  bool ok =
-      !stages.empty() && input_bytes >= 0 && std::isfinite(host_bandwidth) && host_bandwidth >= 0;
+  bool ok = !stages.empty() && input_bytes >= 0 && random_state_bytes >= 0 &&
+            std::isfinite(host_bandwidth) && host_bandwidth >= 0;
   for (size_t i = 0; ok && i < stages.size(); ++i) ok = stage_ok(stages[i]);
   if (ok && totals(*this).ok()) return;
   if (stages.empty()) {
@@ -217,8 +218,16 @@ void Chain::validate() const {
                                 "stages of the model before planning.");
   }
   check_size(input_bytes, "input_bytes");
+  check_size(random_state_bytes, "random_state_bytes");
   for (size_t i = 0; i < stages.size(); ++i) check_stage(stages[i], i);
   check_totals(*this);
+}
+
+int64_t Chain::random_state_reserve() const {
+  int64_t stashes = 0;
+  for (const Stage& stage : stages) stashes += stage.random_state_bytes;
+  // Without stashes, only the state read during a first forward; with them, the caller's too.
+  return stashes == 0 ? random_state_bytes : 2 * random_state_bytes + stashes;
 }
 
 Chain scale_times(Chain chain, double factor) {

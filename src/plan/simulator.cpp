@@ -19,7 +19,15 @@ class Machine {
         kept_(static_cast<size_t>(length_ + 1), false),
         xbar_option_(static_cast<size_t>(length_ + 1), -1),
         delta_(static_cast<size_t>(length_ + 1), false),
-        backward_done_(static_cast<size_t>(length_), false) {
+        backward_done_(static_cast<size_t>(length_), false),
+        forward_ops_(static_cast<size_t>(length_), 0),
+        forwarded_(static_cast<size_t>(length_), false) {
+    for (const Op& op : schedule.ops) {
+      if (op.kind != OpKind::Loss && op.kind != OpKind::Backward && op.stage >= 0 &&
+          op.stage < length_) {
+        ++forward_ops_[static_cast<size_t>(op.stage)];
+      }
+    }
     // x_0 is held by the caller for the whole step and counted in the peak.
     x_[0] = true;
     kept_[0] = true;
@@ -56,7 +64,7 @@ class Machine {
   }
 
   SimulationResult result() {
-    result_.final_bytes = current_;
+    result_.final_bytes = current_ - random_held_;  // the executor lets go of them at its end
     return result_;
   }
 
@@ -116,9 +124,10 @@ class Machine {
       return fail("its output x_" + std::to_string(i + 1) + " is already in memory");
     }
     ++result_.forward_count;
+    const int64_t random = random_state_at_forward(i);
     if (op.kind == OpKind::ForwardAll) {
       const StorageOption option = stage.option(op.option);
-      touch_peak(option.saved_bytes, option.forward_tmp_bytes);
+      touch_peak(option.saved_bytes, option.forward_tmp_bytes + random);
       xbar_option_[static_cast<size_t>(i + 1)] = op.option;
       current_ += option.saved_bytes;
       host_ += option.offloaded_bytes;
@@ -126,7 +135,7 @@ class Machine {
       result_.time += chain_.forward_all_time(option);
       return true;
     }
-    touch_peak(stage.output_bytes, stage.forward_tmp_bytes);
+    touch_peak(stage.output_bytes, stage.forward_tmp_bytes + random);
     x_[static_cast<size_t>(i + 1)] = true;
     kept_[static_cast<size_t>(i + 1)] = false;
     current_ += stage.output_bytes;
@@ -155,6 +164,11 @@ class Machine {
     const int64_t bytes = x_bytes(length_);
     touch_peak(bytes, 0);
     loss_done_ = true;
+    // The executor's backward keeps the caller's random state where a recompute replays one.
+    if (replays_random_state()) {
+      current_ += chain_.random_state_bytes;
+      random_held_ += chain_.random_state_bytes;
+    }
     delta_[static_cast<size_t>(length_)] = true;
     current_ += bytes;
     if (x_[static_cast<size_t>(length_)] && length_ >= 1) {
@@ -223,6 +237,32 @@ class Machine {
     return true;
   }
 
+  // The random state read around a forward of stage i (docs/memory-model.md, "Random state"):
+  // the stash a stage that runs again takes in its first forward (kept where the stage draws
+  // random numbers), or the caller's state, put aside while a stage that draws them runs again.
+  // Returns the op's transient bytes; adds the kept ones to `current_`.
+  int64_t random_state_at_forward(int i) {
+    const auto index = static_cast<size_t>(i);
+    const int64_t kept = chain_.stages[index].random_state_bytes;
+    const bool first = !forwarded_[index];
+    forwarded_[index] = true;
+    if (first && forward_ops_[index] > 1) {
+      current_ += kept;
+      random_held_ += kept;
+      return chain_.random_state_bytes - kept;
+    }
+    return first || kept == 0 ? 0 : chain_.random_state_bytes;
+  }
+
+  // Whether a stage that draws random numbers runs again: its recompute replays its stash.
+  bool replays_random_state() const {
+    for (int i = 0; i < length_; ++i) {
+      const auto index = static_cast<size_t>(i);
+      if (forward_ops_[index] > 1 && chain_.stages[index].random_state_bytes > 0) return true;
+    }
+    return false;
+  }
+
   bool looks_ahead(int i) const {
     return std::binary_search(schedule_.look_ahead.begin(), schedule_.look_ahead.end(), i);
   }
@@ -235,6 +275,9 @@ class Machine {
   std::vector<int> xbar_option_;  // option of x̄_i in memory, -1 if absent (index 0 unused)
   std::vector<bool> delta_;       // δ_i in memory
   std::vector<bool> backward_done_;
+  std::vector<int> forward_ops_;  // forward ops of each stage in the schedule
+  std::vector<bool> forwarded_;   // stage ran a forward already
+  int64_t random_held_ = 0;       // random state kept to the step's end
   bool loss_done_ = false;
   int64_t current_ = 0;
   int64_t host_ = 0;  // bytes in host memory

@@ -94,7 +94,7 @@ void expect_same_step(const std::string& solver, const std::string& budget) {
   auto chain = make_blocks(10, 32);
   ckpt::PlannedSequential planned(chain, ckpt::Budget::parse(budget),
                                   activations_only().solver(solver));
-  auto x = torch::randn({16, 32});
+  auto x = torch::randn({256, 32});
   planned->plan(x);
   expect_step_equals_plain(plain, chain, planned, x);
 }
@@ -116,7 +116,7 @@ TEST_F(PlannedSequentialTest, SmallestBudgetRecomputesAndStaysExact) {
   torch::manual_seed(2);
   auto chain = make_blocks(8, 32);
   ckpt::PlannedSequential planned(chain, ckpt::Budget::parse("min"));
-  auto x = torch::randn({16, 32});
+  auto x = torch::randn({256, 32});
   planned->plan(x);
   ckpt::plan::OptimalOptions options;
   options.slots = planned->options.slots();
@@ -467,7 +467,7 @@ TEST_F(PlannedSequentialTest, PlansThroughTheProfilerItIsGiven) {
 TEST_F(PlannedSequentialTest, WorksWithAutogradGradForTheInput) {
   auto chain = make_chain(6, 16);
   ckpt::PlannedSequential planned(chain, ckpt::Budget::fraction(0.8), activations_only());
-  auto x = torch::randn({4, 16}, torch::requires_grad());
+  auto x = torch::randn({256, 16}, torch::requires_grad());
   auto expected = torch::autograd::grad({chain->forward(x).sum()}, {x})[0];
   auto actual = torch::autograd::grad({planned(x).sum()}, {x})[0];
   EXPECT_TRUE(bit_equal(actual, expected));
@@ -479,7 +479,7 @@ TEST_F(PlannedSequentialTest, WorksWithAutogradGradForTheInput) {
 TEST_F(PlannedSequentialTest, SecondBackwardAndDoubleBackwardAreClearErrors) {
   auto chain = make_chain(4, 8);
   ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
-  auto x = torch::randn({2, 8}, torch::requires_grad());
+  auto x = torch::randn({256, 8}, torch::requires_grad());
   auto y = planned(x).sum();
   y.backward({}, /*retain_graph=*/true);
   CKPT_EXPECT_THROWS_WITH(y.backward(), "second time");
@@ -491,7 +491,7 @@ TEST_F(PlannedSequentialTest, SecondBackwardAndDoubleBackwardAreClearErrors) {
 TEST_F(PlannedSequentialTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
   auto chain = make_chain(8, 16);
   ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
-  auto x = torch::randn({4, 16}, torch::requires_grad());
+  auto x = torch::randn({256, 16}, torch::requires_grad());
   planned->plan(x);
   auto out = planned(x).sum();
   ASSERT_GT(planned->prediction().forward_count, static_cast<int>(chain->size()));  // recomputes
@@ -501,7 +501,7 @@ TEST_F(PlannedSequentialTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
   }
   CKPT_EXPECT_THROWS_WITH(out.backward(), "ckpt::PlannedSequential: parameter '");
   // The input of the chain, when stage 0 runs again.
-  auto y = torch::randn({4, 16}, torch::requires_grad());
+  auto y = torch::randn({256, 16}, torch::requires_grad());
   auto z = y * 1;
   out = planned(z).sum();
   {
@@ -647,7 +647,7 @@ TEST_F(PlannedSequentialTest, ParameterSharedByStagesIsAccumulatedOncePerBackwar
   torch::nn::Linear shared(16, 16);
   torch::nn::Sequential chain(torch::nn::Linear(16, 16), torch::nn::Tanh(), shared,
                               torch::nn::Tanh(), shared, torch::nn::Tanh());
-  const auto x = torch::randn({4, 16});
+  const auto x = torch::randn({256, 16});
   chain->forward(x).sum().backward();
   const auto expected = take_grads(*chain);
   int arrivals = 0;
@@ -797,7 +797,7 @@ TEST_F(PlannedSequentialTest, PlansAndRunsUnderAutocast) {
   torch::manual_seed(6);
   auto chain = make_blocks(6, 32);
   ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
-  const auto x = torch::randn({8, 32});
+  const auto x = torch::randn({256, 32});
   const auto step = [&](const std::function<torch::Tensor(const torch::Tensor&)>& run) {
     const bool enabled = ckpt::compat::autocast_enabled(c10::DeviceType::CPU);
     const auto dtype = ckpt::compat::autocast_dtype(c10::DeviceType::CPU);
@@ -841,7 +841,7 @@ TEST_F(PlannedSequentialTest, StagesThatWriteIntoTheirInputPlanAndRunExactly) {
     }
     return chain;
   };
-  const auto x = torch::randn({16, 32});
+  const auto x = torch::randn({256, 32});
   for (const char* budget : {"min", "60%", "100%"}) {
     SCOPED_TRACE(budget);
     torch::manual_seed(4);

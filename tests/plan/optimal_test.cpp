@@ -152,6 +152,30 @@ TEST(OptimalSolverTest, PeakNeverExceedsBudget) {
   }
 }
 
+// Chains whose executor keeps random state (docs/memory-model.md, "Random state"), which the
+// programs leave out: every answer still fits when simulated with it, and the smallest budget is
+// the minimum-memory schedule's simulated peak, at which a schedule is found.
+TEST(OptimalSolverTest, RandomStateKeepsEveryPlanWithinItsBudget) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 16; ++trial) {
+    Chain chain = random_chain(rng, 2 + trial % 15, 1 << 16, trial % 2);
+    chain.random_state_bytes = 5056;
+    for (size_t i = 0; i < chain.stages.size(); i += 3) chain.stages[i].random_state_bytes = 5056;
+    const int64_t bottom = min_feasible_budget_bytes(chain);
+    EXPECT_EQ(bottom, simulate(chain, solve_min_memory(chain)).peak_bytes);
+    const int64_t top = simulate(chain, solve_no_checkpoint(chain)).peak_bytes;
+    for (int step = -1; step <= 12; ++step) {
+      const int64_t budget = std::max(chain.input_bytes, bottom + (top - bottom) * step / 10);
+      const auto schedule = solve_optimal(chain, budget);
+      ASSERT_EQ(schedule.has_value(), budget >= bottom) << "budget=" << budget;
+      if (!schedule) continue;
+      const SimulationResult result = simulate(chain, *schedule);
+      ASSERT_TRUE(result.valid) << result.error;
+      EXPECT_LE(result.peak_bytes, budget) << "trial=" << trial << " step=" << step;
+    }
+  }
+}
+
 TEST(OptimalSolverTest, LargerBudgetIsNeverSlower) {
   std::mt19937 rng(3);
   for (int trial = 0; trial < 10; ++trial) {

@@ -74,6 +74,42 @@ TEST(SimulatorTest, ParameterGradientsStayFromTheirBackwardToTheEnd) {
   EXPECT_EQ(result.final_bytes, 1120);
 }
 
+// docs/memory-model.md, "Random state": S = 1000 bytes per copy; stage 1 draws random numbers.
+TEST(SimulatorTest, RandomStateCountsWhatTheExecutorHolds) {
+  Chain chain = two_stage_chain();
+  chain.random_state_bytes = 1000;
+  chain.stages[1].random_state_bytes = 1000;
+  // Each stage runs once: no stash, and no recompute to keep the caller's state for.
+  const SimulationResult plain = simulate(chain, solve_no_checkpoint(chain));
+  ASSERT_TRUE(plain.valid) << plain.error;
+  EXPECT_EQ(plain.peak_bytes, simulate(two_stage_chain(), solve_no_checkpoint(chain)).peak_bytes);
+  EXPECT_EQ(plain.final_bytes, 20);
+  // Fck0 (first forward; stage 0 draws nothing: its stash is dropped): 35+S -> 30;
+  // Fn1 (first forward; stage 1 keeps its stash): 30+S+40 = 1070 -> 1050; L: 1090 -> 2050;
+  // Fall0 (stage 0 draws nothing): 2085 -> 2080; Fall1 (the caller's state put aside):
+  // 2080+50+S = 3130 -> 2130; B1: 2151 -> 2060; B0: 2077 -> 2020, 20 once the executor ends.
+  const SimulationResult result = simulate(chain, checkpointed_schedule());
+  ASSERT_TRUE(result.valid) << result.error;
+  EXPECT_EQ(result.peak_bytes, 3130);
+  EXPECT_EQ(result.peak_op_index, 4);
+  EXPECT_EQ(result.final_bytes, 20);
+  EXPECT_EQ(chain.random_state_reserve(), 3000);
+}
+
+// No stage draws random numbers: only the stash read during a first forward, then dropped.
+TEST(SimulatorTest, RandomStateOfStagesThatDrawNoneIsReadAndDropped) {
+  Chain chain = two_stage_chain();
+  chain.random_state_bytes = 1000;
+  // Fck0: 35+S -> 30; Fn1: 30+S+40 = 1070 -> 50; L: 90 -> 50 (nothing replayed: no state kept);
+  // Fall0: 85 -> 80; Fall1: 130 -> 130; B1: 151 -> 60; B0: 77 -> 20.
+  const SimulationResult result = simulate(chain, checkpointed_schedule());
+  ASSERT_TRUE(result.valid) << result.error;
+  EXPECT_EQ(result.peak_bytes, 1070);
+  EXPECT_EQ(result.peak_op_index, 1);
+  EXPECT_EQ(result.final_bytes, 20);
+  EXPECT_EQ(chain.random_state_reserve(), 1000);
+}
+
 TEST(SimulatorTest, CheckpointedScheduleByHand) {
   const Chain chain = two_stage_chain();
   // Fck0: 10+20+5=35 -> 30 (x0, x1 kept); Fn1: 30+40=70 -> 50 (x1 freed); L: 50+40=90 -> 50

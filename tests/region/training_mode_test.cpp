@@ -37,12 +37,12 @@ struct Step {
 Step run_step(torch::nn::Module& model,
               const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
   torch::manual_seed(11);
-  auto x = torch::randn({12, 16}).requires_grad_();
+  auto x = torch::randn({256, 16}).requires_grad_();
   auto loss = forward(x).pow(2).sum();
   model.eval();
   {
     const torch::NoGradGuard no_grad;
-    forward(torch::randn({12, 16}));  // validation
+    forward(torch::randn({256, 16}));  // validation
   }
   loss.backward();
   model.train();
@@ -138,7 +138,7 @@ TEST_F(TrainingModeTest, PlannedSequentialRecomputesInTheForwardsMode) {
   ckpt::PlannedSequential planned(
       net, ckpt::Budget::minimum(),
       ckpt::PlannedSequentialOptions().count_parameter_gradients(false));
-  planned->plan(torch::randn({12, 16}));
+  planned->plan(torch::randn({256, 16}));
   ASSERT_GT(planned->prediction().forward_count, static_cast<int>(net->size()));
   expect_same(run_step(*planned, [&](const torch::Tensor& x) { return planned(x); }), expected);
 }
@@ -147,7 +147,7 @@ TEST_F(TrainingModeTest, PlannedSequentialRecomputesInTheForwardsMode) {
 // which builds another graph, and the region says so instead of returning wrong gradients.
 TEST_F(TrainingModeTest, HiddenModuleSwitchedToEvalIsAClearError) {
   auto net = model();
-  auto x = torch::randn({12, 16}).requires_grad_();
+  auto x = torch::randn({256, 16}).requires_grad_();
   auto loss = ckpt::checkpoint([&](const torch::Tensor& t) { return net->forward(t); }, x).sum();
   net->eval();
   CKPT_EXPECT_THROWS_WITH(loss.backward(), "train() and eval()");

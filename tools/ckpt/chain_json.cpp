@@ -235,6 +235,7 @@ plan::Stage read_stage(const Reader& reader, const json& object, const std::stri
     stage.forward_all_time = reader.time(object, "forward_all_time", path);
   }
   stage.gradient_bytes = reader.bytes(object, "gradient_bytes", path, true);
+  stage.random_state_bytes = reader.bytes(object, "random_state_bytes", path, true);
   if (stage.saved_bytes < stage.output_bytes) {
     reader.fail(path + ".saved_bytes", "must be >= output_bytes (" +
                                            std::to_string(stage.output_bytes) +
@@ -264,6 +265,7 @@ plan::Chain chain_from_json(const json& document, const std::string& source) {
   if (document.contains("host_bandwidth")) {
     chain.host_bandwidth = reader.time(document, "host_bandwidth", "");
   }
+  chain.random_state_bytes = reader.bytes(document, "random_state_bytes", "", true);
   const json& stages = reader.require(document, "stages", "stages");
   if (!stages.is_array()) reader.fail("stages", "must be an array of stage objects");
   if (stages.empty()) reader.fail("stages", "must hold at least one stage");
@@ -336,6 +338,7 @@ json chain_to_json(const plan::Chain& chain) {
     }
     if (stage.forward_all_time >= 0) object["forward_all_time"] = stage.forward_all_time;
     if (stage.gradient_bytes > 0) object["gradient_bytes"] = stage.gradient_bytes;
+    if (stage.random_state_bytes > 0) object["random_state_bytes"] = stage.random_state_bytes;
     if (!stage.alternatives.empty()) {
       json alternatives = json::array();
       for (const plan::StorageOption& option : stage.alternatives) {
@@ -354,6 +357,7 @@ json chain_to_json(const plan::Chain& chain) {
   }
   json document = {{"input_bytes", chain.input_bytes}, {"stages", stages}};
   if (chain.host_bandwidth > 0) document["host_bandwidth"] = chain.host_bandwidth;
+  if (chain.random_state_bytes > 0) document["random_state_bytes"] = chain.random_state_bytes;
   return document;
 }
 

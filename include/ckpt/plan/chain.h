@@ -73,6 +73,11 @@ struct Stage {
   /// step ends. A parameter shared by several stages counts in the last of them, whose backward
   /// runs first. 0 where the gradients exist before the step. Default: 0
   int64_t gradient_bytes = 0;
+  /// Bytes of random-number state the executor keeps for the stage from its first forward to
+  /// the step's end when the schedule runs it more than once, so that its recomputes draw what
+  /// its forward drew: the chain's `random_state_bytes` where the stage draws random numbers on
+  /// the counted memory's side (dropout on the CPU), else 0. Default: 0
+  int64_t random_state_bytes = 0;
 
   /// Number of full-storage options: 1 + alternatives.size().
   int option_count() const { return 1 + static_cast<int>(alternatives.size()); }
@@ -90,9 +95,21 @@ struct Chain {
   /// Bytes copied between host and device per unit of the chain's time (the unit of
   /// forward_time; the profiler's is seconds). 0: copies take no time. Default: 0
   double host_bandwidth = 0.0;
+  /// Bytes of one copy of the random-number state the executor reads where the counted memory
+  /// holds it (the CPU generator's state, 5 KB, for a chain on the CPU; 0 on an accelerator,
+  /// whose states live in host memory): the stash of a stage that runs again, taken during its
+  /// first forward; the caller's state, put aside during each recompute of a stage that draws
+  /// random numbers and kept through a backward that runs one. See docs/memory-model.md.
+  /// Default: 0
+  int64_t random_state_bytes = 0;
 
   /// Number of stages L (the loss is not a stage here).
   int size() const { return static_cast<int>(stages.size()); }
+  /// The most the random state adds to any schedule's peak: every stage's stash and two copies
+  /// of the state (the caller's, kept through a backward that replays a stash, and one read
+  /// around a forward); one copy where no stage keeps a stash. The solvers' programs leave it
+  /// out and keep it free.
+  int64_t random_state_reserve() const;
   /// |x_i| for i in [0, L]: input_bytes for i = 0, stages[i-1].output_bytes otherwise.
   int64_t activation_bytes(int i) const;
   /// The time of copying `bytes` one way between host and device: bytes / host_bandwidth (0 when
