@@ -51,6 +51,11 @@ struct DeviceProfile {
   /// per shape on zero-filled CPU tensors, and their scratch peak is charged as a short-lived
   /// allocation. Right for the CPU, whose kernels these are; an accelerator's differ (false).
   bool count_cpu_scratch = false;
+  /// Bytes of one random-number state in the memory the budget counts: the CPU generator's
+  /// (5056 with LibTorch 2.x) for the CPU, where a planned chain stashes it for each stage that
+  /// runs again (docs/memory-model.md, "Random state"); 0 for an accelerator, whose generators'
+  /// states are host tensors. Default: 0
+  int64_t random_state_bytes = 0;
 
   /// Reads a profile written by `save` (or by `ckpt bench --device-profile FILE`). Errors: a file
   /// that can't be read, a field missing or out of range.

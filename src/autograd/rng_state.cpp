@@ -83,6 +83,10 @@ bool same_state(const at::Tensor& a, const at::Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
+int64_t cpu_random_state_bytes() {
+  return static_cast<int64_t>(read_state(cpu_generator()).nbytes());
+}
+
 void RngStash::drop_cpu_state_if_unused() {
   if (cpu_state_.defined() && same_state(cpu_state_, read_state(cpu_generator()))) {
     cpu_state_.reset();

@@ -14,6 +14,9 @@ namespace detail {
 /// Whether two generator states (byte tensors from `Generator::get_state`) are identical.
 bool same_state(const at::Tensor& a, const at::Tensor& b);
 
+/// Bytes of one copy of the CPU generator's state (5056 with LibTorch 2.x).
+int64_t cpu_random_state_bytes();
+
 /// The device type whose RNG is preserved for these tensor arguments (DefaultDeviceType rules).
 c10::DeviceType infer_device_type(const std::vector<at::Tensor>& tensors);
 

@@ -1,5 +1,6 @@
 #include <ckpt/modeled_device.h>
 
+#include "autograd/rng_state.h"
 #include "compat/torch_compat.h"
 #include "measure/step_measure.h"
 
@@ -74,12 +75,16 @@ DeviceProfile DeviceProfile::load(const std::string& path) {
   if (object.contains("count_cpu_scratch")) {
     profile.count_cpu_scratch = field<bool>(object, "count_cpu_scratch", path);
   }
+  if (object.contains("random_state_bytes")) {
+    profile.random_state_bytes = field<int64_t>(object, "random_state_bytes", path);
+  }
   TORCH_CHECK(profile.memory_bytes >= 0 && profile.allocation_granularity >= 1 &&
-                  profile.flops_per_second > 0 && profile.bytes_per_second > 0 &&
-                  profile.seconds_per_operator >= 0,
+                  profile.random_state_bytes >= 0 && profile.flops_per_second > 0 &&
+                  profile.bytes_per_second > 0 && profile.seconds_per_operator >= 0,
               "ckpt::DeviceProfile::load: ", path,
-              ": memory_bytes must be at least 0, allocation_granularity at least 1, the "
-              "throughputs positive and seconds_per_operator at least 0.");
+              ": memory_bytes and random_state_bytes must be at least 0, "
+              "allocation_granularity at least 1, the throughputs positive and "
+              "seconds_per_operator at least 0.");
   return profile;
 }
 
@@ -90,7 +95,8 @@ void DeviceProfile::save(const std::string& path) const {
                        {"flops_per_second", flops_per_second},
                        {"bytes_per_second", bytes_per_second},
                        {"seconds_per_operator", seconds_per_operator},
-                       {"count_cpu_scratch", count_cpu_scratch}};
+                       {"count_cpu_scratch", count_cpu_scratch},
+                       {"random_state_bytes", random_state_bytes}};
   std::ofstream out(path);
   out << object.dump(2) << "\n";
   TORCH_CHECK(out, "ckpt::DeviceProfile::save: can't write ", path, ".");
@@ -103,6 +109,7 @@ DeviceProfile DeviceProfile::measure(c10::Device device) {
   profile.memory_bytes = device.is_cpu() ? host_memory_bytes() : 0;
   profile.allocation_granularity = device.is_cpu() ? 1 : 512;
   profile.count_cpu_scratch = device.is_cpu();
+  profile.random_state_bytes = device.is_cpu() ? detail::cpu_random_state_bytes() : 0;
 
   const int64_t n = device.is_cpu() ? 512 : 4096;
   const at::Tensor a = at::ones({n, n}, options), b = at::ones({n, n}, options);

@@ -19,6 +19,11 @@ bool modeling_on_this_thread();
 /// Seconds the cost model has charged to this thread's operators on meta tensors since its
 /// `ModeledDevice` started.
 double modeled_seconds();
+/// Operators on meta tensors that draw random numbers, counted on this thread since its
+/// `ModeledDevice` started: a stage that drew some would have moved the device's generator.
+int64_t modeled_random_draws();
+/// The active `ModeledDevice`'s `DeviceProfile::random_state_bytes` on this thread (0 without one).
+int64_t modeled_random_state_bytes();
 
 }  // namespace detail
 }  // namespace ckpt

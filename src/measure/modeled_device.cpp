@@ -36,6 +36,9 @@ std::atomic<int64_t> g_peak{0};
 // The modeled clock of this thread, from its ModeledDevice's start: profiles are the same whatever
 // ran before (a clock that went on would round their times differently).
 thread_local int64_t t_picoseconds = 0;
+// Random draws on meta tensors, and the modeled device's random-state size, of this thread.
+thread_local int64_t t_random_draws = 0;
+thread_local int64_t t_random_state_bytes = 0;
 
 // Meta tensors hold no data: each allocation returns a null data pointer whose context records
 // the bytes counted, so that freeing the storage gives them back.
@@ -250,6 +253,7 @@ class ModeledMode final : public detail::DispatchMode {
                  ((name == "aten::index" || name == "aten::index_put_") && has_mask_index(args)))) {
       refuse_value_read(detail::operator_label(schema.operator_name()));
     }
+    if (meta && op.hasTag(at::Tag::nondeterministic_seeded)) ++t_random_draws;
     run(op, stack);
     if (!meta && !touches_meta(torch::jit::last(*stack, schema.returns().size()).vec())) return;
     t_picoseconds += static_cast<int64_t>(1e12 * seconds(op, args, *stack));
@@ -441,6 +445,12 @@ bool modeling_on_this_thread() {
 double modeled_seconds() {
   return static_cast<double>(t_picoseconds) * 1e-12;
 }
+int64_t modeled_random_draws() {
+  return t_random_draws;
+}
+int64_t modeled_random_state_bytes() {
+  return t_modeling ? t_random_state_bytes : 0;
+}
 
 }  // namespace detail
 
@@ -458,11 +468,14 @@ ModeledDevice::ModeledDevice(const DeviceProfile& profile) {
               "ckpt::ModeledDevice: a modeled device is already active on this thread; model "
               "one device at a time.");
   TORCH_CHECK(profile.allocation_granularity >= 1 && profile.flops_per_second > 0 &&
-                  profile.bytes_per_second > 0 && profile.seconds_per_operator >= 0,
+                  profile.bytes_per_second > 0 && profile.seconds_per_operator >= 0 &&
+                  profile.random_state_bytes >= 0,
               "ckpt::ModeledDevice: the profile of '", profile.name,
-              "' needs a granularity of at least 1 byte and positive throughputs; got ",
+              "' needs a granularity of at least 1 byte, positive throughputs and a random "
+              "state of at least 0 bytes; got ",
               profile.allocation_granularity, " B, ", profile.flops_per_second, " FLOP/s, ",
-              profile.bytes_per_second, " B/s, ", profile.seconds_per_operator, " s.");
+              profile.bytes_per_second, " B/s, ", profile.seconds_per_operator, " s, ",
+              profile.random_state_bytes, " B.");
   bool idle = false;
   TORCH_CHECK(g_modeling.compare_exchange_strong(idle, true),
               "ckpt::ModeledDevice: another thread models a device now; the meta device's "
@@ -472,6 +485,8 @@ ModeledDevice::ModeledDevice(const DeviceProfile& profile) {
     register_meta_kernels();
     g_granularity.store(profile.allocation_granularity);
     t_picoseconds = 0;
+    t_random_draws = 0;
+    t_random_state_bytes = profile.random_state_bytes;
     state_ = std::make_unique<State>(profile);
   } catch (...) {
     g_granularity.store(1);

@@ -131,6 +131,7 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
   for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
     result.output = at::Tensor();
     std::optional<detail::RngStash> stash;  // as the executor takes it, outside the measure
+    const int64_t modeled_draws = detail::modeled_random_draws();
     if (r == 0) stash.emplace(std::vector<at::Tensor>{x}, detail::infer_device_type({x}));
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
@@ -141,7 +142,8 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
         std::max(result.tmp_bytes, tracker.peak_bytes() - before - storage_bytes(result.output));
     if (stash) {
       stash->drop_cpu_state_if_unused();
-      result.draws_random = stash->cpu_state().defined();
+      result.draws_random =
+          stash->cpu_state().defined() || detail::modeled_random_draws() != modeled_draws;
     }
     if (r >= options.warmup()) times.push_back(time);
   }
@@ -248,11 +250,11 @@ void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
 }
 
 // The bytes of one copy of the random state that the tracker counts: the CPU generator's on the
-// CPU; none on an accelerator, whose tracker counts device memory (the states are host tensors).
+// CPU; none on an accelerator, whose tracker counts device memory (the states are host tensors);
+// the modeled device's where a meta sample runs under one.
 int64_t random_state_bytes(const at::Tensor& sample_input) {
-  if (!sample_input.device().is_cpu()) return 0;
-  const detail::RngStash now({sample_input}, detail::infer_device_type({sample_input}));
-  return storage_bytes(now.cpu_state());
+  if (sample_input.is_meta()) return detail::modeled_random_state_bytes();
+  return sample_input.device().is_cpu() ? detail::cpu_random_state_bytes() : 0;
 }
 
 // Measures one stage on its input into `measured`: the sizes and times of the planner's model,

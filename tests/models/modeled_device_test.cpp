@@ -12,6 +12,8 @@
 #include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "bench_models.h"
 #include "marked_models.h"
 #include "support/modeled_peaks.h"
@@ -36,6 +38,8 @@ ckpt::DeviceProfile cpu_profile() {
   profile.name = "cpu (modeled)";
   profile.allocation_granularity = 1;
   profile.count_cpu_scratch = true;
+  profile.random_state_bytes =  // as DeviceProfile::measure sets it on the CPU
+      static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes());
   return profile;
 }
 
@@ -77,6 +81,56 @@ int64_t measured_step_peak(ckpt::PlannedSequential& planned, const torch::Tensor
   const int64_t before = tracker.current_bytes() - static_cast<int64_t>(x.nbytes());
   planned(x).sum().backward();
   return tracker.peak_bytes() - before;
+}
+
+struct DropoutBlockImpl : torch::nn::Module {
+  DropoutBlockImpl()
+      : linear(register_module("linear", torch::nn::Linear(64, 64))),
+        dropout(register_module("dropout", torch::nn::Dropout(0.2))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(dropout(linear(x))); }
+  torch::nn::Linear linear;
+  torch::nn::Dropout dropout;
+};
+TORCH_MODULE(DropoutBlock);
+
+// The random state a planned chain keeps on the CPU (docs/memory-model.md, "Random state"): a
+// meta profile under a modeled CPU counts it as a real profile does, for the stages that draw
+// random numbers (the meta device's operators move no generator: their draws are counted).
+TEST(ModeledDeviceTest, AMetaProfileCountsTheRandomStateOfStagesThatDraw) {
+  const auto make = [] {
+    torch::nn::Sequential model;
+    for (int i = 0; i < 4; ++i) {
+      model->push_back(DropoutBlock());
+      model->push_back(torch::nn::Linear(64, 64));
+    }
+    return model;
+  };
+  auto model = make();
+  const auto x = torch::randn({32, 64});
+  const auto real = ckpt::profile_chain(stages_of(model), x);
+  auto meta = make();
+  ckpt::move_to_meta(*meta);
+  ckpt::plan::Chain modeled;
+  {
+    const ckpt::ModeledDevice device(cpu_profile());
+    modeled = ckpt::profile_chain(stages_of(meta), torch::empty({32, 64}, torch::kMeta));
+  }
+  ASSERT_GT(real.random_state_bytes, 0);
+  EXPECT_EQ(modeled.random_state_bytes, real.random_state_bytes);
+  for (int i = 0; i < real.size(); ++i) {
+    const auto index = static_cast<size_t>(i);
+    EXPECT_EQ(real.stages[index].random_state_bytes, i % 2 == 0 ? real.random_state_bytes : 0);
+    EXPECT_EQ(modeled.stages[index].random_state_bytes, real.stages[index].random_state_bytes)
+        << "stage " << i;
+  }
+  ckpt::test::expect_peaks_within_two_percent(modeled, real);
+  // An accelerator keeps its states in host memory: none in the counted memory.
+  ckpt::DeviceProfile accelerator = cpu_profile();
+  accelerator.random_state_bytes = 0;
+  const ckpt::ModeledDevice device(accelerator);
+  EXPECT_EQ(
+      ckpt::profile_chain(stages_of(meta), torch::empty({32, 64}, torch::kMeta)).random_state_bytes,
+      0);
 }
 
 TEST(ModeledDeviceTest, APlanMadeWithoutTheDeviceFitsWhenTheModelRunsIt) {
@@ -155,12 +209,21 @@ TEST(ModeledDeviceTest, ADeviceProfileRoundTripsThroughItsFileAndBadFilesSayWhy)
   EXPECT_EQ(read.memory_bytes, profile.memory_bytes);
   EXPECT_EQ(read.flops_per_second, profile.flops_per_second);
   EXPECT_EQ(read.count_cpu_scratch, profile.count_cpu_scratch);
+  EXPECT_GT(read.random_state_bytes, 0);
+  EXPECT_EQ(read.random_state_bytes, profile.random_state_bytes);
   CKPT_EXPECT_THROWS_WITH(ckpt::DeviceProfile::load(path + ".missing"), "can't read");
   {
     std::ofstream out(path);
     out << R"({"name": "x", "memory_bytes": 1})";
   }
   CKPT_EXPECT_THROWS_WITH(ckpt::DeviceProfile::load(path), "has no \"allocation_granularity\"");
+  {
+    std::ofstream out(path);
+    out << R"({"name": "x", "memory_bytes": 1, "allocation_granularity": 1,
+               "flops_per_second": 1e12, "bytes_per_second": 1e11, "seconds_per_operator": 0,
+               "random_state_bytes": -1})";
+  }
+  CKPT_EXPECT_THROWS_WITH(ckpt::DeviceProfile::load(path), "random_state_bytes must be at least 0");
 }
 
 }  // namespace modeled_device_test
