@@ -16,6 +16,7 @@
 
 #include "bench_models.h"
 #include "marked_models.h"
+#include "support/dropout_block.h"
 #include "support/modeled_peaks.h"
 #include "support/support.h"
 
@@ -83,16 +84,6 @@ int64_t measured_step_peak(ckpt::PlannedSequential& planned, const torch::Tensor
   return tracker.peak_bytes() - before;
 }
 
-struct DropoutBlockImpl : torch::nn::Module {
-  DropoutBlockImpl()
-      : linear(register_module("linear", torch::nn::Linear(64, 64))),
-        dropout(register_module("dropout", torch::nn::Dropout(0.2))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(dropout(linear(x))); }
-  torch::nn::Linear linear;
-  torch::nn::Dropout dropout;
-};
-TORCH_MODULE(DropoutBlock);
-
 // The random state a planned chain keeps on the CPU (docs/memory-model.md, "Random state"): a
 // meta profile under a modeled CPU counts it as a real profile does, for the stages that draw
 // random numbers (the meta device's operators move no generator: their draws are counted).
@@ -100,7 +91,7 @@ TEST(ModeledDeviceTest, AMetaProfileCountsTheRandomStateOfStagesThatDraw) {
   const auto make = [] {
     torch::nn::Sequential model;
     for (int i = 0; i < 4; ++i) {
-      model->push_back(DropoutBlock());
+      model->push_back(ckpt::test::DropoutBlock());
       model->push_back(torch::nn::Linear(64, 64));
     }
     return model;

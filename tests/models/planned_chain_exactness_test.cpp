@@ -16,6 +16,7 @@
 #include <ckpt/profiler.h>
 
 #include "bench_models.h"
+#include "support/dropout_block.h"
 #include "support/support.h"
 
 #include <random>
@@ -108,21 +109,11 @@ TEST_F(PlannedChainExactnessTest, EveryPlanAtTheSmallestBudgetPeaksAtItsPredicti
   EXPECT_GT(profile.random_state_bytes, 0) << "the executor's random state, on the CPU";
 }
 
-struct DropoutLayerImpl : torch::nn::Module {
-  DropoutLayerImpl()
-      : linear(register_module("linear", torch::nn::Linear(64, 64))),
-        dropout(register_module("dropout", torch::nn::Dropout(0.2))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(dropout(linear(x))); }
-  torch::nn::Linear linear;
-  torch::nn::Dropout dropout;
-};
-TORCH_MODULE(DropoutLayer);
-
 // Stages that draw random numbers: the executor keeps each one's stash while it runs again, and
 // the caller's state through the backward.
 TEST_F(PlannedChainExactnessTest, StagesWithDropoutPeakAtTheirPredictions) {
   torch::nn::Sequential model;
-  for (int i = 0; i < 12; ++i) model->push_back(DropoutLayer());
+  for (int i = 0; i < 12; ++i) model->push_back(ckpt::test::DropoutBlock());
   const ckpt::plan::Chain profile = expect_plans_peak_at_their_predictions(
       model, torch::randn({32, 64}), {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8});
   for (const auto& stage : profile.stages) {

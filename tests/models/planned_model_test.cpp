@@ -13,6 +13,7 @@
 
 #include "bench_models.h"
 #include "marked_models.h"
+#include "support/dropout_block.h"
 #include "support/forced_plan.h"
 #include "support/residual_tower.h"
 #include "support/support.h"
@@ -1152,16 +1153,6 @@ namespace planned_model_test {
 
 // Blocks that draw random numbers: a candidate run as a region stashes the random state (5 KB on
 // the CPU) and keeps it where the block drew; the prediction must count what the step holds.
-struct DropoutBlockImpl : torch::nn::Module {
-  DropoutBlockImpl()
-      : linear(register_module("linear", torch::nn::Linear(64, 64))),
-        dropout(register_module("dropout", torch::nn::Dropout(0.2))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(dropout(linear(x))); }
-  torch::nn::Linear linear;
-  torch::nn::Dropout dropout;
-};
-TORCH_MODULE(DropoutBlock);
-
 TEST_F(PlannedModelTest, BlocksWithDropoutRunLikeThePlainStepWithinTheirPrediction) {
   for (const int64_t batch : {32, 256}) {
     SCOPED_TRACE("batch " + std::to_string(batch));
@@ -1169,7 +1160,7 @@ TEST_F(PlannedModelTest, BlocksWithDropoutRunLikeThePlainStepWithinTheirPredicti
     const auto make = [] {
       torch::manual_seed(3);
       torch::nn::Sequential model;
-      for (int i = 0; i < 12; ++i) model->push_back(DropoutBlock());
+      for (int i = 0; i < 12; ++i) model->push_back(ckpt::test::DropoutBlock());
       ckpt::apply_candidates(*model, [](const std::string& name, const torch::nn::Module&) {
         return name.find('.') == std::string::npos;
       });
