@@ -10,6 +10,7 @@
 #include "compat/torch_compat.h"
 #include "support/support.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 
 #include <functional>
@@ -125,6 +126,56 @@ TEST_F(PlannedSequentialTest, SmallestBudgetRecomputesAndStaysExact) {
   EXPECT_GT(planned->prediction().forward_count, 8);
   EXPECT_LE(planned->prediction().peak_bytes, planned->budget_bytes());
   expect_step_equals_plain(plain, chain, planned, x);
+}
+
+// The CPU generator's state after one training step of `run` from seed 9 (the output let go of
+// before the backward, as the model's loss op does), and the step's peak above what lived before.
+template <class Run>
+std::pair<torch::Tensor, int64_t> random_state_after_step(torch::nn::Module& module,
+                                                          const torch::Tensor& x, Run run) {
+  for (auto& p : module.parameters()) p.mutable_grad() = torch::zeros_like(p);
+  ckpt::MemoryTracker tracker;
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes();
+  torch::manual_seed(9);
+  torch::Tensor output = run(x);
+  const torch::Tensor loss = output.sum();
+  output.reset();
+  loss.backward();
+  return {at::detail::getDefaultCPUGenerator().get_state(), tracker.peak_bytes() - before};
+}
+
+// Replaying the random state leaves the caller's stream where the plain step leaves it; without
+// it (preserve_rng_state(false)), recomputes draw from the caller's stream, as Python's
+// preserve_rng_state=False does, and nothing is stashed: the step stays within its prediction,
+// which counts the state a replaying executor would keep.
+TEST_F(PlannedSequentialTest, RecomputesReplayOrDrawFromTheCallersRandomStream) {
+  torch::manual_seed(2);
+  auto plain = make_blocks(8, 32);
+  const auto x = torch::randn({256, 32});
+  const torch::Tensor expected = random_state_after_step(*plain, x, [&](const torch::Tensor& t) {
+                                   return plain->forward(t);
+                                 }).first;
+  for (const bool preserve : {true, false}) {
+    SCOPED_TRACE(preserve ? "preserved" : "not preserved");
+    torch::manual_seed(2);
+    auto chain = make_blocks(8, 32);
+    ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(),
+                                    activations_only().preserve_rng_state(preserve));
+    planned->plan(x);
+    ASSERT_GT(planned->prediction().forward_count, 8);  // recomputes
+    const auto run = [&](const torch::Tensor& t) { return planned(t); };
+    random_state_after_step(*chain, x, run);  // fills the allocator's and autograd's caches
+    const auto [state, peak] = random_state_after_step(*chain, x, run);
+    EXPECT_EQ(bit_equal(state, expected), preserve);
+    // Within the prediction but for the loss (8 bytes) and one stage's buffers, which a recompute
+    // copies so that BatchNorm's statistics are updated once and the model does not count yet
+    // (264 bytes here: the block's running mean and variance and its batch count).
+    int64_t buffer_bytes = 0;
+    for (const auto& buffer : chain[0]->buffers()) buffer_bytes += buffer.nbytes();
+    EXPECT_LE(peak, planned->prediction().peak_bytes - static_cast<int64_t>(x.nbytes()) + 8 +
+                        buffer_bytes);
+  }
 }
 
 // The peak of a step of `run(x)`, with parameter gradients allocated beforehand.
