@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu-check.md), one command on the lent machine: runs the programs that
 # scripts/gpu-prepare.sh built here against that machine's LibTorch and that the call carries in
-# .gpu/: the device suite's CUDA instances (none may skip but those that need two GPUs), one rank
+# .gpu/: the device suite's CUDA instances (none may skip for want of a device), one rank
 # of data-parallel training on NCCL, `ckpt train --device cuda` under each strategy (the
 # checkpointed losses must be the plain run's, bit for bit), the GPU benchmark tables, and
 # offloading against full recompute beside Python's save_on_cpu (reported: a missed target does
@@ -50,17 +50,20 @@ step() {
   return "$status"
 }
 
-# A GoogleTest run's outcome: passed, no failure, and no skip beyond those that need two GPUs.
+# A GoogleTest run's outcome: passed, no failure, and no CUDA test skipped for want of a device.
+# The others skip by design (two GPUs, a capacity only the emulated device has, ...): listed.
 gtest_outcome() {  # NAME
-  local file=$details/$1.txt passed skipped two_gpu
+  local file=$details/$1.txt passed skipped no_device
   passed=$(awk '/^\[  PASSED  \]/ { print $4 }' "$file")
-  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$file")
-  two_gpu=$(grep -c '^needs 2 devices of this type' "$file")
-  record "  ${passed:-0} passed, $skipped skipped ($two_gpu of them need two GPUs)"
+  # Each skipped test's own line ends in its time; the summary lists it again without one.
+  skipped=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$file")
+  no_device=$(grep -c '^no CUDA device is present' "$file")
+  record "  ${passed:-0} passed, $skipped skipped"
+  grep -B1 -E '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$file" | grep -vE '^(\[|--)' | sort | uniq -c |
+    while read -r count reason; do record "    $count skipped: $reason"; done
   [ -z "$gpu" ] && return 0
   [ "${passed:-0}" -gt 0 ] || failed "$1: no test passed"
-  [ "$skipped" -eq "$two_gpu" ] ||
-    failed "$1: $((skipped - two_gpu)) CUDA tests skipped although a GPU is present"
+  [ "$no_device" -eq 0 ] || failed "$1: $no_device CUDA tests found no device although a GPU is present"
 }
 
 # CKPT_GPU_STEPS: the steps to run (a retry of those that failed), default all.
@@ -110,7 +113,7 @@ main() {
   record "- device for training and benchmarks: $device"
 
   if wanted cuda-tests; then
-    step cuda-tests 80 "$bin/ckpt_device_tests" --gtest_filter='Devices/*/CUDA'
+    step cuda-tests 80 "$bin/ckpt_device_tests" --gtest_filter='Devices/*/CUDA:*BesideCuda.*'
     gtest_outcome cuda-tests
   fi
   if wanted nccl-tests; then

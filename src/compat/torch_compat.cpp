@@ -283,6 +283,11 @@ void check_measurable(c10::Device device) {
   TORCH_CHECK(device.index() >= 0 && device.index() < count, "ckpt: ", device,
               " is not present: this machine has ", static_cast<int>(count), " ",
               c10::DeviceTypeName(device.type()), " device(s).");
+#if CKPT_TORCH_AT_LEAST(2, 9)
+  // CUDA's caching allocator has no statistics before its runtime starts (the first tensor on the
+  // device starts it): reading them first is an error.
+  at::globalContext().lazyInitDevice(device.type());
+#endif
 }
 }  // namespace
 

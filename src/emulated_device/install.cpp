@@ -10,11 +10,13 @@
 #include "kernels.h"
 #include "streams.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/ones.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/version.h>
 
 #include <mutex>
 
@@ -102,6 +104,14 @@ void install(int devices) {
                 static_cast<int>(detail::count()), " device(s), but got devices=", devices,
                 ". A process has one: install it once, with one device count.");
   } else {
+    // LibTorch 2.9+ takes a PrivateUse1 backend with hooks for the process's accelerator, and
+    // its autograd engine then finds no stream for CUDA's nodes: every CUDA backward would fail
+    // with an internal assertion (pytorch/pytorch#161129).
+    TORCH_CHECK(!(compat::kPrivateUse1Hooks && at::hasCUDA()),
+                "ckpt::emulated_device::install: this process has a CUDA device, and with "
+                "LibTorch ", TORCH_VERSION, " the emulated accelerator would become the process's "
+                "accelerator, after which every CUDA backward pass fails inside LibTorch. Use the "
+                "CUDA device here, and the emulated accelerator in a process without one.");
     const std::string holder = privateuse1_holder();
     TORCH_CHECK(holder.empty(),
                 "ckpt::emulated_device::install: another backend holds "

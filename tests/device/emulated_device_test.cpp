@@ -12,6 +12,8 @@
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 
+#include <torch/cuda.h>
+
 #include <chrono>
 #include <thread>
 
@@ -31,7 +33,30 @@ const c10::impl::DeviceGuardImplInterface& guard_impl() {
   return *c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
 }
 
-TEST(EmulatedDeviceTest, InstallIsIdempotentAndKeepsItsDeviceCount) {
+// The emulated accelerator's own tests, where main() installed it: not beside a CUDA device.
+class EmulatedDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!ckpt::emulated_device::installed()) {
+      GTEST_SKIP() << "the emulated device is not installed: this process has a CUDA device";
+    }
+  }
+};
+
+// Beside a CUDA device, LibTorch 2.9+ would take the emulated accelerator for the process's
+// accelerator and fail every CUDA backward pass after it: install() refuses, and CUDA still works.
+TEST(EmulatedDeviceBesideCuda, InstallIsRefusedAndCudaBackwardStillRuns) {
+  if (!ckpt::emulated_device::has_accelerator_hooks() || !torch::cuda::is_available()) {
+    GTEST_SKIP() << "needs a CUDA device and LibTorch 2.9 or later";
+  }
+  CKPT_EXPECT_THROWS_WITH(ckpt::emulated_device::install(1), "this process has a CUDA device");
+  EXPECT_FALSE(ckpt::emulated_device::installed());
+  const auto x = torch::ones({4}, torch::TensorOptions().device(torch::kCUDA)).requires_grad_();
+  x.mul(3).sum().backward();
+  EXPECT_TRUE(torch::equal(x.grad().cpu(), torch::full({4}, 3.0)));
+}
+
+TEST_F(EmulatedDeviceTest, InstallIsIdempotentAndKeepsItsDeviceCount) {
   ckpt::emulated_device::install(2);  // main() installed it with 2 devices
   EXPECT_TRUE(ckpt::emulated_device::installed());
   EXPECT_EQ(ckpt::emulated_device::device_count(), 2);
@@ -42,7 +67,7 @@ TEST(EmulatedDeviceTest, InstallIsIdempotentAndKeepsItsDeviceCount) {
   EXPECT_EQ(torch::zeros({1}, on(1)).device().str(), ckpt::emulated_device::name() + ":1");
 }
 
-TEST(EmulatedDeviceTest, OperatorsWithCpuKernelsGiveTheCpuResultsToTheBit) {
+TEST_F(EmulatedDeviceTest, OperatorsWithCpuKernelsGiveTheCpuResultsToTheBit) {
   torch::manual_seed(0);
   const auto a = torch::randn({8, 16}), b = torch::randn({16, 4});
   auto f = [](const at::Tensor& x, const at::Tensor& y) {
@@ -55,7 +80,7 @@ TEST(EmulatedDeviceTest, OperatorsWithCpuKernelsGiveTheCpuResultsToTheBit) {
   EXPECT_TRUE(bit_equal(on_device.cpu(), f(a, b)));
 }
 
-TEST(EmulatedDeviceTest, OperatorsLibTorchComposesForEveryBackendRunTheComposition) {
+TEST_F(EmulatedDeviceTest, OperatorsLibTorchComposesForEveryBackendRunTheComposition) {
   // native_layer_norm has a CPU kernel and a composition for other backends: the device runs the
   // composition, whose rounding may differ from the CPU kernel's.
   torch::manual_seed(0);
@@ -64,7 +89,7 @@ TEST(EmulatedDeviceTest, OperatorsLibTorchComposesForEveryBackendRunTheCompositi
   EXPECT_TRUE(ckpt::test::close(on_device.cpu(), torch::layer_norm(a, {16}, w)));
 }
 
-TEST(EmulatedDeviceTest, ConvolutionsTrainAsOnTheCpuToTheBit) {
+TEST_F(EmulatedDeviceTest, ConvolutionsTrainAsOnTheCpuToTheBit) {
   // LibTorch routes other backends' convolutions to convolution_overrideable: a kernel of the
   // device's runs them, forward and backward, plain and transposed, with and without a bias.
   torch::manual_seed(0);
@@ -108,7 +133,7 @@ void expect_trains_as_on_the_cpu(Module cpu_net, const at::Tensor& loss_cpu,
   }
 }
 
-TEST(EmulatedDeviceTest, RecurrentLayersTrainAsOnTheCpu) {
+TEST_F(EmulatedDeviceTest, RecurrentLayersTrainAsOnTheCpu) {
   // LibTorch 2 runs LSTM and GRU cells on accelerators as fused operators, which have CUDA kernels
   // only: the device's own run them (their sums in CUDA's order, so the CPU's to rounding). The
   // loss reads the last states too, so the cells' backward gets both state gradients.
@@ -137,7 +162,7 @@ TEST(EmulatedDeviceTest, RecurrentLayersTrainAsOnTheCpu) {
   }
 }
 
-TEST(EmulatedDeviceTest, ViewsAndInPlaceOperatorsShareTheDeviceMemory) {
+TEST_F(EmulatedDeviceTest, ViewsAndInPlaceOperatorsShareTheDeviceMemory) {
   auto x = torch::arange(6, on().dtype(torch::kFloat)).view({2, 3});
   auto column = x.t().select(0, 1);
   EXPECT_EQ(column.device(), dev());
@@ -149,7 +174,7 @@ TEST(EmulatedDeviceTest, ViewsAndInPlaceOperatorsShareTheDeviceMemory) {
 
 // Issue 45, item 10: conjugate and negative views keep their bit through the CPU kernels (they
 // crashed: the host alias of a device tensor, and the device view of a CPU result, dropped it).
-TEST(EmulatedDeviceTest, ConjugateAndNegativeViewsGiveTheCpuResults) {
+TEST_F(EmulatedDeviceTest, ConjugateAndNegativeViewsGiveTheCpuResults) {
   const auto c = torch::randn({3, 4}, torch::kComplexFloat);
   const auto t = torch::randn({3, 4});
   const auto dc = c.to(dev()), dt = t.to(dev());
@@ -161,7 +186,7 @@ TEST(EmulatedDeviceTest, ConjugateAndNegativeViewsGiveTheCpuResults) {
   EXPECT_TRUE(bit_equal(torch::_neg_view(dt).resolve_neg().cpu(), -t));
 }
 
-TEST(EmulatedDeviceTest, OutVariantsResizeTheDeviceTensor) {
+TEST_F(EmulatedDeviceTest, OutVariantsResizeTheDeviceTensor) {
   auto out = torch::empty({0}, on());
   const auto a = torch::ones({2, 3}, on()), b = torch::full({2, 3}, 2.f, on());
   torch::add_out(out, a, b);
@@ -170,7 +195,7 @@ TEST(EmulatedDeviceTest, OutVariantsResizeTheDeviceTensor) {
   EXPECT_EQ(out.storage().nbytes(), 6 * sizeof(float));
 }
 
-TEST(EmulatedDeviceTest, TensorsMoveBetweenDevicesAndOperatorsRefuseToMixThem) {
+TEST_F(EmulatedDeviceTest, TensorsMoveBetweenDevicesAndOperatorsRefuseToMixThem) {
   const auto x = torch::randn({5}, on(0));
   const auto y = x.to(dev(1));
   EXPECT_EQ(y.device(), dev(1));
@@ -181,7 +206,7 @@ TEST(EmulatedDeviceTest, TensorsMoveBetweenDevicesAndOperatorsRefuseToMixThem) {
             dev(1));
 }
 
-TEST(EmulatedDeviceTest, ModulesMoveToTheDeviceAndTrainThere) {
+TEST_F(EmulatedDeviceTest, ModulesMoveToTheDeviceAndTrainThere) {
   torch::manual_seed(0);
   torch::nn::Linear cpu_layer(4, 3);
   torch::nn::Linear layer(4, 3);
@@ -196,7 +221,7 @@ TEST(EmulatedDeviceTest, ModulesMoveToTheDeviceAndTrainThere) {
   EXPECT_TRUE(bit_equal(layer->weight.grad().cpu(), cpu_layer->weight.grad()));
 }
 
-TEST(EmulatedDeviceTest, TheAllocatorKeepsCudaStyleStatistics) {
+TEST_F(EmulatedDeviceTest, TheAllocatorKeepsCudaStyleStatistics) {
   const auto before = ckpt::emulated_device::memory_stats(0);
   {
     auto big = torch::empty({1 << 20}, on());  // 4 MiB
@@ -214,7 +239,7 @@ TEST(EmulatedDeviceTest, TheAllocatorKeepsCudaStyleStatistics) {
   EXPECT_EQ(ckpt::emulated_device::memory_stats(0).peak_allocated_bytes, after.allocated_bytes);
 }
 
-TEST(EmulatedDeviceTest, AMemoryLimitRaisesLibTorchsOutOfMemoryErrorAndFreesNothing) {
+TEST_F(EmulatedDeviceTest, AMemoryLimitRaisesLibTorchsOutOfMemoryErrorAndFreesNothing) {
   struct NoLimitAfterwards {
     ~NoLimitAfterwards() { ckpt::emulated_device::set_memory_limit(0); }
   } restore;
@@ -236,7 +261,7 @@ TEST(EmulatedDeviceTest, AMemoryLimitRaisesLibTorchsOutOfMemoryErrorAndFreesNoth
   EXPECT_EQ(unlimited.numel(), 1 << 20);
 }
 
-TEST(EmulatedDeviceTest, MemoryTrackerReadsItThroughTheDeviceGenericAllocatorInterface) {
+TEST_F(EmulatedDeviceTest, MemoryTrackerReadsItThroughTheDeviceGenericAllocatorInterface) {
   if (!ckpt::MemoryTracker::can_measure(dev(1))) {
     GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no device-generic allocator statistics";
   }
@@ -260,7 +285,7 @@ at::Tensor generator_state(at::Generator generator) {
   return generator.get_state();
 }
 
-TEST(EmulatedDeviceTest, DropoutOnADeviceDrawsFromThatDevicesGenerator) {
+TEST_F(EmulatedDeviceTest, DropoutOnADeviceDrawsFromThatDevicesGenerator) {
   const auto cpu = generator_state(at::detail::getDefaultCPUGenerator());
   const auto device0 = generator_state(ckpt::emulated_device::default_generator(0));
   const auto device1 = generator_state(ckpt::emulated_device::default_generator(1));
@@ -276,7 +301,7 @@ TEST(EmulatedDeviceTest, DropoutOnADeviceDrawsFromThatDevicesGenerator) {
   EXPECT_TRUE(bit_equal(torch::dropout(x, 0.5, true).cpu(), y.cpu()));
 }
 
-TEST(EmulatedDeviceTest, RandomFactoriesDrawFromTheDevicesGenerator) {
+TEST_F(EmulatedDeviceTest, RandomFactoriesDrawFromTheDevicesGenerator) {
   auto generator = ckpt::emulated_device::default_generator(1);
   generator.set_current_seed(5);
   const auto first = torch::randn({16}, on(1));
@@ -286,7 +311,7 @@ TEST(EmulatedDeviceTest, RandomFactoriesDrawFromTheDevicesGenerator) {
   CKPT_EXPECT_THROWS_WITH(torch::randn({16}, cpu, on(1)), "generator");
 }
 
-TEST(EmulatedDeviceTest, LibTorchsDeviceGenericCodeFindsTheGenerators) {
+TEST_F(EmulatedDeviceTest, LibTorchsDeviceGenericCodeFindsTheGenerators) {
   if (!ckpt::emulated_device::has_accelerator_hooks()) {
     GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no accelerator hooks for PrivateUse1";
   }
@@ -320,7 +345,7 @@ std::thread::id backward_thread_of(const torch::TensorOptions& options) {
   return RecordThread::backward_thread();
 }
 
-TEST(EmulatedDeviceTest, BackwardOfDeviceTensorsRunsOnTheEnginesDeviceThreads) {
+TEST_F(EmulatedDeviceTest, BackwardOfDeviceTensorsRunsOnTheEnginesDeviceThreads) {
   const auto caller = std::this_thread::get_id();
   EXPECT_EQ(backward_thread_of(torch::TensorOptions()), caller);  // CPU: the calling thread
   const auto device0 = backward_thread_of(on(0));
@@ -333,7 +358,7 @@ TEST(EmulatedDeviceTest, BackwardOfDeviceTensorsRunsOnTheEnginesDeviceThreads) {
 
 // ~~~ Streams and events ~~~
 
-TEST(EmulatedDeviceTest, ACopyOnAnotherStreamIsNotThereUntilWaitedFor) {
+TEST_F(EmulatedDeviceTest, ACopyOnAnotherStreamIsNotThereUntilWaitedFor) {
   const auto side = guard_impl().getStreamFromGlobalPool(dev(0), false);
   const auto source = torch::ones({1000});
   auto target = torch::zeros({1000}, on(0));
@@ -354,7 +379,7 @@ TEST(EmulatedDeviceTest, ACopyOnAnotherStreamIsNotThereUntilWaitedFor) {
   EXPECT_TRUE(copied.query());
 }
 
-TEST(EmulatedDeviceTest, ACopyToTheHostOnAnotherStreamIsNotThereUntilSynchronized) {
+TEST_F(EmulatedDeviceTest, ACopyToTheHostOnAnotherStreamIsNotThereUntilSynchronized) {
   const auto side = ckpt::emulated_device::detail::new_stream(1);
   const auto source = torch::ones({1000}, on(1));
   auto target = torch::zeros({1000});
@@ -368,7 +393,7 @@ TEST(EmulatedDeviceTest, ACopyToTheHostOnAnotherStreamIsNotThereUntilSynchronize
   EXPECT_EQ(target.sum().item<float>(), 1000.f);
 }
 
-TEST(EmulatedDeviceTest, KernelsOnAStreamRunAfterTheStreamsEarlierWork) {
+TEST_F(EmulatedDeviceTest, KernelsOnAStreamRunAfterTheStreamsEarlierWork) {
   const auto side = guard_impl().getStreamFromGlobalPool(dev(0), false);
   const auto source = torch::ones({1000});
   auto target = torch::zeros({1000}, on(0));
@@ -384,7 +409,7 @@ TEST(EmulatedDeviceTest, KernelsOnAStreamRunAfterTheStreamsEarlierWork) {
   releaser.join();
 }
 
-TEST(EmulatedDeviceTest, EventsTimeTheWorkBetweenThem) {
+TEST_F(EmulatedDeviceTest, EventsTimeTheWorkBetweenThem) {
   namespace detail = ckpt::emulated_device::detail;
   const auto side = detail::new_stream(0);
   void* start = nullptr;
@@ -405,7 +430,7 @@ TEST(EmulatedDeviceTest, EventsTimeTheWorkBetweenThem) {
 
 // ~~~ Autocast ~~~
 
-TEST(EmulatedDeviceTest, AutocastCastsMatrixProductsOnTheDevice) {
+TEST_F(EmulatedDeviceTest, AutocastCastsMatrixProductsOnTheDevice) {
   if (!ckpt::compat::autocast_available(c10::DeviceType::PrivateUse1)) {
     GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no autocast for PrivateUse1";
   }
