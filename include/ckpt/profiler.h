@@ -40,7 +40,8 @@ struct ProfileOptions {
   /// for the memory sizes, which don't vary, and keeps planning to a few plain steps' time; more
   /// give steadier times. Default: 1
   TORCH_ARG(int, repeats) = 1;
-  /// Untimed repetitions before timing. Default: 0
+  /// Untimed repetitions before timing. On an accelerator each stage also runs once, unmeasured,
+  /// before its first measure (first calls load kernels and pick algorithms). Default: 0
   TORCH_ARG(int, warmup) = 0;
   /// The storage modes to measure each stage in, beside the plain forward. A mode is offered to
   /// the planner as a storage option named after it where it keeps less than the plain stage and
