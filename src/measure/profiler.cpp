@@ -272,6 +272,14 @@ void warm_up_on_accelerator(torch::nn::AnyModule& stage, const at::Tensor& x, bo
   compat::synchronize(x.device());
 }
 
+// What the executor's copy of the stage's buffers takes while the stage runs again, as the
+// tracker counts it (none for buffers off the tracked device).
+int64_t buffer_copy_bytes(torch::nn::AnyModule& stage, MemoryTracker& tracker) {
+  const int64_t before = tracker.current_bytes();
+  const detail::BufferGuard copy({stage.ptr()});
+  return tracker.current_bytes() - before;
+}
+
 // Measures one stage on its input into `measured`: the sizes and times of the planner's model,
 // and the storage options that keep less than the plain stage. Returns the stage's output.
 at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
@@ -292,6 +300,7 @@ at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   measured.forward_all_tmp_bytes = full.forward_tmp_bytes;
   measured.backward_tmp_bytes = full.backward_tmp_bytes;
   measured.random_state_bytes = no_grad.draws_random ? random_state_bytes(x) : 0;
+  measured.buffer_bytes = buffer_copy_bytes(stage, tracker);
   for (auto& option : measured.alternatives) {
     option.saved_bytes = std::max(option.saved_bytes, measured.output_bytes);
     if (option.offloaded_bytes > 0) {

@@ -124,8 +124,12 @@ struct Totals {
 Totals totals(const Chain& chain) {
   Totals totals;
   totals.add_bytes(chain.input_bytes);
+  totals.add_bytes(chain.random_state_bytes);
+  totals.add_bytes(chain.random_state_bytes);
   for (const Stage& stage : chain.stages) {
     totals.add_bytes(stage.output_bytes);
+    totals.add_bytes(stage.random_state_bytes);
+    totals.add_bytes(stage.buffer_bytes);
     totals.add_bytes(stage.forward_tmp_bytes);
     totals.add_bytes(stage.gradient_bytes);
     totals.time += stage.forward_time;
@@ -145,7 +149,8 @@ Totals totals(const Chain& chain) {
 // Whether the stage passes check_stage, without building any message.
 bool stage_ok(const Stage& stage) {
   bool ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 && stage.gradient_bytes >= 0 &&
-            stage.random_state_bytes >= 0 && stage.forward_all_tmp_bytes >= -1 &&
+            stage.random_state_bytes >= 0 && stage.buffer_bytes >= 0 &&
+            stage.forward_all_tmp_bytes >= -1 &&
             std::isfinite(stage.forward_time) && stage.forward_time >= 0 &&
             (stage.forward_all_time == -1.0 || stage.forward_all_time >= 0) &&
             option_ok(stage.option(0), stage.output_bytes);
@@ -162,6 +167,7 @@ void check_stage(const Stage& stage, size_t i) {
   check_size(stage.forward_tmp_bytes, name + "forward_tmp_bytes");
   check_size(stage.gradient_bytes, name + "gradient_bytes");
   check_size(stage.random_state_bytes, name + "random_state_bytes");
+  check_size(stage.buffer_bytes, name + "buffer_bytes");
   if (stage.forward_all_tmp_bytes < -1) {
     throw std::invalid_argument(std::string(kValidate) + name +
                                 "forward_all_tmp_bytes must be >= 0 bytes, or -1 for \"the same "
@@ -223,11 +229,14 @@ void Chain::validate() const {
   check_totals(*this);
 }
 
-int64_t Chain::random_state_reserve() const {
-  int64_t stashes = 0;
-  for (const Stage& stage : stages) stashes += stage.random_state_bytes;
+int64_t Chain::executor_state_reserve() const {
+  int64_t stashes = 0, largest_buffers = 0;
+  for (const Stage& stage : stages) {
+    stashes += stage.random_state_bytes;
+    largest_buffers = std::max(largest_buffers, stage.buffer_bytes);
+  }
   // Without stashes, only the state read during a first forward; with them, the caller's too.
-  return stashes == 0 ? random_state_bytes : 2 * random_state_bytes + stashes;
+  return (stashes == 0 ? random_state_bytes : 2 * random_state_bytes + stashes) + largest_buffers;
 }
 
 Chain scale_times(Chain chain, double factor) {

@@ -124,10 +124,10 @@ class Machine {
       return fail("its output x_" + std::to_string(i + 1) + " is already in memory");
     }
     ++result_.forward_count;
-    const int64_t random = random_state_at_forward(i);
+    const int64_t executor = executor_state_at_forward(i);
     if (op.kind == OpKind::ForwardAll) {
       const StorageOption option = stage.option(op.option);
-      touch_peak(option.saved_bytes, option.forward_tmp_bytes + random);
+      touch_peak(option.saved_bytes, option.forward_tmp_bytes + executor);
       xbar_option_[static_cast<size_t>(i + 1)] = op.option;
       current_ += option.saved_bytes;
       host_ += option.offloaded_bytes;
@@ -135,7 +135,7 @@ class Machine {
       result_.time += chain_.forward_all_time(option);
       return true;
     }
-    touch_peak(stage.output_bytes, stage.forward_tmp_bytes + random);
+    touch_peak(stage.output_bytes, stage.forward_tmp_bytes + executor);
     x_[static_cast<size_t>(i + 1)] = true;
     kept_[static_cast<size_t>(i + 1)] = false;
     current_ += stage.output_bytes;
@@ -237,21 +237,24 @@ class Machine {
     return true;
   }
 
-  // The random state read around a forward of stage i (docs/memory-model.md, "Random state"):
-  // the stash a stage that runs again takes in its first forward (kept where the stage draws
-  // random numbers), or the caller's state, put aside while a stage that draws them runs again.
-  // Returns the op's transient bytes; adds the kept ones to `current_`.
-  int64_t random_state_at_forward(int i) {
+  // What the executor holds around a forward of stage i (docs/memory-model.md, "Random state"
+  // and "Buffers"): the stash a stage that runs again takes in its first forward (kept where the
+  // stage draws random numbers); in a later forward, the caller's random state, put aside while a
+  // stage that draws them runs again, and the copy of the stage's buffers. Returns the op's
+  // transient bytes; adds the kept ones to `current_`.
+  int64_t executor_state_at_forward(int i) {
     const auto index = static_cast<size_t>(i);
-    const int64_t kept = chain_.stages[index].random_state_bytes;
+    const Stage& stage = chain_.stages[index];
+    const int64_t kept = stage.random_state_bytes;
     const bool first = !forwarded_[index];
     forwarded_[index] = true;
-    if (first && forward_ops_[index] > 1) {
+    if (first) {
+      if (forward_ops_[index] == 1) return 0;
       current_ += kept;
       random_held_ += kept;
       return chain_.random_state_bytes - kept;
     }
-    return first || kept == 0 ? 0 : chain_.random_state_bytes;
+    return (kept == 0 ? 0 : chain_.random_state_bytes) + stage.buffer_bytes;
   }
 
   // Whether a stage that draws random numbers runs again: its recompute replays its stash.

@@ -155,12 +155,17 @@ TEST(OptimalSolverTest, PeakNeverExceedsBudget) {
 // Chains whose executor keeps random state (docs/memory-model.md, "Random state"), which the
 // programs leave out: every answer still fits when simulated with it, and the smallest budget is
 // the minimum-memory schedule's simulated peak, at which a schedule is found.
-TEST(OptimalSolverTest, RandomStateKeepsEveryPlanWithinItsBudget) {
+TEST(OptimalSolverTest, RandomStateAndBufferCopiesKeepEveryPlanWithinItsBudget) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 16; ++trial) {
     Chain chain = random_chain(rng, 2 + trial % 15, 1 << 16, trial % 2);
-    chain.random_state_bytes = 5056;
-    for (size_t i = 0; i < chain.stages.size(); i += 3) chain.stages[i].random_state_bytes = 5056;
+    chain.random_state_bytes = trial % 4 == 3 ? 0 : 5056;
+    for (size_t i = 0; i < chain.stages.size(); i += 3) {
+      chain.stages[i].random_state_bytes = chain.random_state_bytes;
+    }
+    for (size_t i = 1; i < chain.stages.size(); i += 2) {
+      chain.stages[i].buffer_bytes = 264 * static_cast<int64_t>(1 + i % 5);
+    }
     const int64_t bottom = min_feasible_budget_bytes(chain);
     EXPECT_EQ(bottom, simulate(chain, solve_min_memory(chain)).peak_bytes);
     const int64_t top = simulate(chain, solve_no_checkpoint(chain)).peak_bytes;

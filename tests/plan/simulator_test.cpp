@@ -93,7 +93,7 @@ TEST(SimulatorTest, RandomStateCountsWhatTheExecutorHolds) {
   EXPECT_EQ(result.peak_bytes, 3130);
   EXPECT_EQ(result.peak_op_index, 4);
   EXPECT_EQ(result.final_bytes, 20);
-  EXPECT_EQ(chain.random_state_reserve(), 3000);
+  EXPECT_EQ(chain.executor_state_reserve(), 3000);
 }
 
 // No stage draws random numbers: only the stash read during a first forward, then dropped.
@@ -107,7 +107,30 @@ TEST(SimulatorTest, RandomStateOfStagesThatDrawNoneIsReadAndDropped) {
   EXPECT_EQ(result.peak_bytes, 1070);
   EXPECT_EQ(result.peak_op_index, 1);
   EXPECT_EQ(result.final_bytes, 20);
-  EXPECT_EQ(chain.random_state_reserve(), 1000);
+  EXPECT_EQ(chain.executor_state_reserve(), 1000);
+}
+
+// A stage's buffers are copied around each of its forwards after the first (the executor's
+// BufferGuard, so that BatchNorm's statistics move once): a transient of those forwards alone.
+TEST(SimulatorTest, BufferCopiesAreTransientsOfTheForwardsAfterTheFirst) {
+  Chain chain = two_stage_chain();
+  chain.stages[0].buffer_bytes = 100;
+  chain.stages[1].buffer_bytes = 1000;
+  const SimulationResult plain = simulate(chain, solve_no_checkpoint(chain));
+  ASSERT_TRUE(plain.valid) << plain.error;
+  EXPECT_EQ(plain.peak_bytes, simulate(two_stage_chain(), solve_no_checkpoint(chain)).peak_bytes);
+  // Fck0: 35 -> 30; Fn1: 70 -> 50; L: 90 -> 50 (first forwards: no copy); Fall0: 85+b0 = 185
+  // -> 80; Fall1: 130+b1 = 1130 -> 130; B1: 151 -> 60; B0: 77 -> 20.
+  const SimulationResult result = simulate(chain, checkpointed_schedule());
+  ASSERT_TRUE(result.valid) << result.error;
+  EXPECT_EQ(result.peak_bytes, 1130);
+  EXPECT_EQ(result.peak_op_index, 4);
+  EXPECT_EQ(result.final_bytes, 20);
+  EXPECT_EQ(chain.executor_state_reserve(), 1000);
+  chain.random_state_bytes = 10;
+  EXPECT_EQ(chain.executor_state_reserve(), 1010);
+  chain.stages[1].buffer_bytes = -1;
+  EXPECT_THROW(chain.validate(), std::invalid_argument);
 }
 
 TEST(SimulatorTest, CheckpointedScheduleByHand) {

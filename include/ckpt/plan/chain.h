@@ -78,6 +78,10 @@ struct Stage {
   /// its forward drew: the chain's `random_state_bytes` where the stage draws random numbers on
   /// the counted memory's side (dropout on the CPU), else 0. Default: 0
   int64_t random_state_bytes = 0;
+  /// Bytes of the stage's buffers (BatchNorm's running statistics), which the executor copies
+  /// during each forward of the stage after its first and writes back afterwards, so that a
+  /// recompute leaves them as the forward did: a transient of those forwards. Default: 0
+  int64_t buffer_bytes = 0;
 
   /// Number of full-storage options: 1 + alternatives.size().
   int option_count() const { return 1 + static_cast<int>(alternatives.size()); }
@@ -105,11 +109,12 @@ struct Chain {
 
   /// Number of stages L (the loss is not a stage here).
   int size() const { return static_cast<int>(stages.size()); }
-  /// The most the random state adds to any schedule's peak: every stage's stash and two copies
-  /// of the state (the caller's, kept through a backward that replays a stash, and one read
-  /// around a forward); one copy where no stage keeps a stash. The solvers' programs leave it
-  /// out and keep it free.
-  int64_t random_state_reserve() const;
+  /// The most the executor's own state adds to any schedule's peak: the random state (every
+  /// stage's stash and two copies of the state: the caller's, kept through a backward that
+  /// replays a stash, and one read around a forward; one copy where no stage keeps a stash) and
+  /// the largest stage's buffers, copied around a forward that runs again. The solvers' programs
+  /// leave it out and keep it free.
+  int64_t executor_state_reserve() const;
   /// |x_i| for i in [0, L]: input_bytes for i = 0, stages[i-1].output_bytes otherwise.
   int64_t activation_bytes(int i) const;
   /// The time of copying `bytes` one way between host and device: bytes / host_bandwidth (0 when

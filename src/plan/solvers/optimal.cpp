@@ -503,22 +503,25 @@ std::optional<Schedule> solve_long(const Chain& chain, int64_t budget_bytes,
   return grouped;
 }
 
-// The programs count no random state (docs/memory-model.md, "Random state"): they plan the chain
-// without it, at the budget and then for as much less as the plan went over (the stashes of the
-// stages it runs again), and last for the most the state can add; the minimum-memory schedule
-// answers the budgets where none of those fits.
-std::optional<Schedule> solve_keeping_random_state(const Chain& chain, int64_t budget_bytes,
-                                                   const OptimalOptions& options) {
+// The programs count no executor state (docs/memory-model.md, "Random state" and "Buffers"): they
+// plan the chain without it, at the budget and then for as much less as the plan went over (the
+// stashes and buffer copies of the stages it runs again), and last for the most the state can
+// add; the minimum-memory schedule answers the budgets where none of those fits.
+std::optional<Schedule> solve_keeping_executor_state(const Chain& chain, int64_t budget_bytes,
+                                                     const OptimalOptions& options) {
   Chain without = chain;
   without.random_state_bytes = 0;
-  for (Stage& stage : without.stages) stage.random_state_bytes = 0;
+  for (Stage& stage : without.stages) {
+    stage.random_state_bytes = 0;
+    stage.buffer_bytes = 0;
+  }
   detail::MinMemoryPlan smallest =
       detail::min_memory_plan("ckpt::plan::solve_optimal", chain, options);
   if (budget_bytes < smallest.memory) return std::nullopt;
   constexpr int kAttempts = 4;
   int64_t less = budget_bytes;
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    if (attempt + 1 == kAttempts) less = budget_bytes - chain.random_state_reserve();
+    if (attempt + 1 == kAttempts) less = budget_bytes - chain.executor_state_reserve();
     if (less < std::max<int64_t>(chain.input_bytes, 1)) break;
     std::optional<Schedule> schedule = solve_optimal(without, less, options);
     if (!schedule) break;  // nothing fits in less either
@@ -550,8 +553,8 @@ std::optional<Schedule> solve_optimal(const Chain& chain, int64_t budget_bytes,
   if (!options.forward_all_only_before_backward) {
     if (auto all = store_everything_if_fastest(chain, budget_bytes)) return all;
   }
-  if (chain.random_state_reserve() > 0) {
-    return solve_keeping_random_state(chain, budget_bytes, options);
+  if (chain.executor_state_reserve() > 0) {
+    return solve_keeping_executor_state(chain, budget_bytes, options);
   }
   ExactSolution exact = solve_exact(chain, budget_bytes, options.max_exact_work, options);
   if (exact.status != ExactSolution::Status::OverWorkLimit) return std::move(exact.schedule);
@@ -616,11 +619,11 @@ void search_asks(const Chain& chain, int64_t budget_bytes, int64_t low, int64_t 
 
 namespace {
 
-// The programs count no random state (`Chain::random_state_reserve`): the smallest budget is
+// The programs count no executor state (`Chain::executor_state_reserve`): the smallest budget is
 // the schedule's simulated peak where that is more, or the plain chain's where that is less (a
 // stage's stash can outweigh what recomputing it saves).
-MinMemoryPlan with_random_state(const Chain& chain, MinMemoryPlan plan) {
-  if (chain.random_state_reserve() == 0) return plan;
+MinMemoryPlan with_executor_state(const Chain& chain, MinMemoryPlan plan) {
+  if (chain.executor_state_reserve() == 0) return plan;
   plan.memory = std::max(plan.memory, simulate(chain, plan.schedule).peak_bytes);
   Schedule plain = solve_no_checkpoint(chain);
   const int64_t plain_peak = simulate(chain, plain).peak_bytes;
@@ -638,13 +641,13 @@ MinMemoryPlan min_memory_plan(const char* function, const Chain& chain,
   const bool binds = host_binds(chain, options);
   if (binds) {
     if (std::optional<MinMemoryPlan> exact = min_memory_within_host(chain, options)) {
-      return with_random_state(chain, std::move(*exact));
+      return with_executor_state(chain, std::move(*exact));
     }
   }
   // Where the host budget binds and the Pareto program is too long, no option offloads.
   const MinMemorySolver solver(chain, options.forward_all_only_before_backward,
                                min_memory_limits(options), binds ? 0 : kUnlimitedHost);
-  return with_random_state(chain, {solver.memory(), solver.schedule()});
+  return with_executor_state(chain, {solver.memory(), solver.schedule()});
 }
 
 }  // namespace detail
