@@ -14,8 +14,8 @@
 #include <ckpt/plan/solvers.h>
 
 #include <ATen/core/grad_mode.h>
-#include <torch/csrc/autograd/autograd.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <chrono>

@@ -150,8 +150,8 @@ Totals totals(const Chain& chain) {
 bool stage_ok(const Stage& stage) {
   bool ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 && stage.gradient_bytes >= 0 &&
             stage.random_state_bytes >= 0 && stage.buffer_bytes >= 0 &&
-            stage.forward_all_tmp_bytes >= -1 &&
-            std::isfinite(stage.forward_time) && stage.forward_time >= 0 &&
+            stage.forward_all_tmp_bytes >= -1 && std::isfinite(stage.forward_time) &&
+            stage.forward_time >= 0 &&
             (stage.forward_all_time == -1.0 || stage.forward_all_time >= 0) &&
             option_ok(stage.option(0), stage.output_bytes);
   for (const StorageOption& option : stage.alternatives) {

@@ -120,8 +120,8 @@ TEST_P(OffloadTest, GuardGivesThePlainGradientsAndHoldsTheSavedDataInHostMemory)
   // kept), in's output (read by GELU) and GELU's output (read by `out`), the dropout mask, and no
   // parameter: all in host memory at the forward's end.
   // Dropout's mask: float on the CPU kernel the emulated device runs, bool on CUDA.
-  const auto probe = at::native_dropout(torch::ones({1}, torch::TensorOptions().device(device())),
-                                        0.5, true);
+  const auto probe =
+      at::native_dropout(torch::ones({1}, torch::TensorOptions().device(device())), 0.5, true);
   const int64_t mask = 32 * 64 * static_cast<int64_t>(std::get<1>(probe).element_size());
   EXPECT_GE(ckpt::offload_stats().peak_host_bytes,
             2 * 32 * 64 * 4 + 3 * (32 * (256 + 256) * 4 + mask));

@@ -39,9 +39,9 @@ TEST_P(ProfilerDeviceTest, StagesAreTimedAfterTheirFirstCall) {
   first->to(device());
   second->to(device());
   const auto x = torch::randn({4, 16}, torch::TensorOptions().device(device()));
-  const ckpt::plan::Chain chain = ckpt::profile_chain(
-      {torch::nn::AnyModule(first), torch::nn::AnyModule(second)}, x,
-      ckpt::ProfileOptions().repeats(1).warmup(0).calibrate_to_step(false));
+  const ckpt::plan::Chain chain =
+      ckpt::profile_chain({torch::nn::AnyModule(first), torch::nn::AnyModule(second)}, x,
+                          ckpt::ProfileOptions().repeats(1).warmup(0).calibrate_to_step(false));
   EXPECT_GE(first->calls, 2);
   for (const ckpt::plan::Stage& stage : chain.stages) {
     EXPECT_LT(stage.forward_time, 0.1);
