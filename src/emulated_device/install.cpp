@@ -109,7 +109,8 @@ void install(int devices) {
     // with an internal assertion (pytorch/pytorch#161129).
     TORCH_CHECK(!(compat::kPrivateUse1Hooks && at::hasCUDA()),
                 "ckpt::emulated_device::install: this process has a CUDA device, and with "
-                "LibTorch " TORCH_VERSION " the emulated accelerator would become the process's "
+                "LibTorch " TORCH_VERSION
+                " the emulated accelerator would become the process's "
                 "accelerator, after which every CUDA backward pass fails inside LibTorch. Use the "
                 "CUDA device here, and the emulated accelerator in a process without one.");
     const std::string holder = privateuse1_holder();
