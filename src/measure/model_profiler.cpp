@@ -966,18 +966,35 @@ std::string segment_label(const StepRecord& step, const Event& end) {
   return "";
 }
 
-// The candidates each step of a mode runs in it: all in one step, except offloading under a host
-// budget, where a step offloads only as many as the budget holds (each counted at what its plain
-// forward leaves live, which is more than it offloads: its outputs stay), and none that alone
-// would not fit (issue 45, item 16: profiling held 1.6 MB under a 1 MiB host budget).
+// The candidates that pass a tensor between them (one took an output of the other).
+std::vector<std::set<int>> neighbours(const StepRecord& plain) {
+  std::vector<std::set<int>> near(plain.candidates.size());
+  for (size_t t = 0; t < plain.candidates.size(); ++t) {
+    for (const WatchedStorage& w : plain.candidates[t].watched) {
+      if (w.output || w.producer < 0) continue;
+      near[t].insert(w.producer);
+      near[static_cast<size_t>(w.producer)].insert(static_cast<int>(t));
+    }
+  }
+  return near;
+}
+
+// The candidates each step of a mode runs in it: all in one step, except offloading. An offloaded
+// taker moves the outputs it saves to the host, so that the device lets go of them at its forward's
+// end; measured beside it, its producer's option would count that as its own outputs let go
+// sooner, and a plan that offloads the producer alone would peak above its prediction (by the
+// output, on every plan of the bench transformer that offloaded a half). So no step offloads a
+// candidate beside one it passes a tensor to or takes one from. Under a host budget a step also
+// offloads only as many as the budget holds (each counted at what its plain forward leaves live,
+// which is more than it offloads: its outputs stay), and none that alone would not fit (issue 45,
+// item 16: profiling held 1.6 MB under a 1 MiB host budget).
 std::vector<std::vector<bool>> measured_together(const StepRecord& plain, bool offloads,
                                                  int64_t host_budget) {
   const size_t count = plain.candidates.size();
-  if (!offloads || host_budget == std::numeric_limits<int64_t>::max()) {
-    return {std::vector<bool>(count, true)};
-  }
+  if (!offloads) return {std::vector<bool>(count, true)};
+  const std::vector<std::set<int>> near = neighbours(plain);
   std::vector<std::vector<bool>> groups;
-  int64_t held = 0;
+  std::vector<int64_t> held;  // per group
   for (size_t c = 0; c < count; ++c) {
     const int index = static_cast<int>(c);
     int64_t bytes = costs_of(plain, span_of(plain, index), index).forward_kept;
@@ -986,12 +1003,19 @@ std::vector<std::vector<bool>> measured_together(const StepRecord& plain, bool o
     }
     bytes = std::max<int64_t>(0, bytes);
     if (bytes > host_budget) continue;
-    if (groups.empty() || held + bytes > host_budget) {
+    size_t g = 0;
+    const auto fits = [&](size_t group) {
+      if (held[group] > host_budget - bytes) return false;
+      return std::none_of(near[c].begin(), near[c].end(),
+                          [&](int other) { return groups[group][static_cast<size_t>(other)]; });
+    };
+    while (g < groups.size() && !fits(g)) ++g;
+    if (g == groups.size()) {
       groups.emplace_back(count, false);
-      held = 0;
+      held.push_back(0);
     }
-    groups.back()[c] = true;
-    held += bytes;
+    groups[g][c] = true;
+    held[g] += bytes;
   }
   return groups;
 }
