@@ -1128,6 +1128,75 @@ struct SquaredDistance {
   }
 };
 
+// Issue 48's bad input, marked as users might: a candidate around blocks that mark candidates
+// of their own (nested markers), a block that marks itself again as it recurses (a candidate that
+// contains itself), and a frozen branch whose blocks mark candidates but run under NoGradGuard.
+// Markers reached inside a candidate are part of it and markers under no-grad run the block
+// plainly (docs/any-model.md), in every profiled and planned step alike: the planner sees the
+// outer candidates only, and every plan runs like the plain step within its prediction.
+struct RecursiveBlockImpl : torch::nn::Module {
+  torch::nn::Linear layer{register_module("layer", torch::nn::Linear(64, 64))};
+  torch::Tensor forward(const torch::Tensor& x, int depth) {
+    if (depth == 0) return torch::tanh(layer(x));
+    return ckpt::candidate(
+        *this, "again", [this, depth](const torch::Tensor& t) { return forward(t, depth - 1) + t; },
+        x);
+  }
+};
+TORCH_MODULE(RecursiveBlock);
+
+struct OddlyMarkedImpl : torch::nn::Module {
+  ckpt::test::ResidualTower tower{register_module("tower", ckpt::test::ResidualTower())};
+  RecursiveBlock recursive{register_module("recursive", RecursiveBlock())};
+  torch::Tensor forward(torch::Tensor x) {
+    const auto& blocks = tower->blocks;
+    x = ckpt::candidate(blocks->ptr<ckpt::test::ResidualBlockImpl>(0), x);  // marks two inside
+    torch::Tensor frozen;
+    {
+      const torch::NoGradGuard no_grad;  // a teacher's features: its markers run plainly
+      frozen = blocks->ptr<ckpt::test::ResidualBlockImpl>(1)->forward(x);
+    }
+    x = x + 0.5 * frozen;
+    x = recursive->forward(x, 3);
+    for (size_t i = 2; i < blocks->size(); ++i)
+      x = blocks->ptr<ckpt::test::ResidualBlockImpl>(i)->forward(x);
+    return x;
+  }
+};
+TORCH_MODULE(OddlyMarked);
+
+TEST_F(PlannedModelTest, NestedRecursiveAndNoGradMarkersRunLikeThePlainStep) {
+  OddlyMarked model;
+  const torch::Tensor x = torch::randn({64, 64});
+  const LossFn loss_fn = [&] { return model->forward(x).pow(2).mean(); };
+  const auto start = buffers_of(*model);
+  const auto reset_buffers = [&] {
+    const torch::NoGradGuard no_grad;
+    const auto buffers = model->buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(start[i]);
+  };
+  const StepResult plain = measured_step(*model, loss_fn);
+  ckpt::PlannedModel smallest(model.ptr(), ckpt::Budget::minimum());
+  smallest.plan(loss_fn);
+  std::vector<std::string> names;
+  for (const auto& c : smallest.measured().profile.candidates) names.push_back(c.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"tower.blocks.0", "recursive.again",
+                                             "tower.blocks.2.in", "tower.blocks.2.out",
+                                             "tower.blocks.3.in", "tower.blocks.3.out"}));
+  const int64_t low = smallest.budget_bytes(), high = smallest.plain_peak_bytes();
+  EXPECT_LT(low, high);
+  for (int quarter = 0; quarter <= 4; ++quarter) {
+    ckpt::PlannedModel planned(model.ptr(), ckpt::Budget::bytes(low + (high - low) * quarter / 4));
+    planned.plan(smallest.measured());
+    reset_buffers();
+    const StepResult step = measured_step(*model, [&] { return planned.run(loss_fn); });
+    SCOPED_TRACE(planned.summary());
+    expect_same_step(plain, step);
+    EXPECT_LE(step.peak_bytes, planned.budget_bytes());
+    EXPECT_LE(step.peak_bytes, planned.solution().prediction.peak_bytes);
+  }
+}
+
 TEST_F(PlannedModelTest, ForwardAndLossMayBeGivenApart) {
   const torch::Tensor x = torch::randn({64, 256}, torch::requires_grad());
   const auto make = [] {
