@@ -1197,6 +1197,47 @@ TEST_F(PlannedModelTest, NestedRecursiveAndNoGradMarkersRunLikeThePlainStep) {
   }
 }
 
+// The rest of issue 48's bad input: grad mode off. Planning under NoGradGuard profiles with grad
+// on (the same plan as outside it); a step under it runs the plain forward and saves nothing; a
+// step function that turns grad off itself is a clear error.
+TEST_F(PlannedModelTest, GradModeOffPlansAsOnRunsPlainlyOrIsAnError) {
+  ckpt::test::ResidualTower model;
+  const torch::Tensor x = torch::randn({64, 64});
+  const LossFn loss_fn = [&] { return model->forward(x).pow(2).mean(); };
+  ckpt::PlannedModel with_grad(model.ptr(), ckpt::Budget::minimum());
+  with_grad.plan(loss_fn);
+  ckpt::PlannedModel without_grad(model.ptr(), ckpt::Budget::minimum());
+  {
+    const torch::NoGradGuard no_grad;
+    without_grad.plan(loss_fn);
+    EXPECT_FALSE(torch::GradMode::is_enabled());
+  }
+  // Sizes are measured exactly (the choice among plans of one peak follows noisy times).
+  EXPECT_EQ(without_grad.measured().profile.candidates.size(),
+            with_grad.measured().profile.candidates.size());
+  EXPECT_EQ(without_grad.plain_peak_bytes(), with_grad.plain_peak_bytes());
+  EXPECT_EQ(without_grad.budget_bytes(), with_grad.budget_bytes());
+  torch::Tensor planned_loss, plain_loss;
+  {
+    const torch::NoGradGuard no_grad;
+    torch::manual_seed(7);
+    planned_loss = without_grad.run(loss_fn);
+    torch::manual_seed(7);
+    plain_loss = loss_fn();
+  }
+  EXPECT_FALSE(planned_loss.requires_grad());
+  EXPECT_TRUE(bit_equal(planned_loss, plain_loss));
+  try {
+    ckpt::profile_model(model.ptr(), [&] {
+      const torch::NoGradGuard off;
+      return loss_fn();
+    });
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_TRUE(has(e.what(), "one number that requires grad")) << e.what();
+  }
+}
+
 TEST_F(PlannedModelTest, ForwardAndLossMayBeGivenApart) {
   const torch::Tensor x = torch::randn({64, 256}, torch::requires_grad());
   const auto make = [] {
