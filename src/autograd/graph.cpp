@@ -197,9 +197,6 @@ struct BorderTerminal final : compat::OwningNode {
 
 }  // namespace
 
-// (output of a node, boundary edge) pairs; most nodes have one or two edges out of the region.
-using OutputsToBorder = c10::SmallVector<std::pair<size_t, size_t>, 2>;
-
 // A post-hook on a node inside the region: takes the gradients it computed for the border.
 class BorderCapture::Hook final : public torch::autograd::FunctionPostHook {
  public:
@@ -210,12 +207,7 @@ class BorderCapture::Hook final : public torch::autograd::FunctionPostHook {
       const torch::autograd::variable_list& outputs,
       const torch::autograd::variable_list& /*inputs*/) override {
     torch::autograd::variable_list passed_on = outputs;
-    const std::lock_guard<std::mutex> lock(owner_.mutex_);
-    for (const auto& [output, k] : outputs_to_border_) {
-      if (!passed_on[output].defined()) continue;
-      owner_.receivers_[k](passed_on[output]);
-      passed_on[output].reset();
-    }
+    owner_.hand_over(outputs_to_border_, passed_on);
     return passed_on;
   }
 
@@ -268,6 +260,15 @@ BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
     });
     hooks_.reserve(captured.size());
     for (auto& [node, outputs_to_border] : captured) {
+      if (is_region_node(*node)) {
+        auto* region = static_cast<BorderNode*>(node);
+        region_captures_.emplace_back(
+            region, region->add_output_capture([this, to_border = std::move(outputs_to_border)](
+                                                   torch::autograd::variable_list& outputs) {
+              hand_over(to_border, outputs);
+            }));
+        continue;
+      }
       hooks_.emplace_back(
           node, node->add_post_hook(std::make_unique<Hook>(*this, std::move(outputs_to_border))));
     }
@@ -281,9 +282,21 @@ BorderCapture::~BorderCapture() {
   restore();
 }
 
+void BorderCapture::hand_over(const OutputsToBorder& outputs_to_border,
+                              torch::autograd::variable_list& outputs) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [output, k] : outputs_to_border) {
+    if (output >= outputs.size() || !outputs[output].defined()) continue;
+    receivers_[k](outputs[output]);
+    outputs[output].reset();
+  }
+}
+
 void BorderCapture::restore() noexcept {
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
   hooks_.clear();
+  for (auto& [region, key] : region_captures_) region->remove_output_capture(key);
+  region_captures_.clear();
   for (auto& [node, i, edge] : original_) {
     // Only an edge still as the capture left it: a region node inside may have redirected its
     // edges meanwhile (in a GraphExecGroup, into its own recomputed graph), which are its own now.
@@ -331,6 +344,22 @@ std::function<void(const at::Tensor&)> early_accumulation(const Edge& edge) {
 void BorderNode::mark_sole_through_enclosing(size_t k, long enclosing_holders) {
   if (holders_through_enclosing_.size() <= k) holders_through_enclosing_.resize(num_outputs());
   holders_through_enclosing_[k] = enclosing_holders + 2;
+}
+
+size_t BorderNode::add_output_capture(OutputCapture capture) {
+  captures_.emplace_back(next_capture_, std::move(capture));
+  return next_capture_++;
+}
+
+void BorderNode::remove_output_capture(size_t key) {
+  captures_.erase(std::remove_if(captures_.begin(), captures_.end(),
+                                 [key](const auto& entry) { return entry.first == key; }),
+                  captures_.end());
+}
+
+torch::autograd::variable_list BorderNode::captured(torch::autograd::variable_list outputs) {
+  for (auto& [key, capture] : captures_) capture(outputs);
+  return outputs;
 }
 
 bool is_region_node(const Node& node) {

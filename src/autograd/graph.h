@@ -4,6 +4,7 @@
 
 #include "compat/torch_compat.h"
 
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/function.h>
 
@@ -103,14 +104,17 @@ Boundary find_boundary(const edge_list& roots, const RegionMarker& marker);
 /// Takes the gradient that reaches one boundary edge (called once per use of the edge's tensor).
 using GradientReceiver = std::function<void(const at::Tensor&)>;
 
+class BorderNode;
+
 /// For its lifetime, an engine run from `roots` stops at the region's border. The region's edges
 /// into boundary edge k end at one shared terminal node, and each gradient that flows along them
 /// is handed to `receivers[k]` as soon as the node that computed it returns (a post-hook takes it
-/// and leaves an undefined gradient); an empty receiver cuts those edges, so that gradient is not
-/// computed at all. One terminal for the whole border, rather than a node per edge, because the
-/// engine's cost of running a node is that of a small operator. Receivers are called under one
-/// lock. The original edges are put back and the hooks removed on destruction, because a
-/// double-backward graph may still run through these nodes later.
+/// and leaves an undefined gradient; on a nested region's node, the node's own output capture:
+/// see `BorderNode`); an empty receiver cuts those edges, so that gradient is not computed at all.
+/// One terminal for the whole border, rather than a node per edge, because the engine's cost of
+/// running a node is that of a small operator. Receivers are called under one lock. The original
+/// edges are put back and the hooks removed on destruction, because a double-backward graph may
+/// still run through these nodes later.
 class BorderCapture {
  public:
   BorderCapture(const edge_list& roots, const RegionMarker& marker, const Boundary& boundary,
@@ -145,6 +149,9 @@ class BorderCapture {
 
  private:
   class Hook;
+  // (output of a node, boundary edge) pairs; most nodes have one or two edges out of the region.
+  using OutputsToBorder = c10::SmallVector<std::pair<size_t, size_t>, 2>;
+  void hand_over(const OutputsToBorder& outputs_to_border, torch::autograd::variable_list& outputs);
   void restore() noexcept;
 
   std::vector<GradientReceiver> receivers_;
@@ -156,6 +163,7 @@ class BorderCapture {
   compat::NodePtr terminal_;
   std::vector<std::tuple<Node*, size_t, Edge>> original_;
   std::vector<std::pair<Node*, uintptr_t>> hooks_;
+  std::vector<std::pair<BorderNode*, size_t>> region_captures_;
   bool any_cut_ = false;
 };
 
@@ -171,15 +179,28 @@ class BorderNode : public compat::OwningNode {
   /// engine run, read during it. Each level of nesting adds its two.
   void mark_sole_through_enclosing(size_t k, long enclosing_holders);
 
+  /// An enclosing `BorderCapture`'s hand-over of the outputs that lead into its border, run by
+  /// the node as its backward returns instead of as an engine post-hook: LibTorch keeps a node's
+  /// inputs alive while it runs where it has post-hooks, and this node's run is the region's whole
+  /// recompute and backward, through which the incoming gradient (an output's size) was held.
+  using OutputCapture = std::function<void(torch::autograd::variable_list& outputs)>;
+  /// Adds `capture`; the key removes it.
+  size_t add_output_capture(OutputCapture capture);
+  void remove_output_capture(size_t key);
+
  protected:
   /// The holders expected of edge k's accumulator where an enclosing backward vouched that its
   /// gradient is the leaf's one, or 0.
   long holders_through_enclosing(size_t k) const {
     return k < holders_through_enclosing_.size() ? holders_through_enclosing_[k] : 0;
   }
+  /// `outputs` after the captures: what `apply` returns.
+  torch::autograd::variable_list captured(torch::autograd::variable_list outputs);
 
  private:
   std::vector<long> holders_through_enclosing_;
+  std::vector<std::pair<size_t, OutputCapture>> captures_;
+  size_t next_capture_ = 0;
 };
 
 /// Whether `node` stands for a region (a `BorderNode`), which keeps a copy of its border's edges.

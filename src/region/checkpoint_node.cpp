@@ -142,6 +142,12 @@ std::shared_ptr<GroupState> NonReentrantBackward::group() const {
 }
 
 variable_list NonReentrantBackward::apply(variable_list&& grads) {
+  // An enclosing capture takes the gradients for its border here, not in an engine post-hook
+  // (which would hold `grads` through the whole recompute and backward).
+  return captured(backward(std::move(grads)));
+}
+
+variable_list NonReentrantBackward::backward(variable_list&& grads) {
   std::lock_guard<std::mutex> lock(mutex_);
   state_->begin_backward(grads);
   if (forwarded_ != nullptr) {

@@ -28,6 +28,7 @@ class NonReentrantBackward final : public BorderNode {
   std::string name() const override { return "ckpt::CheckpointBackward"; }
 
  private:
+  variable_list backward(variable_list&& grads);
   void release_owned() override {
     state_.reset();
     boundary_ = Boundary();

@@ -85,10 +85,10 @@ TEST(RecursiveUNetTest, OuterChainAtTheMinimumIsPredictedAndProfilesNearThePlain
   EXPECT_LE(planned_step, plain);
   // A measured stage lets go of its output and the output's gradient in its backward as the step
   // does: the first step peaked 1.09 times the plain step while both lived to the backward's end,
-  // 1.001 times since. Measured through the executor's own backward (its leaves' gradients
-  // collected as the chain's are), which keeps the plans' predictions, it peaks 1.034 times
-  // (issue 48's target is 1.02: open).
-  EXPECT_LE(first, plain + plain / 25) << "first step " << first << ", plain step " << plain;
+  // and 1.034 times while the first stage's checkpointed option held its output's gradient
+  // through its recompute (an engine post-hook on the region's node); 1.001 times since. Issue
+  // 48's bound is 1.02.
+  EXPECT_LE(first, plain + plain / 50) << "first step " << first << ", plain step " << plain;
 }
 
 }  // namespace recursive_unet_test
