@@ -303,4 +303,37 @@ TEST(NestedCheckpointMemory, DeeperNestingWithKeptGradientBuffersHoldsNoMore) {
   }
 }
 
+// A region nested in another hands the gradients for the outer region's border (its parameters')
+// over itself: as an engine post-hook on its node, that capture made LibTorch keep the node's
+// incoming gradient through the inner region's whole recompute and backward.
+TEST_F(NestedCheckpointTest, AnInnerRegionLetsGoOfItsOutputsGradientInItsBackward) {
+  torch::nn::Linear first(8, 32), second(32, 32);
+  const torch::Tensor x = torch::randn({4, 8}).requires_grad_();
+  c10::Storage inner_grad;  // the inner region's incoming gradient, as its output's hook saw it
+  long holders = -1;
+  const auto inner = [&](const torch::Tensor& h) {
+    torch::Tensor hidden = at::relu(h);
+    if (hidden.requires_grad()) {  // fires after second's backward, inside the inner backward
+      hidden.register_hook(
+          [&](const torch::Tensor&) { holders = static_cast<long>(inner_grad.use_count()); });
+    }
+    return second->forward(hidden);
+  };
+  const auto outer = [&](const torch::Tensor& in) {
+    torch::Tensor y = ckpt::checkpoint(inner, first->forward(in));
+    if (y.requires_grad())
+      y.register_hook([&](const torch::Tensor& g) { inner_grad = g.storage(); });
+    return at::gelu(y);
+  };
+  ckpt::checkpoint(outer, x).sum().backward();
+  EXPECT_EQ(holders, 1) << "only this test holds the gradient's memory";
+  const auto grads = ckpt::test::take_grads(*second);
+  const torch::Tensor input_grad = x.grad().clone();
+  x.mutable_grad().reset();
+  at::gelu(second->forward(at::relu(first->forward(x)))).sum().backward();
+  EXPECT_TRUE(ckpt::test::bit_equal(input_grad, x.grad()));
+  const auto plain = ckpt::test::take_grads(*second);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(ckpt::test::bit_equal(grads[i], plain[i]));
+}
+
 }  // namespace checkpoint_nested_test
