@@ -36,6 +36,19 @@ std::string describe(const TensorMeta& meta) {
   return out.str();
 }
 
+// The arguments a call copies before its function: those its call site saw written into. The
+// reentrant variant's forward runs without autograd, so a write into an argument that requires
+// grad must raise on every call (wrote_into_inputs_unexpectedly), even at a call site where the
+// default variant learned to copy it: such arguments stay uncopied, and their writes seen.
+uint64_t inputs_to_copy(const std::vector<at::Tensor>& inputs, uint64_t written,
+                        const CheckpointOptions& options) {
+  if (!options.use_reentrant()) return written;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined() && inputs[i].requires_grad()) written &= ~written_input_bit(i);
+  }
+  return written;
+}
+
 }  // namespace
 
 TensorMeta TensorMeta::of(const at::Tensor& tensor) {
@@ -239,7 +252,8 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
   if (const std::optional<bool> debug = checkpoint_debug_enabled()) state.options.debug(*debug);
   if (const std::optional<bool> check = checkpoint_check_values())
     state.options.check_values(*check);
-  state.input_copies = InputCopies(inputs, site_->written_inputs.load());
+  state.input_copies =
+      InputCopies(inputs, inputs_to_copy(inputs, site_->written_inputs.load(), options));
   for (size_t i = 0; i < inputs.size(); ++i) {
     TORCH_CHECK(!inputs[i].defined() || !inputs[i].is_inference(),
                 "ckpt::checkpoint: tensor argument #", i,

@@ -162,6 +162,28 @@ TEST_F(InPlaceInputTest, ReentrantVariantRefusesAWriteIntoAnArgumentThatRequires
   EXPECT_TRUE(bit_equal(run(true), expected));
 }
 
+// The same call site run with the default variant first (which learns to copy the argument), then
+// with the reentrant one: the copy must not hide the write. It did: no error, and the input's
+// gradient through the residual was 1 where the plain step's relu had made it 0.
+TEST_F(InPlaceInputTest, ReentrantVariantRefusesTheWriteWhereTheDefaultOneLearnedToCopy) {
+  const auto call_at_one_site = [&](const ckpt::CheckpointOptions& options) {
+    return [options](InPlaceBlock b, const torch::Tensor& t) {
+      return ckpt::checkpoint(options, b, t);
+    };
+  };
+  InPlaceBlock fresh = copy_of(block);  // a call site of its own
+  {
+    ckpt::test::WarningCapture warnings;  // the default variant learns
+    step(stem, fresh, call_at_one_site(ckpt::CheckpointOptions()));
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    for (auto& p : stem->parameters()) p.mutable_grad().reset();
+    CKPT_EXPECT_THROWS_WITH(
+        step(stem, fresh, call_at_one_site(ckpt::CheckpointOptions().use_reentrant(true))),
+        "use_reentrant(true)");
+  }
+}
+
 TEST_F(InPlaceInputTest, CheckpointedAndCheckpointSequentialLearnPerModule) {
   const Result expected = plain();
   ckpt::Checkpointed wrapped(block);
