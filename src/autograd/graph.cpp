@@ -409,5 +409,21 @@ at::Tensor leaf_variable(const Edge& edge) {
   return accumulator != nullptr ? accumulator->variable : at::Tensor();
 }
 
+std::vector<at::Tensor> leaves_reached(const at::Tensor& root) {
+  std::vector<at::Tensor> leaves;
+  if (!root.defined() || !root.requires_grad()) return leaves;
+  std::unordered_set<const Node*> seen;
+  std::vector<Edge> pending{torch::autograd::impl::gradient_edge(root)};
+  while (!pending.empty()) {
+    const Edge edge = std::move(pending.back());
+    pending.pop_back();
+    if (!edge.is_valid() || !seen.insert(edge.function.get()).second) continue;
+    const at::Tensor leaf = leaf_variable(edge);
+    if (leaf.defined()) leaves.push_back(leaf);
+    for (const Edge& next : edge.function->next_edges()) pending.push_back(next);
+  }
+  return leaves;
+}
+
 }  // namespace detail
 }  // namespace ckpt

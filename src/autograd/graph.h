@@ -250,5 +250,8 @@ at::Tensor output_of(const compat::NodePtr& node, at::Tensor tensor);
 /// tensor when the edge ends elsewhere.
 at::Tensor leaf_variable(const Edge& edge);
 
+/// Every leaf tensor whose gradient a backward from `root` would accumulate, once each.
+std::vector<at::Tensor> leaves_reached(const at::Tensor& root);
+
 }  // namespace detail
 }  // namespace ckpt

@@ -4,6 +4,7 @@
 #include <ckpt/offload.h>
 
 #include "autograd/buffer_guard.h"
+#include "autograd/graph.h"
 #include "autograd/rng_state.h"
 #include "autograd/saved_tensor_hooks.h"
 #include "compat/torch_compat.h"
@@ -351,6 +352,17 @@ struct StepSetup {
   bool count_parameter_gradients;
 };
 
+// The leaves a backward from `loss` accumulates into that are not parameters of `model`.
+std::vector<at::Tensor> leaves_outside(const torch::nn::Module& model, const at::Tensor& loss) {
+  std::unordered_set<const c10::TensorImpl*> parameters;
+  for (const auto& p : model.parameters()) parameters.insert(p.unsafeGetTensorImpl());
+  std::vector<at::Tensor> outside;
+  for (auto& leaf : detail::leaves_reached(loss)) {
+    if (parameters.count(leaf.unsafeGetTensorImpl()) == 0) outside.push_back(std::move(leaf));
+  }
+  return outside;
+}
+
 void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder) {
   at::Tensor loss;
   {
@@ -363,6 +375,10 @@ void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder) {
               "that requires grad (got ",
               loss.defined() ? TensorShape::of(loss).to_string() : "an undefined tensor",
               loss.defined() && !loss.requires_grad() ? " that doesn't require grad" : "", ").");
+  // A profiled step's backward must leave no gradient behind: the model's are swapped by the
+  // caller; those of leaves outside it (an input that requires grad, a loss's own parameters)
+  // are found in the graph and put back here.
+  const detail::SwappedGradients outside(leaves_outside(*setup.model, loss));
   loss.backward();
 }
 

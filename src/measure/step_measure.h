@@ -66,6 +66,14 @@ class SwappedGradients {
       }
     }
   }
+  /// The gradients of `leaves` (tensors outside the measured modules that a step's backward
+  /// accumulates into: the input, a loss's own parameters), none during the step.
+  explicit SwappedGradients(std::vector<at::Tensor> leaves) : params_(std::move(leaves)) {
+    for (auto& leaf : params_) {
+      saved_.push_back(leaf.grad());
+      leaf.mutable_grad() = at::Tensor();
+    }
+  }
   ~SwappedGradients() {
     for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = saved_[i];
   }

@@ -838,6 +838,48 @@ TEST_F(PlannedModelErrorTest, ProfilingLeavesGradientsBuffersAndRandomStreamAsTh
   EXPECT_TRUE(bit_equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
 }
 
+// Leaves outside the model that the step differentiates: an input that requires grad (one
+// without a gradient yet) and a head the loss applies (gradients already there). Profiling and
+// planning again must add nothing to them; they did (each profiled step's backward went on
+// accumulating: the input's gradient came out 9 times the plain step's).
+TEST_F(PlannedModelErrorTest, ProfilingLeavesTheGradientsOfLeavesOutsideTheModelAsTheyWere) {
+  torch::nn::Linear head(16, 4);
+  const auto step = [&](const std::function<torch::Tensor(const torch::Tensor&)>& loss_of) {
+    const torch::Tensor input = x.detach().requires_grad_(true);
+    for (auto& p : head->parameters()) p.mutable_grad() = torch::full_like(p, 0.5);
+    for (auto& p : model->parameters()) p.mutable_grad().reset();
+    torch::manual_seed(7);
+    loss_of(input).backward();
+    std::vector<torch::Tensor> grads{input.grad()};
+    for (auto& g : take_grads(*head)) grads.push_back(g);
+    for (auto& g : take_grads(*model)) grads.push_back(g);
+    return grads;
+  };
+  const auto loss_of = [&](const torch::Tensor& input) {
+    return head(model->forward(input)).pow(2).mean();
+  };
+  const std::vector<torch::Tensor> plain = step(loss_of);
+  const auto put_back_buffers = [&] {
+    torch::NoGradGuard no_grad;
+    const auto buffers = model->buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(buffers_before[i]);
+  };
+  put_back_buffers();
+  ckpt::PlannedModel planned(model, ckpt::Budget::minimum());
+  for (int attempt = 0; attempt < 2; ++attempt) {  // profiles; then, on a new shape, again
+    SCOPED_TRACE(attempt);
+    if (attempt == 1) x = torch::randn({12, 16});
+    const std::vector<torch::Tensor> expected = attempt == 0 ? plain : step(loss_of);
+    put_back_buffers();
+    ckpt::test::WarningCapture warnings;  // planning again says so
+    const std::vector<torch::Tensor> actual = step(
+        [&](const torch::Tensor& input) { return planned.run([&] { return loss_of(input); }); });
+    ASSERT_EQ(actual.size(), expected.size());
+    for (size_t i = 0; i < actual.size(); ++i) EXPECT_TRUE(bit_equal(actual[i], expected[i])) << i;
+    put_back_buffers();
+  }
+}
+
 TEST_F(PlannedModelErrorTest, ABudgetBelowTheSmallestRaisesWithIt) {
   ckpt::PlannedModel planned(model, ckpt::Budget::bytes(1));
   int64_t smallest = 0;
