@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,28 @@ class BufferGuard {
  private:
   std::vector<at::Tensor> buffers_;
   std::vector<at::Tensor> saved_;
+};
+
+/// The buffers of `modules` as a forward found them, for its recomputes to start from: a module
+/// that writes into a buffer and then reads it (a running normaliser, spectral norm's power
+/// iteration) must read in the recompute what it read in the forward, not what the forward left.
+/// Copies the buffers `copy` marks (bit i: buffer i in the modules' traversal order, bit 63: those
+/// from #63 on); `finish`, after the forward, keeps only the copies of buffers it wrote into.
+class BuffersAtForward {
+ public:
+  BuffersAtForward() = default;
+  BuffersAtForward(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, uint64_t copy);
+  /// After the forward: the buffers it wrote into (bits as `copy`'s).
+  uint64_t finish();
+  /// Whether the forward wrote into a buffer that was not copied: its value before is lost.
+  bool lost() const { return lost_; }
+  /// Writes the copies into their buffers, through aliases that leave their version counters.
+  void restore() const;
+
+ private:
+  std::vector<at::Tensor> buffers_, copies_;  // copies_[i] undefined: not copied, or let go of
+  std::vector<uint32_t> versions_;
+  bool lost_ = false;
 };
 
 }  // namespace detail

@@ -20,16 +20,18 @@ namespace detail {
 
 /// For its lifetime: the RNG holds the forward's stashed state (when one was stashed), autocast
 /// is as it was in the forward, the modules are in the train()/eval() modes of the forward,
-/// `ckpt::is_recomputing()` is true, and the buffers of `modules` are snapshotted. Afterwards the
-/// RNG, autocast and modes are put back and the buffers written back, also when an exception
-/// leaves the scope.
+/// `ckpt::is_recomputing()` is true, and the buffers of `modules` are snapshotted, then hold the
+/// values the forward started from where `at_forward` has them. Afterwards the RNG, autocast and
+/// modes are put back and the buffers written back, also when an exception leaves the scope.
 class RecomputeScope {
  public:
   RecomputeScope(const c10::optional<RngStash>& rng, const AutocastState& autocast,
                  const TrainingModes& modes,
-                 const std::vector<std::shared_ptr<torch::nn::Module>>& modules)
+                 const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                 const BuffersAtForward* at_forward)
       : autocast_(autocast), modes_(modes), buffers_(modules) {
     if (rng.has_value()) fork_.emplace(*rng);
+    if (at_forward != nullptr) at_forward->restore();
   }
   RecomputeScope(const RecomputeScope&) = delete;
   RecomputeScope& operator=(const RecomputeScope&) = delete;

@@ -151,7 +151,7 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
   c10::optional<RecomputeScope> recompute;
   if (ran_[i]) {
     const ModuleList stage{stages_[i].ptr()};
-    recompute.emplace(rng_[i], autocast_[i], training_[i], stage);
+    recompute.emplace(rng_[i], autocast_[i], training_[i], stage, nullptr);
   } else {
     const c10::DeviceType device_type = infer_device_type({input});
     if (preserve_rng_state_ && runs_again_[i])

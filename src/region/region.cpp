@@ -93,6 +93,20 @@ void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) co
   }
 }
 
+void RegionState::check_same_values(const std::vector<at::Tensor>& recomputed) const {
+  const std::vector<uint64_t> sums = output_checksums(recomputed);
+  for (size_t i = 0; i < sums.size() && i < forward_output_sums.size(); ++i) {
+    TORCH_CHECK(sums[i] == forward_output_sums[i],
+                "ckpt::checkpoint (check_values): the recompute of the region computed other "
+                "values than its forward for output #",
+                i,
+                " (the reentrant variant's forward ran other operators without grad than its "
+                "recompute with grad, so its operators were not compared one by one). Its "
+                "gradients would not be those of the forward: the function must compute the same "
+                "thing when it runs again.");
+  }
+}
+
 void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const {
   if (!options.determinism_check() || forward == recomputed) return;
   if (forward.scripted || recomputed.scripted) return;  // a TorchScript executor specialised
@@ -117,7 +131,7 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
     from_copies = arguments(/*with_history=*/true);
     replacement = &from_copies;
   }
-  const RecomputeScope scope(rng, autocast, training, modules);
+  const RecomputeScope scope(rng, autocast, training, modules, &buffers_at_forward);
   const RegionContext context = recompute_context ? recompute_context() : nullptr;
   const LabelScope label(child_label(memory_label, "recompute"));
   const at::AutoGradMode grad_mode(true);
@@ -133,7 +147,7 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
   std::optional<ReplayMode> replay;
   std::vector<std::string> recompute_ops;
   RecordingMode recording(recompute_ops);
-  ValueCheckingMode checking(forward_values, ValueSample(options.check_values_ops()));
+  std::optional<ValueCheckingMode> checking;
   std::vector<at::Tensor> recomputed;
   {
     std::optional<DispatchModeGuard> replay_guard, recording_guard, checking_guard;
@@ -143,10 +157,15 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
     }
     if (options.debug()) recording_guard.emplace(recording);
     // Outside the replay: a kept output is checked as the replay hands it out.
-    if (options.check_values()) checking_guard.emplace(checking);
+    if (options.check_values()) {
+      checking_guard.emplace(
+          checking.emplace(forward_values, ValueSample(options.check_values_ops()),
+                           replay ? &*replay : nullptr, options.use_reentrant()));
+    }
     const DispatchModeGuard outside_guard(outside);
     recomputed = recompute(replacement);
   }
+  if (checking && checking->diverged()) check_same_values(recomputed);
   if (options.debug()) check_same_operators(forward_ops, recompute_ops);
   if (replay) replay->check_all_used();
   return recomputed;
@@ -175,7 +194,7 @@ std::vector<at::Tensor> RegionState::recompute_values() const {
               "needs. Run the backward through both regions in one call, or keep the argument "
               "(don't ask its region to drop it).");
   const std::vector<at::Tensor> args = arguments(/*with_history=*/false);
-  const RecomputeScope scope(rng, autocast, training, modules);
+  const RecomputeScope scope(rng, autocast, training, modules, &buffers_at_forward);
   const LabelScope label(child_label(memory_label, "recompute"));
   OutsideStateWatch outside(args, modules);
   const DispatchModeGuard outside_guard(outside);
@@ -225,10 +244,12 @@ void RegionState::release() {
   dropped.clear();
   modules.clear();
   training = TrainingModes();
+  buffers_at_forward = BuffersAtForward();
   versions.clear();
   rng.reset();
   kept.reset();
   forward_ops.clear();
+  forward_output_sums.clear();
   handed_out.clear();
 }
 
@@ -271,6 +292,7 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
     }
   }
   state.training = TrainingModes(modules);
+  state.buffers_at_forward = BuffersAtForward(modules, site_->written_buffers.load());
   state.modules = std::move(modules);
   if (options.policy()) {
     TORCH_CHECK(!options.use_reentrant(),
@@ -412,10 +434,41 @@ bool Region::wrote_into_inputs_unexpectedly() {
               ") and failed; run it again. ", advice);
 }
 
+// The function wrote into a buffer of its modules that this call did not copy (one no forward at
+// this call site had written before), so a recompute would start from the value the forward left.
+// The call site copies it from now on.
+bool Region::wrote_into_buffers_unexpectedly() {
+  RegionState& state = *state_;
+  const uint64_t written = state.buffers_at_forward.finish();
+  if (written != 0) {
+    if (site_->buffers_learned.exchange(true)) {
+      site_->written_buffers.fetch_or(written);
+    } else {
+      site_->written_buffers.store(written);
+    }
+  }
+  if (!state.buffers_at_forward.lost()) return false;
+  const std::string what =
+      "ckpt::checkpoint: the checkpointed function wrote into a buffer of its modules during its "
+      "forward pass that no earlier call here wrote into, so a recompute would start from the "
+      "value the forward left instead of the one it started from (a module that updates a "
+      "buffer and then reads it would compute other values). From now on this call site copies "
+      "that buffer before the function. ";
+  if (!state.options.use_reentrant() && !state.kept) {
+    TORCH_WARN(what, "This call keeps its activations instead of checkpointing them.");
+    return true;
+  }
+  if (state.rng.has_value()) state.rng->restore();
+  TORCH_CHECK(false, what, "This call could not be checkpointed (",
+              state.options.use_reentrant() ? "use_reentrant(true) records no graph"
+                                            : "a selective region lets go of its graph",
+              ") and failed; run it again.");
+}
+
 std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, RecomputeFn recompute) {
   RegionState& state = *state_;
-  if (wrote_into_inputs_unexpectedly()) {  // this call keeps its graph
-    if (report_) report_->keeps_graph();
+  if (wrote_into_inputs_unexpectedly() || wrote_into_buffers_unexpectedly()) {
+    if (report_) report_->keeps_graph();  // this call keeps its graph
     return outputs;
   }
   if (state.rng.has_value() && !state.rng->had_device_at_forward()) {
@@ -433,6 +486,7 @@ std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, Recomput
   }
   state.outputs.reserve(outputs.size());
   for (const auto& output : outputs) state.outputs.push_back(TensorMeta::of(output));
+  if (state.options.check_values()) state.forward_output_sums = output_checksums(outputs);
   state.recompute = std::move(recompute);
   outputs = state.options.use_reentrant() ? finish_reentrant(std::move(outputs))
                                           : finish_non_reentrant(std::move(outputs));

@@ -5,6 +5,7 @@
 #include <ckpt/detail/region.h>
 
 #include "autograd/autocast_state.h"
+#include "autograd/buffer_guard.h"
 #include "autograd/graph.h"
 #include "autograd/rng_state.h"
 #include "autograd/training_modes.h"
@@ -47,8 +48,9 @@ struct RegionState {
   // Those a planner let the region drop (`RegionRequest`), by argument; empty where none. The
   // recompute computes them again from their sources.
   std::vector<DroppedInput> dropped;
-  ModuleList modules;      // whose buffers the recompute must leave as they were
-  TrainingModes training;  // their train()/eval() modes in the forward
+  ModuleList modules;                   // whose buffers the recompute must leave as they were
+  TrainingModes training;               // their train()/eval() modes in the forward
+  BuffersAtForward buffers_at_forward;  // their buffers the forward wrote, as it found them
   // The inputs (at the start of the forward), then the leaves at the region's border that the
   // recomputation reads again: parameters, captured or owned by modules (at its end).
   VersionSnapshot versions;
@@ -67,9 +69,10 @@ struct RegionState {
   // The region's memory label ("region N" under the caller's); its recompute runs under
   // "<it>/recompute".
   std::shared_ptr<LabelNode> memory_label;
-  std::unique_ptr<KeptOutputs> kept;       // with a selective policy: what the forward kept
-  std::vector<std::string> forward_ops;    // with debug: the operators the forward ran
-  std::vector<OutputSums> forward_values;  // with check_values: its operators' output checksums
+  std::unique_ptr<KeptOutputs> kept;          // with a selective policy: what the forward kept
+  std::vector<std::string> forward_ops;       // with debug: the operators the forward ran
+  std::vector<OutputSums> forward_values;     // with check_values: its operators' output checksums
+  std::vector<uint64_t> forward_output_sums;  // with check_values: its outputs' checksums
   bool released = false;
   // Separate backward passes through different outputs (one loss each): which connected outputs
   // had theirs without retain_graph, those of the engine's current call, and the outputs handed
@@ -88,6 +91,9 @@ struct RegionState {
   /// Raises an error when the recomputation built another autograd graph than the forward pass
   /// (with the determinism check on).
   void check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const;
+  /// With check_values, where the recompute's operators parted from the forward's: raises an
+  /// error when the recomputed outputs' values differ from the forward's.
+  void check_same_values(const std::vector<at::Tensor>& recomputed) const;
   /// Runs the recompute with the forward's RNG and autocast state and grad mode on, and puts the
   /// modules' buffers back as they were. `early_stop`, when given, is the outermost mode around
   /// the function (it sees only the calls that reach the kernels).

@@ -527,6 +527,11 @@ void ReplayMode::hand_out(const c10::OperatorHandle& op, KeptOutputs::Entry& ent
   torch::jit::drop(*stack, op.schema().arguments().size());
   for (const c10::IValue& value : entry.returns) stack->push_back(map_tensors(value, fresh_alias));
   handed_out_.push_back(next_ - 1);
+  for (const c10::IValue& value : entry.returns) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      if (const c10::StorageImpl* storage = storage_of(t)) handed_out_storages_.insert(storage);
+    });
+  }
   size_t k = 0;
   for (const c10::IValue& value : entry.returns) {
     map_tensors(value, [&](const at::Tensor& t) {

@@ -196,6 +196,11 @@ class ReplayMode : public DispatchMode {
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
   /// Raises an error when the recompute used fewer kept outputs than the forward kept.
   void check_all_used() const;
+  /// Whether `storage` holds kept data this recompute handed out: the forward's own, with the
+  /// writes the forward absorbed after the call that computed it.
+  bool handed_out(const c10::StorageImpl* storage) const {
+    return handed_out_storages_.count(storage) != 0;
+  }
 
  private:
   KeptOutputs::Entry& next_entry(const c10::OperatorHandle& op);
@@ -211,6 +216,7 @@ class ReplayMode : public DispatchMode {
   size_t calls_ = 0;  // operator calls so far, counted as the forward counted them
   size_t next_ = 0;
   std::vector<size_t> handed_out_;  // entries whose outputs this recompute handed out
+  std::unordered_set<const c10::StorageImpl*> handed_out_storages_;
   // Handed-out data and how many of the writes into it the forward absorbed are still to come.
   std::vector<std::pair<c10::Storage, uint32_t>> writes_to_skip_;
 };

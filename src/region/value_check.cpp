@@ -1,5 +1,7 @@
 #include "value_check.h"
 
+#include "selective.h"
+
 #include <c10/core/DispatchKey.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -55,7 +57,8 @@ bool checkable(const at::Tensor& tensor) {
 // value the forward left, which the region puts back afterwards, so it differs by design. An
 // uninitialised output is made, not checked.
 std::optional<OutputSums> sums_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                                  MadeStorages& made, const ValueSample& sample) {
+                                  MadeStorages& made, const ValueSample& sample,
+                                  const ReplayMode* replay = nullptr) {
   if (returns_a_view(op)) return std::nullopt;
   const bool uninitialised = is_uninitialised(op);
   OutputSums sums;
@@ -69,7 +72,9 @@ std::optional<OutputSums> sums_of(const c10::OperatorHandle& op, const torch::ji
       if (!checkable(t)) return;
       if (!written) made.add(t);
       if (uninitialised || (written && !made.contains(t))) return;
-      sums.outputs.push_back({summed ? checksum(t) : 0, t.sizes().vec(), t.scalar_type()});
+      const bool forwards_data = replay != nullptr && replay->handed_out(storage_of(t));
+      sums.outputs.push_back({summed && !forwards_data ? checksum(t) : 0, t.sizes().vec(),
+                              t.scalar_type(), forwards_data});
     });
   }
   if (uninitialised) return std::nullopt;
@@ -117,9 +122,16 @@ void ValueRecordingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Sta
 
 void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run(op, stack);
-  const std::optional<OutputSums> now = sums_of(op, *stack, made_, sample_);
+  if (diverged_) return;
+  const std::optional<OutputSums> now = sums_of(op, *stack, made_, sample_, replay_);
   if (!now) return;
   const size_t position = next_++;
+  if (order_may_differ_ &&
+      (position >= record_.size() || record_[position].op != &op.operator_name() ||
+       record_[position].outputs.size() != now->outputs.size())) {
+    diverged_ = true;
+    return;
+  }
   const std::string name = operator_label(op.operator_name());
   TORCH_CHECK(position < record_.size(),
               "ckpt::checkpoint (check_values): the recompute of the region ran ", name,
@@ -137,7 +149,8 @@ void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
   for (size_t i = 0; i < now->outputs.size(); ++i) {
     const OutputSums::Output& a = expected.outputs[i];
     const OutputSums::Output& b = now->outputs[i];
-    if (a.checksum == b.checksum && a.sizes == b.sizes && a.dtype == b.dtype) continue;
+    const bool same_values = b.forwards_data || a.checksum == b.checksum;
+    if (same_values && a.sizes == b.sizes && a.dtype == b.dtype) continue;
     TORCH_CHECK(false,
                 "ckpt::checkpoint (check_values): the recompute of the region computed "
                 "other values than its forward, first at ",
@@ -145,6 +158,13 @@ void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
                 describe(b), " with checksum ", hex(b.checksum), " in the recompute, ", describe(a),
                 " with checksum ", hex(a.checksum), " in the forward.", kCauses);
   }
+}
+
+std::vector<uint64_t> output_checksums(const std::vector<at::Tensor>& outputs) {
+  std::vector<uint64_t> sums;
+  sums.reserve(outputs.size());
+  for (const at::Tensor& t : outputs) sums.push_back(t.defined() && checkable(t) ? checksum(t) : 0);
+  return sums;
 }
 
 }  // namespace detail

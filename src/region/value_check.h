@@ -17,6 +17,8 @@
 namespace ckpt {
 namespace detail {
 
+class ReplayMode;
+
 /// The storages one run's calls made, held weakly: a storage freed and its address used again is
 /// not one of them.
 class MadeStorages {
@@ -40,6 +42,7 @@ struct OutputSums {
     uint64_t checksum = 0;
     std::vector<int64_t> sizes;
     c10::ScalarType dtype = c10::ScalarType::Undefined;
+    bool forwards_data = false;  // the recompute's: kept data of the forward, not computed again
   };
   std::vector<Output> outputs;  // the call's tensor outputs, in stack order
 };
@@ -69,19 +72,35 @@ class ValueRecordingMode : public DispatchMode {
 };
 
 /// Compares each call's outputs with what the forward recorded at the same position (the
-/// recompute's side), raising an error at the first that differs.
+/// recompute's side), raising an error at the first that differs. Outputs in data `replay` handed
+/// out are the forward's own (kept, with the writes it absorbed since): only their shapes are
+/// compared.
+/// `order_may_differ` (the reentrant variant, whose forward ran without grad: a composite
+/// operator may decompose otherwise then, `1 / x` writing in place) stops comparing at the first
+/// call that is not the forward's, and `diverged` says so: the region's outputs are compared.
 class ValueCheckingMode : public DispatchMode {
  public:
-  ValueCheckingMode(const std::vector<OutputSums>& record, ValueSample sample)
-      : record_(record), sample_(std::move(sample)) {}
+  ValueCheckingMode(const std::vector<OutputSums>& record, ValueSample sample,
+                    const ReplayMode* replay, bool order_may_differ)
+      : record_(record),
+        sample_(std::move(sample)),
+        replay_(replay),
+        order_may_differ_(order_may_differ) {}
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
+  bool diverged() const { return diverged_; }
 
  private:
   const std::vector<OutputSums>& record_;
   ValueSample sample_;
+  const ReplayMode* replay_;
+  bool order_may_differ_;
+  bool diverged_ = false;
   size_t next_ = 0;
   MadeStorages made_;
 };
+
+/// Checksums of a region's output tensors, in traversal order (0 where one can't be summed).
+std::vector<uint64_t> output_checksums(const std::vector<at::Tensor>& outputs);
 
 }  // namespace detail
 }  // namespace ckpt

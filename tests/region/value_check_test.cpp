@@ -144,6 +144,52 @@ TEST_F(ValueCheckTest, StateOutsideTheRegionWrittenBeforeTheBackwardIsFound) {
   }
 }
 
+// False alarms a hostile probe found, each on a deterministic function. A selective region hands
+// out a kept matrix product that the forward then wrote into (a Linear on 3-d input adds its bias
+// in place; a block that adds in place after mm): its checksum was taken of the written data and
+// compared with the product's. The reentrant forward runs without grad, where `1 / t` writes in
+// place, and its recompute with grad, where it clones first: the operators were compared one by
+// one and parted.
+TEST_F(ValueCheckTest, KeptOutputsWrittenInPlaceAndGradModeDecompositionsPass) {
+  torch::nn::Linear linear(16, 16);
+  const torch::Tensor w = torch::randn({16, 16});
+  const std::vector<std::pair<std::string, std::function<torch::Tensor(const torch::Tensor&)>>>
+      functions{{"3-d linear",
+                 [&](const torch::Tensor& t) {
+                   return torch::tanh(linear(t.view({2, 4, 16})));
+                 }},
+                {"add_ after mm", [&](const torch::Tensor& t) { return t.mm(w).add_(1).tanh(); }},
+                {"1 / t", [](const torch::Tensor& t) { return (1.0 / t).tanh(); }}};
+  const auto grads_of = [&](const std::function<torch::Tensor(const torch::Tensor&)>& fn,
+                            const c10::optional<ckpt::CheckpointOptions>& options) {
+    x.mutable_grad().reset();
+    linear->zero_grad();
+    (options ? ckpt::checkpoint(*options, fn, x) : fn(x)).pow(2).sum().backward();
+    return std::vector<torch::Tensor>{x.grad().clone(), linear->weight.grad().defined()
+                                                            ? linear->weight.grad().clone()
+                                                            : torch::zeros({1})};
+  };
+  for (const auto& [name, fn] : functions) {
+    SCOPED_TRACE(name);
+    const auto plain = grads_of(fn, c10::nullopt);
+    for (const auto& options : {ckpt::CheckpointOptions(kChecked).policy(ckpt::save_matmuls()),
+                                ckpt::CheckpointOptions(kChecked).use_reentrant(true)}) {
+      expect_bitwise(grads_of(fn, options), plain);
+    }
+  }
+}
+
+// Where the reentrant variant's operators part from its forward's, the region's outputs are still
+// compared: a captured tensor written after the forward is found.
+TEST_F(ValueCheckTest, TheReentrantVariantComparesItsOutputsWhereItsOperatorsPart) {
+  torch::Tensor scale = torch::full({16}, 2.0);
+  const auto fn = [&scale](const torch::Tensor& t) { return (1.0 / t) * scale; };
+  torch::Tensor loss =
+      ckpt::checkpoint(ckpt::CheckpointOptions(kChecked).use_reentrant(true), fn, x).sum();
+  scale.mul_(3);
+  CKPT_EXPECT_THROWS_WITH(loss.backward(), "other values than its forward for output #0");
+}
+
 TEST_F(ValueCheckTest, ADrawFromAGeneratorTheRegionDoesNotReplayIsFound) {
   at::Generator own = at::make_generator<at::CPUGeneratorImpl>(42);
   const auto fn = [&own](const torch::Tensor& t) {

@@ -48,6 +48,11 @@ struct CallSite {
   /// #i, bit 63: #63 and beyond): the region copies them before the function from now on, so
   /// that its recompute starts from their values before the write.
   std::atomic<uint64_t> written_inputs{0};
+  /// The buffers of its modules the function wrote into during a forward here (bit i: buffer i in
+  /// traversal order): each region copies them before the function, so that its recompute starts
+  /// from their values before the write. Every buffer until a forward here wrote one.
+  std::atomic<uint64_t> written_buffers{~uint64_t{0}};
+  std::atomic<bool> buffers_learned{false};
   /// Early stop: which operator calls of a recompute here the backward does not read, as the
   /// last full recompute here found them (null until one ran, or after a recompute here found the
   /// plan stale).
@@ -207,6 +212,7 @@ class Region {
   void apply_request();
   void prepare_second_forward();
   bool wrote_into_inputs_unexpectedly();
+  bool wrote_into_buffers_unexpectedly();
 
   std::shared_ptr<RegionState> state_;
   std::shared_ptr<CallSite> site_;
