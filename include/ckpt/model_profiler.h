@@ -126,6 +126,10 @@ class CandidateNames {
  private:
   std::unordered_map<const torch::nn::Module*, std::string> paths_;
 };
+
+/// Raises the error for a step function whose result is not the step's loss (one number that
+/// requires grad): profiled, or run under a plan.
+void check_step_loss(const at::Tensor& loss);
 }  // namespace detail
 
 }  // namespace ckpt

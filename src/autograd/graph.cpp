@@ -237,7 +237,11 @@ BorderCapture::BorderCapture(const edge_list& roots, const RegionMarker& marker,
                   edge.function->name(),
                   ") that the forward pass did not use. The checkpointed function must compute the "
                   "same thing when it runs again: do not branch on global state or on values that "
-                  "change between the forward and the backward pass.");
+                  "change between the forward and the backward pass. A tensor the function makes "
+                  "require grad itself (requires_grad_() on a detached tensor, to take "
+                  "torch::autograd::grad with respect to it) is a new tensor in each run: take the "
+                  "gradient with respect to an argument of the region instead, or run that part "
+                  "outside it.");
       original_.emplace_back(&node, i, edge);
       const auto border = static_cast<size_t>(k);
       ++uses_[border];

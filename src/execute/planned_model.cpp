@@ -379,6 +379,7 @@ at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn)
     loss = loss_fn();
   }
   runner.finish();
+  detail::check_step_loss(loss);
   return loss;
 }
 

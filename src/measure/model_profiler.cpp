@@ -352,6 +352,18 @@ struct StepSetup {
   bool count_parameter_gradients;
 };
 
+}  // namespace
+
+void detail::check_step_loss(const at::Tensor& loss) {
+  TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(),
+              "ckpt::PlannedModel: the step function must return the step's loss: one number "
+              "that requires grad (got ",
+              loss.defined() ? TensorShape::of(loss).to_string() : "an undefined tensor",
+              loss.defined() && !loss.requires_grad() ? " that doesn't require grad" : "", ").");
+}
+
+namespace {
+
 // The leaves a backward from `loss` accumulates into that are not parameters of `model`.
 std::vector<at::Tensor> leaves_outside(const torch::nn::Module& model, const at::Tensor& loss) {
   std::unordered_set<const c10::TensorImpl*> parameters;
@@ -370,11 +382,7 @@ void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder) {
     const at::AutoGradMode grad_mode(true);
     loss = setup.loss_fn();
   }
-  TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(),
-              "ckpt::PlannedModel: the step function must return the step's loss: one number "
-              "that requires grad (got ",
-              loss.defined() ? TensorShape::of(loss).to_string() : "an undefined tensor",
-              loss.defined() && !loss.requires_grad() ? " that doesn't require grad" : "", ").");
+  detail::check_step_loss(loss);
   // A profiled step's backward must leave no gradient behind: the model's are swapped by the
   // caller; those of leaves outside it (an input that requires grad, a loss's own parameters)
   // are found in the graph and put back here.

@@ -93,17 +93,21 @@ void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) co
   }
 }
 
-void RegionState::check_same_values(const std::vector<at::Tensor>& recomputed) const {
+void RegionState::check_same_values(const std::vector<at::Tensor>& recomputed,
+                                    const std::string& parted) const {
   const std::vector<uint64_t> sums = output_checksums(recomputed);
   for (size_t i = 0; i < sums.size() && i < forward_output_sums.size(); ++i) {
     TORCH_CHECK(sums[i] == forward_output_sums[i],
                 "ckpt::checkpoint (check_values): the recompute of the region computed other "
                 "values than its forward for output #",
                 i,
-                " (the reentrant variant's forward ran other operators without grad than its "
-                "recompute with grad, so its operators were not compared one by one). Its "
-                "gradients would not be those of the forward: the function must compute the same "
-                "thing when it runs again.");
+                ", and its operators parted from the "
+                "forward's: ",
+                parted,
+                " (the reentrant variant's forward runs without grad, where a composite operator "
+                "may run others, so only its outputs are compared past that point). Its gradients "
+                "would not be those of the forward: the function must compute the same thing "
+                "when it runs again.");
   }
 }
 
@@ -165,7 +169,7 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
     const DispatchModeGuard outside_guard(outside);
     recomputed = recompute(replacement);
   }
-  if (checking && checking->diverged()) check_same_values(recomputed);
+  if (checking && checking->diverged()) check_same_values(recomputed, checking->parted());
   if (options.debug()) check_same_operators(forward_ops, recompute_ops);
   if (replay) replay->check_all_used();
   return recomputed;

@@ -93,7 +93,8 @@ struct RegionState {
   void check_same_graph(const GraphShape& forward, const GraphShape& recomputed) const;
   /// With check_values, where the recompute's operators parted from the forward's: raises an
   /// error when the recomputed outputs' values differ from the forward's.
-  void check_same_values(const std::vector<at::Tensor>& recomputed) const;
+  void check_same_values(const std::vector<at::Tensor>& recomputed,
+                         const std::string& parted) const;
   /// Runs the recompute with the forward's RNG and autocast state and grad mode on, and puts the
   /// modules' buffers back as they were. `early_stop`, when given, is the outermost mode around
   /// the function (it sees only the calls that reach the kernels).

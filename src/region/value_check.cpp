@@ -130,6 +130,10 @@ void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
       (position >= record_.size() || record_[position].op != &op.operator_name() ||
        record_[position].outputs.size() != now->outputs.size())) {
     diverged_ = true;
+    parted_ = c10::str(
+        "the recompute ran ", operator_label(op.operator_name()), " as its checked operator #",
+        position, " where the forward ran ",
+        position < record_.size() ? operator_label(*record_[position].op) : std::string("no more"));
     return;
   }
   const std::string name = operator_label(op.operator_name());

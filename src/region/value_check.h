@@ -88,6 +88,8 @@ class ValueCheckingMode : public DispatchMode {
         order_may_differ_(order_may_differ) {}
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
   bool diverged() const { return diverged_; }
+  /// Where the recompute's operators parted from the forward's, once they did.
+  const std::string& parted() const { return parted_; }
 
  private:
   const std::vector<OutputSums>& record_;
@@ -95,6 +97,7 @@ class ValueCheckingMode : public DispatchMode {
   const ReplayMode* replay_;
   bool order_may_differ_;
   bool diverged_ = false;
+  std::string parted_;
   size_t next_ = 0;
   MadeStorages made_;
 };

@@ -1046,6 +1046,15 @@ TEST_F(PlannedModelErrorTest, BadModelsAndLossesAreErrors) {
   CKPT_EXPECT_THROWS_WITH(no_chain.plan([&] { return model->forward(x).sum(); }),
                           "max_recompute_chain must be at least 1");
   expect_model_untouched();
+  // Planned first, then run with a step function that returns no loss: the same error, the state
+  // as it was (it was accepted, and LibTorch's backward complained later).
+  ckpt::PlannedModel planned(model, ckpt::Budget::minimum());
+  planned.plan(loss_fn);
+  for (const LossFn& fn :
+       {LossFn([&] { return model->forward(x); }), LossFn([&] { return loss_fn().detach(); })}) {
+    CKPT_EXPECT_THROWS_WITH(planned.run(fn), "must return the step's loss: one number");
+    expect_model_untouched();
+  }
 }
 
 TEST_F(PlannedModelErrorTest, WithoutAPlannerACandidateIsItsBlock) {
