@@ -23,20 +23,12 @@ BufferGuard::~BufferGuard() {
   for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].variable_data().copy_(saved_[i]);
 }
 
-namespace {
-
-uint64_t buffer_bit(size_t i) {
-  return uint64_t{1} << (i < 63 ? i : 63);
-}
-
-}  // namespace
-
 BuffersAtForward::BuffersAtForward(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                                    uint64_t copy) {
   for (const auto& module : modules) {
     for (const auto& buffer : module->buffers(/*recurse=*/true)) {
       if (!buffer.defined()) continue;
-      const bool copied = (copy & buffer_bit(buffers_.size())) != 0;
+      const bool copied = (copy & site_bit(buffers_.size())) != 0;
       buffers_.push_back(buffer);
       versions_.push_back(buffer._version());
       copies_.push_back(copied ? buffer.clone() : at::Tensor());
@@ -51,7 +43,7 @@ uint64_t BuffersAtForward::finish() {
       copies_[i] = at::Tensor();
       continue;
     }
-    written |= buffer_bit(i);
+    written |= site_bit(i);
     lost_ = lost_ || !copies_[i].defined();
   }
   return written;

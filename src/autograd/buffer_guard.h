@@ -31,6 +31,11 @@ class BufferGuard {
   std::vector<at::Tensor> saved_;
 };
 
+/// Bit i of a call site's 64-bit mask of arguments or buffers: #63 and beyond share the last.
+inline uint64_t site_bit(size_t i) {
+  return uint64_t{1} << (i < 63 ? i : 63);
+}
+
 /// The buffers of `modules` as a forward found them, for its recomputes to start from: a module
 /// that writes into a buffer and then reads it (a running normaliser, spectral norm's power
 /// iteration) must read in the recompute what it read in the forward, not what the forward left.

@@ -25,7 +25,7 @@ bool kept_through_base(const at::Tensor& t) {
 
 InputCopies::InputCopies(const std::vector<at::Tensor>& inputs, uint64_t written) {
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!(written & written_input_bit(i)) || !inputs[i].defined()) continue;
+    if (!(written & site_bit(i)) || !inputs[i].defined()) continue;
     if (copies_.empty()) {
       copies_.resize(inputs.size());
       edges_.resize(inputs.size());

@@ -3,6 +3,8 @@
 // Tensor arguments that a checkpointed function writes into in place during its forward (an
 // in-place ReLU on its input, say): the recompute must start from their values before the write.
 
+#include "autograd/buffer_guard.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/edge.h>
 
@@ -12,11 +14,6 @@
 
 namespace ckpt {
 namespace detail {
-
-/// Bit of argument #i in `CallSite::written_inputs` (#63 and beyond share the last bit).
-inline uint64_t written_input_bit(size_t i) {
-  return uint64_t{1} << (i < 63 ? i : 63);
-}
 
 /// Copies of the arguments a call site writes into, taken before the function runs, with the
 /// gradient edges the arguments had then. An argument that is a view of another tensor (a

@@ -44,7 +44,7 @@ uint64_t inputs_to_copy(const std::vector<at::Tensor>& inputs, uint64_t written,
                         const CheckpointOptions& options) {
   if (!options.use_reentrant()) return written;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].defined() && inputs[i].requires_grad()) written &= ~written_input_bit(i);
+    if (inputs[i].defined() && inputs[i].requires_grad()) written &= ~site_bit(i);
   }
   return written;
 }
@@ -398,7 +398,7 @@ bool Region::wrote_into_inputs_unexpectedly() {
   std::string arguments;
   for (size_t i = 0; i < state.inputs.size(); ++i) {
     if (!state.versions.changed(i)) continue;
-    written |= written_input_bit(i);
+    written |= site_bit(i);
     arguments += (arguments.empty() ? "#" : ", #") + std::to_string(i);
   }
   if (written == 0) return false;

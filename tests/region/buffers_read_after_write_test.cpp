@@ -98,4 +98,34 @@ TEST(BuffersReadAfterWriteTest, AWriteNoEarlierCallMadeKeepsThatCallsGraph) {
   EXPECT_NE(checkpointed.warnings[0].find("keeps its activations"), std::string::npos);
 }
 
+// Nested: the outer region's recompute runs the inner region's forward again, which must find
+// the buffer as the outer forward found it, and so must the inner recompute.
+TEST(BuffersReadAfterWriteTest, ANestedRegionRecomputesFromTheValueBeforeTheWrite) {
+  const auto run = [](bool checkpointed) {
+    torch::manual_seed(0);
+    RunningNorm inner, outer;
+    After after;
+    for (int step = 0; step < 3; ++step) {
+      auto x = torch::randn({8, 16}, torch::requires_grad());
+      const auto block = [&](const torch::Tensor& t) {
+        const torch::Tensor h = checkpointed ? ckpt::checkpoint(inner, t) : inner(t);
+        return outer(h);
+      };
+      const torch::Tensor y = checkpointed
+                                  ? ckpt::checkpoint([&](const torch::Tensor& t, RunningNorm,
+                                                         RunningNorm) { return block(t); },
+                                                     x, inner, outer)
+                                  : block(x);
+      y.pow(2).sum().backward();
+      after.tensors.push_back(x.grad());
+    }
+    for (auto* m : {inner.get(), outer.get()}) {
+      for (auto& g : take_grads(*m)) after.tensors.push_back(g);
+      for (const auto& b : m->buffers()) after.tensors.push_back(b.clone());
+    }
+    return after;
+  };
+  expect_same(run(true), run(false));
+}
+
 }  // namespace buffers_read_after_write_test
