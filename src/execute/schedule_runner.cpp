@@ -87,6 +87,7 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
   rng_.resize(n);
   autocast_.resize(n);
   training_.resize(n);
+  buffers_at_forward_.resize(n);
   ran_.assign(n, false);
   // Only stages that run again need their RNG state stashed (5 KB each on the CPU).
   std::vector<int> forwards(n, 0);
@@ -147,24 +148,28 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
   const int i = op.stage;
   const at::Tensor input = available(i);
   // A stage that already ran is being recomputed: replay its RNG (the CPU's and its input's
-  // device's) and autocast state, as a region does, and keep its buffers.
+  // device's) and autocast state, as a region does, start from the buffers its first forward
+  // read, and leave them as that forward left them.
+  const ModuleList stage{stages_[i].ptr()};
+  const bool first = !ran_[i];
   c10::optional<RecomputeScope> recompute;
-  if (ran_[i]) {
-    const ModuleList stage{stages_[i].ptr()};
-    recompute.emplace(rng_[i], autocast_[i], training_[i], stage, nullptr);
+  if (!first) {
+    recompute.emplace(rng_[i], autocast_[i], training_[i], stage, &buffers_at_forward_[i]);
   } else {
     const c10::DeviceType device_type = infer_device_type({input});
     if (preserve_rng_state_ && runs_again_[i])
       rng_[i].emplace(std::vector<at::Tensor>{input}, device_type);
     if (runs_again_[i]) {
       autocast_[i] = AutocastState::current(device_type);
-      training_[i] = TrainingModes(ModuleList{stages_[i].ptr()});
+      training_[i] = TrainingModes(stage);
+      buffers_at_forward_[i] = BuffersAtForward(stage, ~uint64_t{0});
     }
     ran_[i] = true;
   }
   std::optional<StageReport> report;
   if (report_ != nullptr) report.emplace(*report_, op, input, storage_name(op));
   run_stage(op, input);
+  if (first && runs_again_[i]) buffers_at_forward_[i].finish();
   // A stage that drew no random numbers on the CPU needs no stashed CPU state (5 KB each).
   if (!recompute && rng_[i].has_value()) rng_[i]->drop_cpu_state_if_unused();
   if (report) {
@@ -250,6 +255,7 @@ void ScheduleRunner::run_backward(const plan::Op& op, LeafGradients* leaves) {
                              : graphs_[i]->input_gradient(std::move(grad_output));
   graphs_[i].reset();
   offload_groups_[i].reset();
+  buffers_at_forward_[i] = BuffersAtForward();  // the stage runs no more
   if (i > 0) {
     x_[i].reset();
     is_checkpoint_[i] = false;

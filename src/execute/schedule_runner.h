@@ -9,6 +9,7 @@
 #include <ckpt/storage_mode.h>
 
 #include "autograd/autocast_state.h"
+#include "autograd/buffer_guard.h"
 #include "autograd/host_offload.h"
 #include "autograd/rng_state.h"
 #include "autograd/stage_graph.h"
@@ -89,9 +90,10 @@ class ScheduleRunner {
   std::vector<c10::optional<StageGraph>> graphs_;  // graphs_[i] holds x̄_{i+1}
   // The data stage i's x̄ keeps in host memory, where its option offloads.
   std::vector<std::shared_ptr<OffloadGroup>> offload_groups_;
-  std::vector<c10::optional<RngStash>> rng_;  // RNG before stage i first ran
-  std::vector<AutocastState> autocast_;       // autocast when stage i first ran
-  std::vector<TrainingModes> training_;       // train()/eval() when stage i first ran
+  std::vector<c10::optional<RngStash>> rng_;          // RNG before stage i first ran
+  std::vector<AutocastState> autocast_;               // autocast when stage i first ran
+  std::vector<TrainingModes> training_;               // train()/eval() when stage i first ran
+  std::vector<BuffersAtForward> buffers_at_forward_;  // those stage i wrote, before it first ran
   std::vector<bool> ran_;
   std::vector<bool> runs_again_;                                    // stage i runs more than once
   std::unordered_set<const c10::TensorImpl*> single_stage_leaves_;  // once, not every backward

@@ -115,14 +115,41 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
 
 struct NoGradForward {
   at::Tensor output;
-  int64_t tmp_bytes = 0;      // above the output
-  double time = 0.0;          // median
-  bool draws_random = false;  // on the CPU: its random state moved
+  int64_t tmp_bytes = 0;             // above the output
+  double time = 0.0;                 // median
+  bool draws_random = false;         // on the CPU: its random state moved
+  int64_t buffer_bytes = 0;          // one copy of every buffer of the stage
+  int64_t written_buffer_bytes = 0;  // the copies of those it wrote into
+};
+
+// The copies of a stage's buffers that the executor makes around the first forward of a stage it
+// runs again (all of them, then those the forward wrote into), as the tracker counts them: none
+// for buffers off the tracked device.
+class BufferCopies {
+ public:
+  BufferCopies(torch::nn::AnyModule& stage, MemoryTracker& tracker) : tracker_(tracker) {
+    const int64_t before = tracker.current_bytes();
+    copies_ = detail::BuffersAtForward({stage.ptr()}, ~uint64_t{0});
+    all_bytes_ = tracker.current_bytes() - before;
+  }
+  int64_t all_bytes() const { return all_bytes_; }
+  /// After the forward: lets go of the copies of the buffers it did not write into.
+  int64_t written_bytes() {
+    const int64_t before = tracker_.current_bytes();
+    copies_.finish();
+    return all_bytes_ - (before - tracker_.current_bytes());
+  }
+
+ private:
+  MemoryTracker& tracker_;
+  detail::BuffersAtForward copies_;
+  int64_t all_bytes_ = 0;
 };
 
 // The forward of forward_none and forward_input, repeatedly: its temporaries and its own time,
-// which is below the grad-enabled forward's (no autograd graph is built), and whether it draws
-// random numbers on the CPU (the executor's stash of a stage that runs again is then kept).
+// which is below the grad-enabled forward's (no autograd graph is built), whether it draws
+// random numbers on the CPU (the executor's stash of a stage that runs again is then kept), and
+// the executor's copies of its buffers.
 NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Tensor& x,
                                       const ProfileOptions& options, MemoryTracker& tracker) {
   const at::NoGradGuard no_grad;
@@ -132,8 +159,12 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
   for (int r = 0; r < options.warmup() + options.repeats(); ++r) {
     result.output = at::Tensor();
     std::optional<detail::RngStash> stash;  // as the executor takes it, outside the measure
+    std::optional<BufferCopies> buffers;    // likewise
     const int64_t modeled_draws = detail::modeled_random_draws();
-    if (r == 0) stash.emplace(std::vector<at::Tensor>{x}, detail::infer_device_type({x}));
+    if (r == 0) {
+      stash.emplace(std::vector<at::Tensor>{x}, detail::infer_device_type({x}));
+      buffers.emplace(stage, tracker);
+    }
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
     const auto start = detail::clock_now(device);
@@ -145,6 +176,10 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
       stash->drop_cpu_state_if_unused();
       result.draws_random =
           stash->cpu_state().defined() || detail::modeled_random_draws() != modeled_draws;
+    }
+    if (buffers) {
+      result.buffer_bytes = buffers->all_bytes();
+      result.written_buffer_bytes = buffers->written_bytes();
     }
     if (r >= options.warmup()) times.push_back(time);
   }
@@ -272,14 +307,6 @@ void warm_up_on_accelerator(torch::nn::AnyModule& stage, const at::Tensor& x, bo
   compat::synchronize(x.device());
 }
 
-// What the executor's copy of the stage's buffers takes while the stage runs again, as the
-// tracker counts it (none for buffers off the tracked device).
-int64_t buffer_copy_bytes(torch::nn::AnyModule& stage, MemoryTracker& tracker) {
-  const int64_t before = tracker.current_bytes();
-  const detail::BufferGuard copy({stage.ptr()});
-  return tracker.current_bytes() - before;
-}
-
 // Measures one stage on its input into `measured`: the sizes and times of the planner's model,
 // and the storage options that keep less than the plain stage. Returns the stage's output.
 at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
@@ -300,7 +327,8 @@ at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   measured.forward_all_tmp_bytes = full.forward_tmp_bytes;
   measured.backward_tmp_bytes = full.backward_tmp_bytes;
   measured.random_state_bytes = no_grad.draws_random ? random_state_bytes(x) : 0;
-  measured.buffer_bytes = buffer_copy_bytes(stage, tracker);
+  measured.buffer_bytes = no_grad.buffer_bytes;
+  measured.written_buffer_bytes = no_grad.written_buffer_bytes;
   for (auto& option : measured.alternatives) {
     option.saved_bytes = std::max(option.saved_bytes, measured.output_bytes);
     if (option.offloaded_bytes > 0) {

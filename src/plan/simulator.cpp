@@ -230,6 +230,7 @@ class Machine {
     xbar_option_[static_cast<size_t>(i + 1)] = -1;
     current_ -= option.saved_bytes;
     current_ += stage.gradient_bytes;  // the parameters' gradients stay until the step ends
+    if (forward_ops_[static_cast<size_t>(i)] > 1) current_ -= stage.written_buffer_bytes;
     if (i >= 1 && x_[static_cast<size_t>(i)]) {
       x_[static_cast<size_t>(i)] = false;
       current_ -= x_bytes(i);
@@ -238,10 +239,11 @@ class Machine {
   }
 
   // What the executor holds around a forward of stage i (docs/memory-model.md, "Random state"
-  // and "Buffers"): the stash a stage that runs again takes in its first forward (kept where the
-  // stage draws random numbers); in a later forward, the caller's random state, put aside while a
-  // stage that draws them runs again, and the copy of the stage's buffers. Returns the op's
-  // transient bytes; adds the kept ones to `current_`.
+  // and "Buffers"): in the first forward of a stage that runs again, the stash (kept where the
+  // stage draws random numbers) and a copy of every buffer (the written ones kept until the
+  // stage's backward); in a later forward, the caller's random state, put aside while a stage
+  // that draws them runs again, and the copy of the stage's buffers. Returns the op's transient
+  // bytes; adds the kept ones to `current_`.
   int64_t executor_state_at_forward(int i) {
     const auto index = static_cast<size_t>(i);
     const Stage& stage = chain_.stages[index];
@@ -250,9 +252,9 @@ class Machine {
     forwarded_[index] = true;
     if (first) {
       if (forward_ops_[index] == 1) return 0;
-      current_ += kept;
+      current_ += kept + stage.written_buffer_bytes;
       random_held_ += kept;
-      return chain_.random_state_bytes - kept;
+      return chain_.random_state_bytes - kept + stage.buffer_bytes - stage.written_buffer_bytes;
     }
     return (kept == 0 ? 0 : chain_.random_state_bytes) + stage.buffer_bytes;
   }

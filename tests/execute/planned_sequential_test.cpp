@@ -8,6 +8,7 @@
 #include <ckpt/profiler.h>
 
 #include "compat/torch_compat.h"
+#include "support/smoothing_block.h"
 #include "support/support.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -126,6 +127,43 @@ TEST_F(PlannedSequentialTest, SmallestBudgetRecomputesAndStaysExact) {
   EXPECT_GT(planned->prediction().forward_count, 8);
   EXPECT_LE(planned->prediction().peak_bytes, planned->budget_bytes());
   expect_step_equals_plain(plain, chain, planned, x);
+}
+
+// A stage that writes into a buffer and then reads it is recomputed from the buffer's value
+// before the write, as its forward read it; before, the plan's recomputes read the value the
+// first forward left, with other gradients and no error. A BatchNorm in eval writes nothing: no
+// copy is kept.
+TEST_F(PlannedSequentialTest, StagesThatReadABufferTheyWroteRecomputeFromItsValueBefore) {
+  const auto make = [] {
+    torch::nn::Sequential chain;
+    for (int i = 0; i < 8; ++i) chain->push_back(ckpt::test::SmoothingBlock(64, 32));
+    return chain;
+  };
+  const auto x = torch::randn({64, 32});
+  for (const auto& [solver, budget] : std::vector<std::pair<std::string, std::string>>{
+           {"sqrt", "100%"}, {"revolve", "100%"}, {"optimal", "min"}}) {
+    SCOPED_TRACE(solver + " " + budget);
+    torch::manual_seed(2);
+    auto plain = make();
+    torch::manual_seed(2);
+    auto chain = make();
+    ckpt::PlannedSequential planned(chain, ckpt::Budget::parse(budget),
+                                    activations_only().solver(solver));
+    planned->plan(x);
+    if (solver != "optimal") ASSERT_GT(planned->prediction().forward_count, 8);  // recomputes
+    for (const auto& stage : planned->profile().stages) {
+      EXPECT_EQ(stage.written_buffer_bytes, 64 * 32 * 4);
+    }
+    for (int step = 0; step < 3; ++step) expect_step_equals_plain(plain, chain, planned, x);
+  }
+  auto frozen = make_blocks(4, 32);
+  frozen->eval();
+  const auto profile =
+      ckpt::profile_chain(std::vector<torch::nn::AnyModule>(frozen->begin(), frozen->end()), x);
+  for (const auto& stage : profile.stages) {
+    EXPECT_EQ(stage.written_buffer_bytes, 0);
+    EXPECT_GT(stage.buffer_bytes, 0);
+  }
 }
 
 // The CPU generator's state after one training step of `run` from seed 9 (the output let go of

@@ -17,6 +17,7 @@
 
 #include "bench_models.h"
 #include "support/dropout_block.h"
+#include "support/smoothing_block.h"
 #include "support/support.h"
 
 #include <random>
@@ -118,6 +119,19 @@ TEST_F(PlannedChainExactnessTest, StagesWithDropoutPeakAtTheirPredictions) {
       model, torch::randn({32, 64}), {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8});
   for (const auto& stage : profile.stages) {
     EXPECT_EQ(stage.random_state_bytes, profile.random_state_bytes) << "each stage draws";
+  }
+}
+
+// Stages that read a buffer they wrote: the executor copies it during a first forward of a stage
+// that runs again and keeps the copy until the stage's backward, which the model counts.
+TEST_F(PlannedChainExactnessTest, StagesThatReadABufferTheyWrotePeakAtTheirPredictions) {
+  torch::nn::Sequential model;
+  for (int i = 0; i < 12; ++i) model->push_back(ckpt::test::SmoothingBlock(32, 64));
+  const ckpt::plan::Chain profile = expect_plans_peak_at_their_predictions(
+      model, torch::randn({32, 64}), {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8});
+  for (const auto& stage : profile.stages) {
+    EXPECT_EQ(stage.written_buffer_bytes, 32 * 64 * 4) << "the average";
+    EXPECT_EQ(stage.buffer_bytes, stage.written_buffer_bytes);
   }
 }
 

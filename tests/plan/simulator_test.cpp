@@ -111,16 +111,18 @@ TEST(SimulatorTest, RandomStateOfStagesThatDrawNoneIsReadAndDropped) {
 }
 
 // A stage's buffers are copied around each of its forwards after the first (the executor's
-// BufferGuard, so that BatchNorm's statistics move once): a transient of those forwards alone.
-TEST(SimulatorTest, BufferCopiesAreTransientsOfTheForwardsAfterTheFirst) {
+// BufferGuard, so that BatchNorm's statistics move once) and during the first forward of a stage
+// that runs again (to keep those it writes): transients of those forwards alone where it writes
+// none.
+TEST(SimulatorTest, BufferCopiesAreTransientsOfTheForwardsOfStagesThatRunAgain) {
   Chain chain = two_stage_chain();
   chain.stages[0].buffer_bytes = 100;
   chain.stages[1].buffer_bytes = 1000;
   const SimulationResult plain = simulate(chain, solve_no_checkpoint(chain));
   ASSERT_TRUE(plain.valid) << plain.error;
   EXPECT_EQ(plain.peak_bytes, simulate(two_stage_chain(), solve_no_checkpoint(chain)).peak_bytes);
-  // Fck0: 35 -> 30; Fn1: 70 -> 50; L: 90 -> 50 (first forwards: no copy); Fall0: 85+b0 = 185
-  // -> 80; Fall1: 130+b1 = 1130 -> 130; B1: 151 -> 60; B0: 77 -> 20.
+  // Fck0: 35+b0 = 135 -> 30; Fn1: 70+b1 = 1070 -> 50; L: 90 -> 50; Fall0: 85+b0 = 185 -> 80;
+  // Fall1: 130+b1 = 1130 -> 130; B1: 151 -> 60; B0: 77 -> 20.
   const SimulationResult result = simulate(chain, checkpointed_schedule());
   ASSERT_TRUE(result.valid) << result.error;
   EXPECT_EQ(result.peak_bytes, 1130);
@@ -130,6 +132,28 @@ TEST(SimulatorTest, BufferCopiesAreTransientsOfTheForwardsAfterTheFirst) {
   chain.random_state_bytes = 10;
   EXPECT_EQ(chain.executor_state_reserve(), 1010);
   chain.stages[1].buffer_bytes = -1;
+  EXPECT_THROW(chain.validate(), std::invalid_argument);
+}
+
+// The copies of the buffers a stage writes, made in its first forward, stay until its backward.
+TEST(SimulatorTest, WrittenBufferCopiesStayFromTheFirstForwardToTheBackward) {
+  Chain chain = two_stage_chain();
+  chain.stages[0].buffer_bytes = chain.stages[0].written_buffer_bytes = 100;
+  chain.stages[1].buffer_bytes = 1000;
+  chain.stages[1].written_buffer_bytes = 400;
+  // Fck0: 10+w0+20+5 = 135 -> 130; Fn1: 130+w1+40+(b1-w1) = 1170 -> 550; L: 590 -> 550;
+  // Fall0: 550+30+5+b0 = 685 -> 580; Fall1: 580+50+b1 = 1630 -> 630; B1: 651 -> 560-w1 = 160;
+  // B0: 177 -> 20.
+  const SimulationResult result = simulate(chain, checkpointed_schedule());
+  ASSERT_TRUE(result.valid) << result.error;
+  EXPECT_EQ(result.peak_bytes, 1630);
+  EXPECT_EQ(result.peak_op_index, 4);
+  EXPECT_EQ(result.final_bytes, 20);
+  EXPECT_EQ(chain.executor_state_reserve(), 1500);
+  // Stages that run once copy nothing.
+  const SimulationResult plain = simulate(chain, solve_no_checkpoint(chain));
+  EXPECT_EQ(plain.peak_bytes, simulate(two_stage_chain(), solve_no_checkpoint(chain)).peak_bytes);
+  chain.stages[1].written_buffer_bytes = 1001;
   EXPECT_THROW(chain.validate(), std::invalid_argument);
 }
 
