@@ -9,7 +9,8 @@
 //           planned:BUDGET (e.g. planned:100%), the same as budget:BUDGET; intercepted:K (K
 //           segments under a policy that keeps nothing: the dispatch modes' interception alone;
 //           prints how many operator calls the policy saw); checked:K (K segments, each
-//           recompute checked by value); surviving:BUDGET (planned:BUDGET with
+//           recompute checked by value); checked_selective:K (selective:K, each recompute
+//           checked by value); surviving:BUDGET (planned:BUDGET with
 //           OutOfMemory::Replan). Prefixed with penalty: (for example
 //           penalty:sequential:16), each step is a gradient-penalty step instead: the input's
 //           gradient with create_graph, then one backward of the loss plus the gradient's squared
@@ -41,18 +42,20 @@ using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
 int64_t g_policy_calls = 0;  // operator calls the "intercepted" method's policy saw
 
-// The methods are the strategies of `ckpt train --strategy` (models/strategy.h), plus four
+// The methods are the strategies of `ckpt train --strategy` (models/strategy.h), plus five
 // spellings of this program's own: planned:BUDGET (budget:BUDGET, planned with a profiler fit for
 // callgrind), surviving:BUDGET (the same with OutOfMemory::Replan), intercepted:K (selective:K
-// under a policy that keeps nothing) and checked:K (sequential:K with
-// CheckpointOptions::check_values).
+// under a policy that keeps nothing), checked:K (sequential:K with
+// CheckpointOptions::check_values) and checked_selective:K (selective:K with it).
 Forward method_forward(const std::string& method, torch::nn::Sequential model,
                        const torch::Tensor& sample) {
   const bool intercepted = method.rfind("intercepted:", 0) == 0;
-  const bool checked = method.rfind("checked:", 0) == 0;
+  const bool checked_selective = method.rfind("checked_selective:", 0) == 0;
+  const bool checked = checked_selective || method.rfind("checked:", 0) == 0;
   std::string text = method;
   if (intercepted) text = "selective:" + method.substr(std::string("intercepted:").size());
-  if (checked) text = "sequential:" + method.substr(std::string("checked:").size());
+  if (checked)
+    text = (checked_selective ? "selective:" : "sequential:") + method.substr(method.find(':') + 1);
   const bool surviving = method.rfind("surviving:", 0) == 0;
   if (method.rfind("planned:", 0) == 0)
     text = "budget:" + method.substr(std::string("planned:").size());

@@ -351,8 +351,8 @@ Region::ForwardScope::ForwardScope(Region& region)
     recording_guard_ = std::make_unique<DispatchModeGuard>(*recording_);
   }
   if (state.options.check_values()) {
-    values_ = std::make_unique<ValueRecordingMode>(state.forward_values,
-                                                   ValueSample(state.options.check_values_ops()));
+    values_ = std::make_unique<ValueRecordingMode>(
+        state.forward_values, ValueSample(state.options.check_values_ops()), state.kept.get());
     values_guard_ = std::make_unique<DispatchModeGuard>(*values_);
   }
 }

@@ -6,6 +6,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iomanip>
 #include <optional>
@@ -81,6 +82,24 @@ std::optional<OutputSums> sums_of(const c10::OperatorHandle& op, const torch::ji
   return sums;
 }
 
+// The tensors a call reads without writing, in argument order (before it runs, its arguments
+// are on top of the stack). None for the batch-norm family: LibTorch 1.13's schemas leave the
+// running statistics they update unmarked, and a region puts those back where it can see them.
+std::vector<at::Tensor> reads_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  std::vector<at::Tensor> reads;
+  if (op.operator_name().name.find("batch_norm") != std::string::npos) return reads;
+  const auto& arguments = op.schema().arguments();
+  const size_t first = stack.size() - arguments.size();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::AliasInfo* alias = arguments[i].alias_info();
+    if (alias != nullptr && alias->isWrite()) continue;
+    for_each_tensor(stack[first + i], [&](const at::Tensor& t) {
+      if (checkable(t)) reads.push_back(t);
+    });
+  }
+  return reads;
+}
+
 std::string hex(uint64_t value) {
   std::ostringstream out;
   out << "0x" << std::hex << std::setw(16) << std::setfill('0') << value;
@@ -102,6 +121,28 @@ constexpr const char* kCauses =
     "the default generators of the CPU and of the arguments' device). Its gradients would not "
     "be those of the forward.";
 
+// A kept output handed out in the recompute: what its call read from outside the region must hold
+// the forward's values, since the call's backward reads them.
+void check_outside_reads(const OutputSums& expected, const std::vector<at::Tensor>& reads,
+                         const std::string& name, size_t position) {
+  TORCH_CHECK(reads.size() == expected.outside_reads.size(),
+              "ckpt::checkpoint (check_values): ", name, " (checked operator #", position,
+              " of the region) read ", reads.size(), " tensors in the recompute and ",
+              expected.outside_reads.size(), " in the forward.", kCauses);
+  for (size_t j = 0; j < reads.size(); ++j) {
+    if (!expected.outside_reads[j]) continue;
+    const uint64_t now = checksum(reads[j]);
+    TORCH_CHECK(now == *expected.outside_reads[j],
+                "ckpt::checkpoint (check_values): the recompute of the region handed out the "
+                "kept output of ",
+                name, " (checked operator #", position, " of the region), but tensor #", j,
+                " of its arguments, from outside the region, holds other values than in the "
+                "forward (checksum ",
+                hex(now), " in the recompute, ", hex(*expected.outside_reads[j]),
+                " in the forward): its backward would read the new values.", kCauses);
+  }
+}
+
 }  // namespace
 
 ValueSample::ValueSample(std::vector<std::string> ops) : ops_(std::move(ops)) {}
@@ -115,12 +156,31 @@ bool ValueSample::sums(const c10::OperatorName& op) const {
 }
 
 void ValueRecordingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // What the call reads from outside the region (undefined: data the region made), summed only
+  // where the caching mode below keeps the call's outputs.
+  std::vector<at::Tensor> outside;
+  const size_t kept_before = kept_ != nullptr ? kept_->entries.size() : 0;
+  if (kept_ != nullptr && sample_.sums(op.operator_name()) && !returns_a_view(op)) {
+    for (const at::Tensor& t : reads_of(op, *stack))
+      outside.push_back(made_.contains(t) ? at::Tensor() : t);
+  }
   run(op, stack);
-  if (std::optional<OutputSums> sums = sums_of(op, *stack, made_, sample_))
-    record_.push_back(*sums);
+  std::optional<OutputSums> sums = sums_of(op, *stack, made_, sample_);
+  if (!sums) return;
+  if (kept_ != nullptr && kept_->entries.size() > kept_before) {
+    for (const at::Tensor& t : outside)
+      sums->outside_reads.push_back(t.defined() ? std::optional(checksum(t)) : std::nullopt);
+  }
+  record_.push_back(std::move(*sums));
 }
 
 void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // Held through the call, to compare where it hands out the forward's data.
+  std::vector<at::Tensor> reads;
+  if (!diverged_ && next_ < record_.size() && record_[next_].op == &op.operator_name() &&
+      !record_[next_].outside_reads.empty()) {
+    reads = reads_of(op, *stack);
+  }
   run(op, stack);
   if (diverged_) return;
   const std::optional<OutputSums> now = sums_of(op, *stack, made_, sample_, replay_);
@@ -162,6 +222,10 @@ void ValueCheckingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
                 describe(b), " with checksum ", hex(b.checksum), " in the recompute, ", describe(a),
                 " with checksum ", hex(a.checksum), " in the forward.", kCauses);
   }
+  const bool handed_out = std::any_of(now->outputs.begin(), now->outputs.end(),
+                                      [](const OutputSums::Output& o) { return o.forwards_data; });
+  if (handed_out && !expected.outside_reads.empty())
+    check_outside_reads(expected, reads, name, position);
 }
 
 std::vector<uint64_t> output_checksums(const std::vector<at::Tensor>& outputs) {

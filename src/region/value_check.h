@@ -9,6 +9,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -18,6 +19,7 @@ namespace ckpt {
 namespace detail {
 
 class ReplayMode;
+struct KeptOutputs;
 
 /// The storages one run's calls made, held weakly: a storage freed and its address used again is
 /// not one of them.
@@ -45,6 +47,12 @@ struct OutputSums {
     bool forwards_data = false;  // the recompute's: kept data of the forward, not computed again
   };
   std::vector<Output> outputs;  // the call's tensor outputs, in stack order
+  /// Where a selective region kept the call's outputs: checksums of the tensors it read without
+  /// writing, in argument order, where they came from outside the region (nullopt for data an
+  /// earlier call made). The recompute hands a kept output out instead of computing it, so what
+  /// its backward reads from outside (a captured tensor written in place after the forward) is
+  /// compared here.
+  std::vector<std::optional<uint64_t>> outside_reads;
 };
 
 /// The operators whose outputs are checksummed: all, or a sample named by the user.
@@ -58,23 +66,26 @@ class ValueSample {
   std::vector<std::string> ops_;
 };
 
-/// Records the checksums of each call's outputs (the forward's side).
+/// Records the checksums of each call's outputs (the forward's side), and in a selective region
+/// (`kept`: what its caching mode keeps) those of what a call whose outputs it kept read from
+/// outside the region.
 class ValueRecordingMode : public DispatchMode {
  public:
-  ValueRecordingMode(std::vector<OutputSums>& record, ValueSample sample)
-      : record_(record), sample_(std::move(sample)) {}
+  ValueRecordingMode(std::vector<OutputSums>& record, ValueSample sample, const KeptOutputs* kept)
+      : record_(record), sample_(std::move(sample)), kept_(kept) {}
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
 
  private:
   std::vector<OutputSums>& record_;
   ValueSample sample_;
+  const KeptOutputs* kept_;
   MadeStorages made_;
 };
 
 /// Compares each call's outputs with what the forward recorded at the same position (the
 /// recompute's side), raising an error at the first that differs. Outputs in data `replay` handed
 /// out are the forward's own (kept, with the writes it absorbed since): only their shapes are
-/// compared.
+/// compared, and what the call read from outside the region, where the forward recorded it.
 /// `order_may_differ` (the reentrant variant, whose forward ran without grad: a composite
 /// operator may decompose otherwise then, `1 / x` writing in place) stops comparing at the first
 /// call that is not the forward's, and `diverged` says so: the region's outputs are compared.

@@ -144,6 +144,37 @@ TEST_F(ValueCheckTest, StateOutsideTheRegionWrittenBeforeTheBackwardIsFound) {
   }
 }
 
+// A hostile probe: under a selective policy the recompute hands a kept product out instead of
+// computing it, so a captured tensor only that product read, written in place after the forward,
+// changed no compared output while the product's backward read its new values (the input
+// gradient off by 4.35). What a kept operator read from outside the region is compared now.
+TEST_F(ValueCheckTest, WhatAKeptOperatorReadFromOutsideTheRegionIsCompared) {
+  torch::Tensor g = torch::randn({16, 16});
+  const auto fn = [&g](const torch::Tensor& t) { return t.tanh().mm(g).sin(); };
+  const auto selective = ckpt::CheckpointOptions(kChecked).policy(ckpt::save_matmuls());
+  torch::Tensor loss = ckpt::checkpoint(selective, fn, x).sum();
+  g.mul_(3);  // read by the kept mm alone
+  try {
+    loss.backward();
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_NE(message.find("handed out the kept output of aten::mm (checked operator #1"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("tensor #1 of its arguments, from outside the region"),
+              std::string::npos)
+        << message;
+  }
+  // Unwritten, it passes with the plain step's gradient.
+  x.mutable_grad().reset();
+  fn(x).sum().backward();
+  const torch::Tensor plain = x.grad().clone();
+  x.mutable_grad().reset();
+  ckpt::checkpoint(selective, fn, x).sum().backward();
+  EXPECT_TRUE(bit_equal(x.grad(), plain));
+}
+
 // False alarms a hostile probe found, each on a deterministic function. A selective region hands
 // out a kept matrix product that the forward then wrote into (a Linear on 3-d input adds its bias
 // in place; a block that adds in place after mm): its checksum was taken of the written data and
