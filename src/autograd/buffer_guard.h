@@ -40,11 +40,13 @@ inline uint64_t site_bit(size_t i) {
 /// that writes into a buffer and then reads it (a running normaliser, spectral norm's power
 /// iteration) must read in the recompute what it read in the forward, not what the forward left.
 /// Copies the buffers `copy` marks (bit i: buffer i in the modules' traversal order, bit 63: those
-/// from #63 on); `finish`, after the forward, keeps only the copies of buffers it wrote into.
+/// from #63 on); `finish`, after the forward, keeps only the copies of buffers it wrote into (its
+/// version moved, or its values, shape or dtype changed) and of those `keep` marks.
 class BuffersAtForward {
  public:
   BuffersAtForward() = default;
-  BuffersAtForward(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, uint64_t copy);
+  BuffersAtForward(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, uint64_t copy,
+                   uint64_t keep = 0);
   /// After the forward: the buffers it wrote into (bits as `copy`'s).
   uint64_t finish();
   /// Whether the forward wrote into a buffer that was not copied: its value before is lost.
@@ -55,8 +57,15 @@ class BuffersAtForward {
  private:
   std::vector<at::Tensor> buffers_, copies_;  // copies_[i] undefined: not copied, or let go of
   std::vector<uint32_t> versions_;
+  uint64_t keep_ = 0;
   bool lost_ = false;
 };
+
+/// For each of `stages` (modules run one after another), the buffers it shares with another
+/// stage, as a mask of `BuffersAtForward`'s bits: a later stage may write what an earlier one
+/// read, so a stage that runs again keeps their copies.
+std::vector<uint64_t> buffers_shared_between(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& stages);
 
 }  // namespace detail
 }  // namespace ckpt

@@ -100,6 +100,12 @@ ScheduleRunner::ScheduleRunner(std::vector<torch::nn::AnyModule> stages, plan::S
   runs_again_.resize(n);
   for (size_t i = 0; i < n; ++i) runs_again_[i] = forwards[i] > 1;
   single_stage_leaves_ = detail::single_stage_leaves(stages_);
+  shared_buffers_.assign(n, 0);
+  if (std::find(runs_again_.begin(), runs_again_.end(), true) != runs_again_.end()) {
+    std::vector<std::shared_ptr<torch::nn::Module>> modules;
+    for (const auto& stage : stages_) modules.push_back(stage.ptr());
+    shared_buffers_ = buffers_shared_between(modules);
+  }
 }
 
 const at::Tensor& ScheduleRunner::available(int i) const {
@@ -162,7 +168,7 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
     if (runs_again_[i]) {
       autocast_[i] = AutocastState::current(device_type);
       training_[i] = TrainingModes(stage);
-      buffers_at_forward_[i] = BuffersAtForward(stage, ~uint64_t{0});
+      buffers_at_forward_[i] = BuffersAtForward(stage, ~uint64_t{0}, shared_buffers_[i]);
     }
     ran_[i] = true;
   }

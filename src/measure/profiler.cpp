@@ -115,21 +115,22 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
 
 struct NoGradForward {
   at::Tensor output;
-  int64_t tmp_bytes = 0;             // above the output
-  double time = 0.0;                 // median
-  bool draws_random = false;         // on the CPU: its random state moved
-  int64_t buffer_bytes = 0;          // one copy of every buffer of the stage
-  int64_t written_buffer_bytes = 0;  // the copies of those it wrote into
+  int64_t tmp_bytes = 0;          // above the output
+  double time = 0.0;              // median
+  bool draws_random = false;      // on the CPU: its random state moved
+  int64_t buffer_bytes = 0;       // one copy of every buffer of the stage
+  int64_t kept_buffer_bytes = 0;  // the copies of those it wrote into
 };
 
 // The copies of a stage's buffers that the executor makes around the first forward of a stage it
-// runs again (all of them, then those the forward wrote into), as the tracker counts them: none
-// for buffers off the tracked device.
+// runs again (all of them, then those the forward wrote into and those `shared` marks), as the
+// tracker counts them: none for buffers off the tracked device.
 class BufferCopies {
  public:
-  BufferCopies(torch::nn::AnyModule& stage, MemoryTracker& tracker) : tracker_(tracker) {
+  BufferCopies(torch::nn::AnyModule& stage, uint64_t shared, MemoryTracker& tracker)
+      : tracker_(tracker) {
     const int64_t before = tracker.current_bytes();
-    copies_ = detail::BuffersAtForward({stage.ptr()}, ~uint64_t{0});
+    copies_ = detail::BuffersAtForward({stage.ptr()}, ~uint64_t{0}, shared);
     all_bytes_ = tracker.current_bytes() - before;
   }
   int64_t all_bytes() const { return all_bytes_; }
@@ -151,7 +152,8 @@ class BufferCopies {
 // random numbers on the CPU (the executor's stash of a stage that runs again is then kept), and
 // the executor's copies of its buffers.
 NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Tensor& x,
-                                      const ProfileOptions& options, MemoryTracker& tracker) {
+                                      uint64_t shared_buffers, const ProfileOptions& options,
+                                      MemoryTracker& tracker) {
   const at::NoGradGuard no_grad;
   const c10::Device device = x.device();
   NoGradForward result;
@@ -163,7 +165,7 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
     const int64_t modeled_draws = detail::modeled_random_draws();
     if (r == 0) {
       stash.emplace(std::vector<at::Tensor>{x}, detail::infer_device_type({x}));
-      buffers.emplace(stage, tracker);
+      buffers.emplace(stage, shared_buffers, tracker);
     }
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
@@ -179,7 +181,7 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
     }
     if (buffers) {
       result.buffer_bytes = buffers->all_bytes();
-      result.written_buffer_bytes = buffers->written_bytes();
+      result.kept_buffer_bytes = buffers->written_bytes();
     }
     if (r >= options.warmup()) times.push_back(time);
   }
@@ -308,16 +310,18 @@ void warm_up_on_accelerator(torch::nn::AnyModule& stage, const at::Tensor& x, bo
 }
 
 // Measures one stage on its input into `measured`: the sizes and times of the planner's model,
-// and the storage options that keep less than the plain stage. Returns the stage's output.
+// and the storage options that keep less than the plain stage. `shared_buffers`: the buffers it
+// shares with other stages (`buffers_shared_between`). Returns the stage's output.
 at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
-                         const Leaves& single_stage_leaves, const ProfileOptions& options,
-                         MemoryTracker& tracker, plan::Stage& measured) {
+                         const Leaves& single_stage_leaves, uint64_t shared_buffers,
+                         const ProfileOptions& options, MemoryTracker& tracker,
+                         plan::Stage& measured) {
   warm_up_on_accelerator(stage, x, input_grad);
   const plan::StorageOption full = measure_full_storage(stage, stage_forward(stage), x, input_grad,
                                                         single_stage_leaves, options, tracker);
   offer_storage_modes(stage, x, input_grad, single_stage_leaves, options, tracker, full.saved_bytes,
                       measured);
-  NoGradForward no_grad = measure_no_grad_forward(stage, x, options, tracker);
+  NoGradForward no_grad = measure_no_grad_forward(stage, x, shared_buffers, options, tracker);
   measured.forward_time = no_grad.time;
   measured.forward_all_time = full.forward_time;
   measured.backward_time = full.backward_time;
@@ -328,7 +332,7 @@ at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   measured.backward_tmp_bytes = full.backward_tmp_bytes;
   measured.random_state_bytes = no_grad.draws_random ? random_state_bytes(x) : 0;
   measured.buffer_bytes = no_grad.buffer_bytes;
-  measured.written_buffer_bytes = no_grad.written_buffer_bytes;
+  measured.kept_buffer_bytes = no_grad.kept_buffer_bytes;
   for (auto& option : measured.alternatives) {
     option.saved_bytes = std::max(option.saved_bytes, measured.output_bytes);
     if (option.offloaded_bytes > 0) {
@@ -372,13 +376,16 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
   chain.random_state_bytes = random_state_bytes(sample_input);
   const std::vector<int64_t> gradient_bytes = gradient_bytes_per_stage(stages);
   const Leaves single_stage_leaves = detail::single_stage_leaves(stages);
+  const std::vector<uint64_t> shared_buffers =
+      detail::buffers_shared_between(stage_modules(stages));
   at::Tensor x = sample_input.detach();
   for (size_t i = 0; i < stages.size(); ++i) {
     auto stage = stages[i];
     const SwappedGradients grads({stage.ptr()}, SwappedGradients::Start::None);
     const bool input_grad = i > 0 ? detail::is_differentiable(x) : sample_input.requires_grad();
     plan::Stage measured{};
-    x = measure_stage(stage, x, input_grad, single_stage_leaves, options, tracker, measured);
+    x = measure_stage(stage, x, input_grad, single_stage_leaves, shared_buffers[i], options,
+                      tracker, measured);
     if (options.count_parameter_gradients()) measured.gradient_bytes = gradient_bytes[i];
     chain.stages.push_back(measured);
   }

@@ -130,7 +130,7 @@ Totals totals(const Chain& chain) {
     totals.add_bytes(stage.output_bytes);
     totals.add_bytes(stage.random_state_bytes);
     totals.add_bytes(stage.buffer_bytes);
-    totals.add_bytes(stage.written_buffer_bytes);
+    totals.add_bytes(stage.kept_buffer_bytes);
     totals.add_bytes(stage.forward_tmp_bytes);
     totals.add_bytes(stage.gradient_bytes);
     totals.time += stage.forward_time;
@@ -151,7 +151,7 @@ Totals totals(const Chain& chain) {
 bool stage_ok(const Stage& stage) {
   bool ok = stage.output_bytes >= 0 && stage.forward_tmp_bytes >= 0 && stage.gradient_bytes >= 0 &&
             stage.random_state_bytes >= 0 && stage.buffer_bytes >= 0 &&
-            stage.written_buffer_bytes >= 0 && stage.written_buffer_bytes <= stage.buffer_bytes &&
+            stage.kept_buffer_bytes >= 0 && stage.kept_buffer_bytes <= stage.buffer_bytes &&
             stage.forward_all_tmp_bytes >= -1 && std::isfinite(stage.forward_time) &&
             stage.forward_time >= 0 &&
             (stage.forward_all_time == -1.0 || stage.forward_all_time >= 0) &&
@@ -170,12 +170,12 @@ void check_stage(const Stage& stage, size_t i) {
   check_size(stage.gradient_bytes, name + "gradient_bytes");
   check_size(stage.random_state_bytes, name + "random_state_bytes");
   check_size(stage.buffer_bytes, name + "buffer_bytes");
-  check_size(stage.written_buffer_bytes, name + "written_buffer_bytes");
-  if (stage.written_buffer_bytes > stage.buffer_bytes) {
+  check_size(stage.kept_buffer_bytes, name + "kept_buffer_bytes");
+  if (stage.kept_buffer_bytes > stage.buffer_bytes) {
     throw std::invalid_argument(std::string(kValidate) + name +
-                                "written_buffer_bytes must be at most buffer_bytes (the written "
-                                "buffers are some of the stage's buffers), but got " +
-                                std::to_string(stage.written_buffer_bytes) + " > " +
+                                "kept_buffer_bytes must be at most buffer_bytes (the kept "
+                                "copies are of some of the stage's buffers), but got " +
+                                std::to_string(stage.kept_buffer_bytes) + " > " +
                                 std::to_string(stage.buffer_bytes) + ".");
   }
   if (stage.forward_all_tmp_bytes < -1) {
@@ -240,14 +240,14 @@ void Chain::validate() const {
 }
 
 int64_t Chain::executor_state_reserve() const {
-  int64_t stashes = 0, written_buffers = 0, largest_buffers = 0;
+  int64_t stashes = 0, kept_buffers = 0, largest_buffers = 0;
   for (const Stage& stage : stages) {
     stashes += stage.random_state_bytes;
-    written_buffers += stage.written_buffer_bytes;
+    kept_buffers += stage.kept_buffer_bytes;
     largest_buffers = std::max(largest_buffers, stage.buffer_bytes);
   }
   // Without stashes, only the state read during a first forward; with them, the caller's too.
-  return (stashes == 0 ? random_state_bytes : 2 * random_state_bytes + stashes) + written_buffers +
+  return (stashes == 0 ? random_state_bytes : 2 * random_state_bytes + stashes) + kept_buffers +
          largest_buffers;
 }
 

@@ -230,7 +230,7 @@ class Machine {
     xbar_option_[static_cast<size_t>(i + 1)] = -1;
     current_ -= option.saved_bytes;
     current_ += stage.gradient_bytes;  // the parameters' gradients stay until the step ends
-    if (forward_ops_[static_cast<size_t>(i)] > 1) current_ -= stage.written_buffer_bytes;
+    if (forward_ops_[static_cast<size_t>(i)] > 1) current_ -= stage.kept_buffer_bytes;
     if (i >= 1 && x_[static_cast<size_t>(i)]) {
       x_[static_cast<size_t>(i)] = false;
       current_ -= x_bytes(i);
@@ -252,9 +252,9 @@ class Machine {
     forwarded_[index] = true;
     if (first) {
       if (forward_ops_[index] == 1) return 0;
-      current_ += kept + stage.written_buffer_bytes;
+      current_ += kept + stage.kept_buffer_bytes;
       random_held_ += kept;
-      return chain_.random_state_bytes - kept + stage.buffer_bytes - stage.written_buffer_bytes;
+      return chain_.random_state_bytes - kept + stage.buffer_bytes - stage.kept_buffer_bytes;
     }
     return (kept == 0 ? 0 : chain_.random_state_bytes) + stage.buffer_bytes;
   }

@@ -42,16 +42,16 @@ TEST(ChainJson, RoundTripKeepsTheExecutorsState) {
   chain.stages[0].gradient_bytes = 40;
   chain.stages[0].random_state_bytes = 5056;
   chain.stages[0].buffer_bytes = 264;
-  chain.stages[0].written_buffer_bytes = 256;
+  chain.stages[0].kept_buffer_bytes = 256;
   const plan::Chain again = cli::chain_from_json(cli::chain_to_json(chain), "again");
   EXPECT_EQ(again.random_state_bytes, 5056);
   ASSERT_EQ(again.stages.size(), 1u);
   EXPECT_EQ(again.stages[0].gradient_bytes, 40);
   EXPECT_EQ(again.stages[0].random_state_bytes, 5056);
   EXPECT_EQ(again.stages[0].buffer_bytes, 264);
-  EXPECT_EQ(again.stages[0].written_buffer_bytes, 256);
+  EXPECT_EQ(again.stages[0].kept_buffer_bytes, 256);
   nlohmann::json written = cli::chain_to_json(chain);
-  written["stages"][0]["written_buffer_bytes"] = 265;
+  written["stages"][0]["kept_buffer_bytes"] = 265;
   EXPECT_THROW(cli::chain_from_json(written, "more written than there is"), std::exception);
 }
 

@@ -8,7 +8,7 @@
 #include <ckpt/profiler.h>
 
 #include "compat/torch_compat.h"
-#include "support/smoothing_block.h"
+#include "support/stateful_blocks.h"
 #include "support/support.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -150,9 +150,11 @@ TEST_F(PlannedSequentialTest, StagesThatReadABufferTheyWroteRecomputeFromItsValu
     ckpt::PlannedSequential planned(chain, ckpt::Budget::parse(budget),
                                     activations_only().solver(solver));
     planned->plan(x);
-    if (solver != "optimal") ASSERT_GT(planned->prediction().forward_count, 8);  // recomputes
+    if (solver != "optimal") {
+      ASSERT_GT(planned->prediction().forward_count, 8);  // recomputes
+    }
     for (const auto& stage : planned->profile().stages) {
-      EXPECT_EQ(stage.written_buffer_bytes, 64 * 32 * 4);
+      EXPECT_EQ(stage.kept_buffer_bytes, 64 * 32 * 4);
     }
     for (int step = 0; step < 3; ++step) expect_step_equals_plain(plain, chain, planned, x);
   }
@@ -161,8 +163,68 @@ TEST_F(PlannedSequentialTest, StagesThatReadABufferTheyWroteRecomputeFromItsValu
   const auto profile =
       ckpt::profile_chain(std::vector<torch::nn::AnyModule>(frozen->begin(), frozen->end()), x);
   for (const auto& stage : profile.stages) {
-    EXPECT_EQ(stage.written_buffer_bytes, 0);
+    EXPECT_EQ(stage.kept_buffer_bytes, 0);
     EXPECT_GT(stage.buffer_bytes, 0);
+  }
+}
+
+// Stages sharing a buffer (one tensor registered in two modules) that the later one writes and
+// the earlier one reads; a counter written through `.data()`, whose version does not move; a
+// history that grows in the forward (`set_`). Found by a hostile probe: the earlier stage's
+// recompute read the later stage's write (input gradient off by 0.30), the counter's write went
+// unseen (off by 0.098), and the growing buffer aborted the process from a destructor.
+struct SharedReadImpl : torch::nn::Module {
+  SharedReadImpl(const torch::Tensor& shared, bool writes)
+      : linear(register_module("linear", torch::nn::Linear(8, 8))),
+        shared(register_buffer("shared", shared)),
+        writes(writes) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (writes) {
+      {
+        const torch::NoGradGuard no_grad;
+        shared.add_(1);
+      }
+      return torch::tanh(linear(x));
+    }
+    return torch::tanh(linear(x) - shared);
+  }
+  torch::nn::Linear linear;
+  torch::Tensor shared;
+  bool writes;
+};
+TORCH_MODULE(SharedRead);
+
+TEST_F(PlannedSequentialTest, SharedBuffersUnversionedWritesAndGrowingBuffersStayExact) {
+  const std::vector<std::pair<std::string, std::function<torch::nn::Sequential()>>> chains{
+      {"shared",
+       [] {
+         const torch::Tensor shared = torch::zeros({8});
+         return torch::nn::Sequential(SharedRead(shared, false), SharedRead(shared, true),
+                                      torch::nn::Linear(8, 8), torch::nn::Tanh());
+       }},
+      {"data counter",
+       [] {
+         return torch::nn::Sequential(ckpt::test::DataCounter(), ckpt::test::DataCounter(),
+                                      ckpt::test::DataCounter(), ckpt::test::DataCounter());
+       }},
+      {"growing", [] {
+         return torch::nn::Sequential(ckpt::test::GrowingHistory(), ckpt::test::GrowingHistory(),
+                                      ckpt::test::GrowingHistory(), ckpt::test::GrowingHistory());
+       }}};
+  const auto x = torch::randn({16, 8});
+  for (const auto& [name, make] : chains) {
+    for (const std::string solver : {"sqrt", "revolve"}) {
+      SCOPED_TRACE(name + " " + solver);
+      torch::manual_seed(2);
+      auto plain = make();
+      torch::manual_seed(2);
+      auto chain = make();
+      ckpt::PlannedSequential planned(chain, ckpt::Budget::parse("100%"),
+                                      activations_only().solver(solver));
+      planned->plan(x);
+      ASSERT_GT(planned->prediction().forward_count, static_cast<int>(chain->size()));
+      for (int step = 0; step < 3; ++step) expect_step_equals_plain(plain, chain, planned, x);
+    }
   }
 }
 

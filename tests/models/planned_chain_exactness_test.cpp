@@ -17,7 +17,7 @@
 
 #include "bench_models.h"
 #include "support/dropout_block.h"
-#include "support/smoothing_block.h"
+#include "support/stateful_blocks.h"
 #include "support/support.h"
 
 #include <random>
@@ -130,8 +130,8 @@ TEST_F(PlannedChainExactnessTest, StagesThatReadABufferTheyWrotePeakAtTheirPredi
   const ckpt::plan::Chain profile = expect_plans_peak_at_their_predictions(
       model, torch::randn({32, 64}), {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8});
   for (const auto& stage : profile.stages) {
-    EXPECT_EQ(stage.written_buffer_bytes, 32 * 64 * 4) << "the average";
-    EXPECT_EQ(stage.buffer_bytes, stage.written_buffer_bytes);
+    EXPECT_EQ(stage.kept_buffer_bytes, 32 * 64 * 4) << "the average";
+    EXPECT_EQ(stage.buffer_bytes, stage.kept_buffer_bytes);
   }
 }
 

@@ -138,9 +138,9 @@ TEST(SimulatorTest, BufferCopiesAreTransientsOfTheForwardsOfStagesThatRunAgain) 
 // The copies of the buffers a stage writes, made in its first forward, stay until its backward.
 TEST(SimulatorTest, WrittenBufferCopiesStayFromTheFirstForwardToTheBackward) {
   Chain chain = two_stage_chain();
-  chain.stages[0].buffer_bytes = chain.stages[0].written_buffer_bytes = 100;
+  chain.stages[0].buffer_bytes = chain.stages[0].kept_buffer_bytes = 100;
   chain.stages[1].buffer_bytes = 1000;
-  chain.stages[1].written_buffer_bytes = 400;
+  chain.stages[1].kept_buffer_bytes = 400;
   // Fck0: 10+w0+20+5 = 135 -> 130; Fn1: 130+w1+40+(b1-w1) = 1170 -> 550; L: 590 -> 550;
   // Fall0: 550+30+5+b0 = 685 -> 580; Fall1: 580+50+b1 = 1630 -> 630; B1: 651 -> 560-w1 = 160;
   // B0: 177 -> 20.
@@ -153,7 +153,7 @@ TEST(SimulatorTest, WrittenBufferCopiesStayFromTheFirstForwardToTheBackward) {
   // Stages that run once copy nothing.
   const SimulationResult plain = simulate(chain, solve_no_checkpoint(chain));
   EXPECT_EQ(plain.peak_bytes, simulate(two_stage_chain(), solve_no_checkpoint(chain)).peak_bytes);
-  chain.stages[1].written_buffer_bytes = 1001;
+  chain.stages[1].kept_buffer_bytes = 1001;
   EXPECT_THROW(chain.validate(), std::invalid_argument);
 }
 

@@ -6,6 +6,7 @@
 #include <ckpt/ckpt.h>
 #include <ckpt/selective.h>
 
+#include "support/stateful_blocks.h"
 #include "support/support.h"
 
 #include <string>
@@ -83,6 +84,45 @@ TEST(BuffersReadAfterWriteTest, EveryVariantRecomputesFromTheValueBeforeTheWrite
     expect_same(checkpointed, plain);
     EXPECT_TRUE(checkpointed.warnings.empty());
   }
+}
+
+// Found by a hostile probe: a write through `.data()` moves no version counter and went unseen
+// (the recompute read the counter as the forward left it), and a buffer that grows in the
+// forward aborted the process when a destructor put it back. The module is an argument of the
+// region; each variant runs three steps against the plain module's.
+// Three steps of `module` (a fresh one from seed 1), through ckpt::checkpoint with `options`:
+// the input's gradients, the parameters' and the buffers.
+template <class Module>
+std::vector<torch::Tensor> three_steps(const ckpt::CheckpointOptions* options) {
+  torch::manual_seed(1);
+  Module module;
+  std::vector<torch::Tensor> after;
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({16, 8}, torch::requires_grad());
+    auto y = options != nullptr ? ckpt::checkpoint(*options, module, x) : module(x);
+    y.pow(2).sum().backward();
+    after.push_back(x.grad());
+  }
+  for (auto& g : take_grads(*module)) after.push_back(g);
+  for (const auto& b : module->buffers()) after.push_back(b.clone());
+  return after;
+}
+
+TEST(BuffersReadAfterWriteTest, UnversionedWritesAndGrowingBuffersRecomputeExactly) {
+  const auto expect_exact = [](const auto& run) {
+    const std::vector<torch::Tensor> plain = run(nullptr);
+    for (const auto& options :
+         {ckpt::CheckpointOptions(), ckpt::CheckpointOptions().use_reentrant(true)}) {
+      SCOPED_TRACE(options.use_reentrant() ? "reentrant" : "default");
+      const std::vector<torch::Tensor> checkpointed = run(&options);
+      ASSERT_EQ(checkpointed.size(), plain.size());
+      for (size_t i = 0; i < plain.size(); ++i) {
+        EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << "tensor #" << i;
+      }
+    }
+  };
+  expect_exact(three_steps<ckpt::test::DataCounter>);
+  expect_exact(three_steps<ckpt::test::GrowingHistory>);
 }
 
 // A call site copies every buffer until a forward there writes one, then those written. A later

@@ -237,7 +237,7 @@ plan::Stage read_stage(const Reader& reader, const json& object, const std::stri
   stage.gradient_bytes = reader.bytes(object, "gradient_bytes", path, true);
   stage.random_state_bytes = reader.bytes(object, "random_state_bytes", path, true);
   stage.buffer_bytes = reader.bytes(object, "buffer_bytes", path, true);
-  stage.written_buffer_bytes = reader.bytes(object, "written_buffer_bytes", path, true);
+  stage.kept_buffer_bytes = reader.bytes(object, "kept_buffer_bytes", path, true);
   if (stage.saved_bytes < stage.output_bytes) {
     reader.fail(path + ".saved_bytes", "must be >= output_bytes (" +
                                            std::to_string(stage.output_bytes) +
@@ -342,7 +342,7 @@ json chain_to_json(const plan::Chain& chain) {
     if (stage.gradient_bytes > 0) object["gradient_bytes"] = stage.gradient_bytes;
     if (stage.random_state_bytes > 0) object["random_state_bytes"] = stage.random_state_bytes;
     if (stage.buffer_bytes > 0) object["buffer_bytes"] = stage.buffer_bytes;
-    if (stage.written_buffer_bytes > 0) object["written_buffer_bytes"] = stage.written_buffer_bytes;
+    if (stage.kept_buffer_bytes > 0) object["kept_buffer_bytes"] = stage.kept_buffer_bytes;
     if (!stage.alternatives.empty()) {
       json alternatives = json::array();
       for (const plan::StorageOption& option : stage.alternatives) {

@@ -82,12 +82,12 @@ struct Stage {
   /// during each forward of the stage after its first and writes back afterwards, so that a
   /// recompute leaves them as the forward did: a transient of those forwards. Default: 0
   int64_t buffer_bytes = 0;
-  /// Bytes of the buffers the stage's forward writes into (BatchNorm's running statistics in
-  /// training; at most `buffer_bytes`). A stage the schedule runs more than once copies all its
-  /// buffers during its first forward and keeps these copies until its backward, so that a
-  /// recompute starts from the values its forward read (a module that updates a buffer and then
-  /// reads it). Default: 0
-  int64_t written_buffer_bytes = 0;
+  /// Bytes of the copies of the stage's buffers that the executor keeps from the stage's first
+  /// forward to its backward when the schedule runs it more than once, so that a recompute starts
+  /// from the values its forward read (a module that updates a buffer and then reads it): those
+  /// the forward writes into (BatchNorm's running statistics in training) and those the stage
+  /// shares with another stage, which may write them later. At most `buffer_bytes`. Default: 0
+  int64_t kept_buffer_bytes = 0;
 
   /// Number of full-storage options: 1 + alternatives.size().
   int option_count() const { return 1 + static_cast<int>(alternatives.size()); }
@@ -118,7 +118,7 @@ struct Chain {
   /// The most the executor's own state adds to any schedule's peak: the random state (every
   /// stage's stash and two copies of the state: the caller's, kept through a backward that
   /// replays a stash, and one read around a forward; one copy where no stage keeps a stash), every
-  /// stage's written buffers and the largest stage's buffers, copied around a forward. The solvers'
+  /// stage's kept buffer copies and the largest stage's buffers, copied around a forward. The solvers'
   /// programs leave it out and keep it free.
   int64_t executor_state_reserve() const;
   /// |x_i| for i in [0, L]: input_bytes for i = 0, stages[i-1].output_bytes otherwise.

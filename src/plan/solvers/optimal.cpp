@@ -514,7 +514,7 @@ std::optional<Schedule> solve_keeping_executor_state(const Chain& chain, int64_t
   for (Stage& stage : without.stages) {
     stage.random_state_bytes = 0;
     stage.buffer_bytes = 0;
-    stage.written_buffer_bytes = 0;
+    stage.kept_buffer_bytes = 0;
   }
   detail::MinMemoryPlan smallest =
       detail::min_memory_plan("ckpt::plan::solve_optimal", chain, options);
