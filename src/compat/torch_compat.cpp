@@ -36,6 +36,12 @@ bool any_tensor_pre_hooks(N& node, long) {
 
 WeakNodePtr weak_node(torch::autograd::Node& node) {
 #if CKPT_TORCH_AT_LEAST(2, 13)
+  // A node whose last owner is gone is being released (LibTorch calls release_variables then):
+  // reclaiming it would own it once more and release it a second time, inside the first.
+  if (c10::raw::intrusive_ptr::use_count(&node) == 0) {
+    return c10::weak_intrusive_ptr<torch::autograd::Node>(
+        c10::intrusive_ptr<torch::autograd::Node>());
+  }
   return c10::weak_intrusive_ptr<torch::autograd::Node>(
       c10::intrusive_ptr<torch::autograd::Node>::unsafe_reclaim_from_nonowning(&node));
 #else

@@ -51,7 +51,8 @@ using WeakNodePtr =
                        std::weak_ptr<torch::autograd::Node>,
                        c10::weak_intrusive_ptr<torch::autograd::Node>>;
 
-/// A weak pointer to `node`, which must be owned (by a NodePtr) at the time of the call.
+/// A weak pointer to `node`; an expired one where no NodePtr owns it any more (the node is being
+/// released).
 WeakNodePtr weak_node(torch::autograd::Node& node);
 
 /// Whether the calling thread runs a backward pass now (an autograd engine's graph task), so

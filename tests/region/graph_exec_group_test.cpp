@@ -151,6 +151,25 @@ TEST_F(GraphExecGroupTest, NestedRegionsInAGroup) {
   }
 }
 
+// A hostile probe: nested regions in a group, one backward that keeps the graph and one that
+// does not. The second hung: the inner region's node, let go of inside the outer region's
+// backward, took a pointer to itself that released it again, inside its own lock.
+TEST_F(GraphExecGroupTest, NestedRegionsInAGroupServeABackwardThatKeepsTheGraphAndOneThatDoesNot) {
+  auto inner = [&](const at::Tensor& t) { return block->forward(t); };
+  auto outer = [&](const at::Tensor& t) { return ckpt::checkpoint(inner, t.cos()).exp(); };
+  auto step = [&](bool checkpointed) {
+    std::optional<ckpt::GraphExecGroup> group;
+    if (checkpointed) group.emplace();
+    const at::Tensor x = input.detach().requires_grad_();
+    const at::Tensor y = checkpointed ? ckpt::checkpoint(outer, x) : block->forward(x.cos()).exp();
+    y.pow(2).sum().backward({}, /*retain_graph=*/true);
+    y.pow(2).sum().backward();
+    return Result{x.grad().clone(), take_grads(*block)};
+  };
+  const Result plain = step(false);
+  expect_same(step(true), plain);
+}
+
 TEST(GraphExecGroup, GroupsDoNotNest) {
   ckpt::GraphExecGroup group;
   CKPT_EXPECT_THROWS_WITH(ckpt::GraphExecGroup inner, "cannot be nested");
