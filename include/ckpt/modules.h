@@ -143,6 +143,17 @@ class CheckpointedImpl
   friend class detail::CheckpointedForward<CheckpointedImpl<M>,
                                            typename detail::ForwardSignature<M>::type>;
 
+  // A parent's `Cloneable::clone` builds a fresh wrapper in the parent's reset() and then asks it
+  // to become a copy of the original's (LibTorch's default leaves the fresh one as it is).
+  void clone_(torch::nn::Module& other, const c10::optional<c10::Device>& device) override {
+    auto copy = std::dynamic_pointer_cast<CheckpointedImpl>(other.clone(device));
+    TORCH_CHECK(copy != nullptr,
+                "ckpt::Checkpointed: cloning a parent module found another type of module "
+                "registered under this wrapper's name in the original. Register the same "
+                "Checkpointed type in the parent's reset().");
+    *this = std::move(*copy);
+  }
+
   static std::shared_ptr<torch::nn::Module> pointer_of(const Holder& module) {
     TORCH_CHECK(!module.is_empty(),
                 "ckpt::Checkpointed: the module to wrap is empty. Pass a constructed module.");

@@ -218,6 +218,42 @@ TEST_F(ModulesTest, CheckpointedFollowsTrainEvalToAndClone) {
   EXPECT_EQ(block(y.to(torch::kDouble)).scalar_type(), torch::kDouble);
 }
 
+// A hostile probe: a model that holds `Checkpointed` members (the pattern docs/limits.md shows)
+// and is `Cloneable` cloned into fresh weights and reset BatchNorm statistics, silently:
+// LibTorch's Cloneable builds the members again in reset() and then asks each to copy the
+// original's, which the wrapper did not do.
+struct ClonedNetImpl : torch::nn::Cloneable<ClonedNetImpl> {
+  ClonedNetImpl() { reset(); }
+  void reset() override {
+    linear = register_module("linear", ckpt::Checkpointed(torch::nn::Linear(6, 6)));
+    norm = register_module("norm", ckpt::Checkpointed(torch::nn::BatchNorm1d(6)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return norm(linear(x)); }
+  ckpt::Checkpointed<torch::nn::LinearImpl> linear{nullptr};
+  ckpt::Checkpointed<torch::nn::BatchNorm1dImpl> norm{nullptr};
+};
+TORCH_MODULE(ClonedNet);
+
+TEST_F(ModulesTest, ACloneableModelCopiesItsCheckpointedMembers) {
+  ClonedNet net;
+  net->forward(torch::randn({8, 6})).sum().backward();  // moves the statistics
+  const auto copy = std::dynamic_pointer_cast<ClonedNetImpl>(net->clone());
+  ASSERT_TRUE(copy);
+  for (const auto& [original, cloned] :
+       {std::pair{net->named_parameters(), copy->named_parameters()},
+        std::pair{net->named_buffers(), copy->named_buffers()}}) {
+    ASSERT_EQ(keys(cloned), keys(original));
+    for (size_t i = 0; i < original.size(); ++i) {
+      EXPECT_TRUE(bit_equal(cloned[i].value(), original[i].value())) << original[i].key();
+      EXPECT_NE(cloned[i].value().data_ptr(), original[i].value().data_ptr());
+    }
+  }
+  const auto y = torch::randn({4, 6});
+  net->eval();
+  copy->eval();
+  EXPECT_TRUE(bit_equal(copy->forward(y), net->forward(y)));
+}
+
 // Issue 11, item 6: a const Sequential& did not compile.
 TEST_F(ModulesTest, ConstSequentialWorksEverywhere) {
   const torch::nn::Sequential& model = make_layer_group();
