@@ -118,9 +118,11 @@ at::Tensor checkpoint_name(const at::Tensor& tensor, const std::string& name);
 
 /// Keeps the tensors named (`checkpoint_name`) with one of `names`, and decides every other
 /// operator call with `others` (recomputes it when `others` is empty), as JAX's
-/// `save_only_these_names` does. A named tensor that cannot be kept is an error that says why: an
-/// argument of the region, data written in place after it was computed, or the output of a
-/// random operator.
+/// `save_only_these_names` does. A named tensor that cannot be kept is an error that says why: data
+/// not computed inside the region (an argument), data written in place between the call that
+/// computed it and the name, or the output of an operator that cannot be kept (one that writes in
+/// place, returns a view or draws random numbers itself, such as `bernoulli_`). A write after the
+/// name is absorbed, and a dropout's output (a product) is kept, both exactly.
 ///
 /// Example:
 /// ```
