@@ -118,8 +118,8 @@ struct Chain {
   /// The most the executor's own state adds to any schedule's peak: the random state (every
   /// stage's stash and two copies of the state: the caller's, kept through a backward that
   /// replays a stash, and one read around a forward; one copy where no stage keeps a stash), every
-  /// stage's kept buffer copies and the largest stage's buffers, copied around a forward. The solvers'
-  /// programs leave it out and keep it free.
+  /// stage's kept buffer copies and the largest stage's buffers, copied around a forward. The
+  /// solvers' programs leave it out and keep it free.
   int64_t executor_state_reserve() const;
   /// |x_i| for i in [0, L]: input_bytes for i = 0, stages[i-1].output_bytes otherwise.
   int64_t activation_bytes(int i) const;
