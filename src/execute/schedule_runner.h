@@ -93,7 +93,7 @@ class ScheduleRunner {
   std::vector<c10::optional<RngStash>> rng_;          // RNG before stage i first ran
   std::vector<AutocastState> autocast_;               // autocast when stage i first ran
   std::vector<TrainingModes> training_;               // train()/eval() when stage i first ran
-  std::vector<BuffersAtForward> buffers_at_forward_;  // those stage i wrote, before it first ran
+  std::vector<BuffersAtForward> buffers_at_forward_;  // stage i's, as its first forward found them
   std::vector<uint64_t> shared_buffers_;              // stage i's buffers another stage holds
   std::vector<bool> ran_;
   std::vector<bool> runs_again_;                                    // stage i runs more than once

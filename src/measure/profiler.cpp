@@ -119,7 +119,7 @@ struct NoGradForward {
   double time = 0.0;              // median
   bool draws_random = false;      // on the CPU: its random state moved
   int64_t buffer_bytes = 0;       // one copy of every buffer of the stage
-  int64_t kept_buffer_bytes = 0;  // the copies of those it wrote into
+  int64_t kept_buffer_bytes = 0;  // the copies of those it wrote into or shares
 };
 
 // The copies of a stage's buffers that the executor makes around the first forward of a stage it
@@ -134,8 +134,9 @@ class BufferCopies {
     all_bytes_ = tracker.current_bytes() - before;
   }
   int64_t all_bytes() const { return all_bytes_; }
-  /// After the forward: lets go of the copies of the buffers it did not write into.
-  int64_t written_bytes() {
+  /// After the forward: lets go of the copies of the buffers it did not write into (and no other
+  /// stage shares); returns the bytes of those kept.
+  int64_t kept_bytes() {
     const int64_t before = tracker_.current_bytes();
     copies_.finish();
     return all_bytes_ - (before - tracker_.current_bytes());
@@ -181,7 +182,7 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
     }
     if (buffers) {
       result.buffer_bytes = buffers->all_bytes();
-      result.kept_buffer_bytes = buffers->written_bytes();
+      result.kept_buffer_bytes = buffers->kept_bytes();
     }
     if (r >= options.warmup()) times.push_back(time);
   }

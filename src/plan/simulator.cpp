@@ -240,10 +240,10 @@ class Machine {
 
   // What the executor holds around a forward of stage i (docs/memory-model.md, "Random state"
   // and "Buffers"): in the first forward of a stage that runs again, the stash (kept where the
-  // stage draws random numbers) and a copy of every buffer (the written ones kept until the
-  // stage's backward); in a later forward, the caller's random state, put aside while a stage
-  // that draws them runs again, and the copy of the stage's buffers. Returns the op's transient
-  // bytes; adds the kept ones to `current_`.
+  // stage draws random numbers) and a copy of every buffer (`kept_buffer_bytes` of them kept
+  // until the stage's backward); in a later forward, the caller's random state, put aside while a
+  // stage that draws them runs again, and the copy of the stage's buffers. Returns the op's
+  // transient bytes; adds the kept ones to `current_`.
   int64_t executor_state_at_forward(int i) {
     const auto index = static_cast<size_t>(i);
     const Stage& stage = chain_.stages[index];

@@ -1,5 +1,6 @@
 #include "value_check.h"
 
+#include "outside_writes.h"
 #include "selective.h"
 
 #include <c10/core/DispatchKey.h>
@@ -83,11 +84,11 @@ std::optional<OutputSums> sums_of(const c10::OperatorHandle& op, const torch::ji
 }
 
 // The tensors a call reads without writing, in argument order (before it runs, its arguments
-// are on top of the stack). None for the batch-norm family: LibTorch 1.13's schemas leave the
-// running statistics they update unmarked, and a region puts those back where it can see them.
+// are on top of the stack). None for a normalization that updates running statistics: some of
+// their schemas leave those unmarked, and a region puts them back where it can see them.
 std::vector<at::Tensor> reads_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   std::vector<at::Tensor> reads;
-  if (op.operator_name().name.find("batch_norm") != std::string::npos) return reads;
+  if (updates_running_statistics(op)) return reads;
   const auto& arguments = op.schema().arguments();
   const size_t first = stack.size() - arguments.size();
   for (size_t i = 0; i < arguments.size(); ++i) {
