@@ -30,10 +30,13 @@ struct TensorShape {
   std::vector<int64_t> sizes;
   c10::ScalarType dtype = c10::ScalarType::Float;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
+  /// Whether it required grad: the operators that read a tensor that does keep more for the
+  /// backward (a matrix product keeps its other factor to compute that tensor's gradient).
+  bool requires_grad = false;
 
   static TensorShape of(const at::Tensor& tensor);
   /// Whether `tensor` needs no more memory than this: same dtype, device and number of
-  /// dimensions, no dimension larger.
+  /// dimensions, no dimension larger, and not requiring grad where this did not.
   bool holds(const at::Tensor& tensor) const;
   std::string to_string() const;
 };

@@ -43,7 +43,8 @@ struct PlannedModelOptions {
   /// of raising `InfeasibleBudget`. Default: false
   TORCH_ARG(bool, fall_back_to_minimum) = false;
   /// What a step whose candidates differ from the profiled step's does: other candidates, in
-  /// another order, or an input larger in some dimension (or of another dtype or device).
+  /// another order, or an input larger in some dimension (or of another dtype or device, or
+  /// requiring grad where the profiled one did not).
   /// `InputChange::Replan` profiles the step again and solves again, with a warning;
   /// `InputChange::Error` raises an error that says what changed. Either way the step's state
   /// (buffers, RNG) is put back first. Default: `InputChange::Replan`

@@ -69,8 +69,9 @@ class InfeasibleBudget : public c10::Error {
 };
 
 /// What `PlannedSequential` does with an input its plan may not hold: larger than the sample it
-/// planned from in some dimension, or of another dtype, device or number of dimensions. (An
-/// input no larger in any dimension runs the plan: its activations are no larger.)
+/// planned from in some dimension, of another dtype, device or number of dimensions, or requiring
+/// grad where the sample did not (the first stage then keeps more for its backward). (An input
+/// no larger in any dimension runs the plan: its activations are no larger.)
 enum class InputChange {
   /// Profiles the chain on the input and solves again, with a warning that says why the step
   /// takes longer; the budget in bytes stays, a percentage is of the new plain peak.
@@ -148,8 +149,8 @@ struct PlannedSequentialOptions {
 };
 
 namespace detail {
-/// Sizes, dtype and device of the input a plan was profiled with (`TensorShape::holds` tells
-/// whether an input needs no more memory).
+/// Sizes, dtype, device and requires-grad of the input a plan was profiled with
+/// (`TensorShape::holds` tells whether an input needs no more memory).
 using InputSignature = TensorShape;
 
 /// One plan of the chain: the profile it was solved from and what the executor runs.
@@ -180,14 +181,14 @@ struct ExecutionObserver {
 /// On the first forward (or an explicit `plan(sample)`), it profiles the chain on the input,
 /// measures the peak of one plain step, solves for a schedule under the budget and keeps it;
 /// every forward/backward then follows that schedule, for every input no larger than the sample
-/// (an input larger in some dimension, or of another dtype or device, is planned for again or
-/// refused: `PlannedSequentialOptions::on_input_change`). Percentages are of that measured peak; at
-/// a budget that holds it, the chain runs plainly (no recomputation, nothing added). Gradients are
-/// identical to the unchecked chain; RNG is replayed and buffers are not updated twice. If no
-/// schedule fits, `plan` raises `InfeasibleBudget`, which carries the smallest feasible budget
-/// (or, with `fall_back_to_minimum`, plans for it with a warning); `Budget::minimum()` asks for
-/// it directly. The chain's modules are registered as children "0", "1", ... as in the
-/// Sequential.
+/// (an input larger in some dimension, of another dtype or device, or requiring grad where the
+/// sample did not, is planned for again or refused: `PlannedSequentialOptions::on_input_change`).
+/// Percentages are of that measured peak; at a budget that holds it, the chain runs plainly (no
+/// recomputation, nothing added). Gradients are identical to the unchecked chain; RNG is replayed
+/// and buffers are not updated twice. If no schedule fits, `plan` raises `InfeasibleBudget`, which
+/// carries the smallest feasible budget (or, with `fall_back_to_minimum`, plans for it with a
+/// warning); `Budget::minimum()` asks for it directly. The chain's modules are registered as
+/// children "0", "1", ... as in the Sequential.
 ///
 /// Example:
 /// ```

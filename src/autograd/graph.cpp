@@ -370,19 +370,27 @@ bool is_region_node(const Node& node) {
   return dynamic_cast<const BorderNode*>(&node) != nullptr;
 }
 
-void accumulate_sole_gradients_early(BorderCapture& border, const Boundary& boundary,
-                                     const std::vector<size_t>& needed,
-                                     const ExpectedHolders& expected) {
+std::vector<size_t> accumulate_sole_gradients_early(BorderCapture& border, const Boundary& boundary,
+                                                    const std::vector<size_t>& needed,
+                                                    const ExpectedHolders& expected) {
   std::vector<long> early(boundary.edges.size(), 0);  // the holders expected where early
+  std::vector<size_t> summed_whole;
   for (size_t k : needed) {
     const long holders = expected(k);
-    if (holders < 0 || border.uses(k) != 1) continue;
+    if (holders < 0) continue;
     const Edge& edge = boundary.edges[k];
-    // A nested region's node keeps a copy of the edge too.
-    if (edge.function.use_count() != holders + static_cast<long>(border.uses_by_regions(k))) {
+    // The capture keeps aside one copy of the edge per use, and a nested region's node keeps
+    // a copy of its own.
+    const long uses = border.uses(k);
+    if (edge.function.use_count() !=
+        holders + (uses - 1) + static_cast<long>(border.uses_by_regions(k))) {
       continue;
     }
     if (auto receiver = early_accumulation(edge)) {
+      if (uses > 1) {
+        summed_whole.push_back(k);
+        continue;
+      }
       border.set_receiver(k, std::move(receiver));
       early[k] = holders;
     }
@@ -392,6 +400,7 @@ void accumulate_sole_gradients_early(BorderCapture& border, const Boundary& boun
   for (const auto& [node, edge, k] : border.region_edges()) {
     if (early[k] > 0) static_cast<BorderNode*>(node)->mark_sole_through_enclosing(edge, early[k]);
   }
+  return summed_whole;
 }
 
 bool is_differentiable(const at::Tensor& tensor) {

@@ -220,9 +220,12 @@ using ExpectedHolders = std::function<long(size_t k)>;
 /// copies nested regions keep. For each such k in `needed` (and where `early_accumulation`
 /// allows it), the capture's receiver becomes the early one, and nested regions whose edge leads
 /// there are told they may add early themselves. Regions and the chains' stage graphs both use it.
-void accumulate_sole_gradients_early(BorderCapture& border, const Boundary& boundary,
-                                     const std::vector<size_t>& needed,
-                                     const ExpectedHolders& expected);
+/// Returns the k in `needed` that the graph uses several times and that pass the same tests (one
+/// more holder per use): once the engine run ends, the sum of their gradients is the leaf's
+/// whole gradient in this backward, and may go into `.grad` then (`early_accumulation`).
+std::vector<size_t> accumulate_sole_gradients_early(BorderCapture& border, const Boundary& boundary,
+                                                    const std::vector<size_t>& needed,
+                                                    const ExpectedHolders& expected);
 
 /// A receiver that adds gradients for `edge` into its parameter's `.grad` ahead of the outer
 /// backward, where that is allowed: the edge ends at a gradient accumulator, the parameter's

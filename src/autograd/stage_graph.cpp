@@ -144,13 +144,26 @@ at::Tensor StageGraph::backward(at::Tensor grad_output, LeafGradients& leaves) {
     for (size_t k = 0; k < boundary_.edges.size(); ++k) {
       if (boundary_.edges[k].function.get() != input_node) needed.push_back(k);
     }
-    accumulate_sole_gradients_early(border, boundary_, needed, [&](size_t k) -> long {
-      const torch::autograd::Edge& edge = boundary_.edges[k];
-      return leaves.single_stage(leaf_variable(edge))
-                 ? 3 + saved_leaves_.holders_of(edge.function.get())
-                 : -1;
-    });
+    const std::vector<size_t> summed_whole =
+        accumulate_sole_gradients_early(border, boundary_, needed, [&](size_t k) -> long {
+          const torch::autograd::Edge& edge = boundary_.edges[k];
+          return leaves.single_stage(leaf_variable(edge))
+                     ? 3 + saved_leaves_.holders_of(edge.function.get())
+                     : -1;
+        });
     execute_letting_go(roots, only(std::move(grad_output)), EngineRun{}, border.outputs());
+    // A leaf the stage uses several times (a weight normalised by its own norm) has its whole
+    // gradient summed now: it goes into `.grad` here rather than being held to the chain's end.
+    for (size_t k : summed_whole) {
+      const torch::autograd::Edge& edge = boundary_.edges[k];
+      at::Tensor sum = leaves.take(edge.function.get());
+      if (!sum.defined()) continue;
+      if (auto add = early_accumulation(edge)) {
+        add(sum);
+      } else {
+        leaves.add(edge, sum);
+      }
+    }
   }
   release();
   return input_grad;

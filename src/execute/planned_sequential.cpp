@@ -22,8 +22,10 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 #include <unordered_set>
+#include <utility>
 
 namespace ckpt {
 namespace {
@@ -402,21 +404,41 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::solve(
   return planned;
 }
 
+namespace {
+
+// What changed between the sample a plan was made for and `input`, which it does not hold, and
+// what to do about it.
+std::pair<std::string, std::string> input_change(const detail::InputSignature& planned_for,
+                                                 const torch::Tensor& input) {
+  const std::string now = detail::InputSignature::of(input).to_string();
+  detail::InputSignature with_grad = planned_for;
+  with_grad.requires_grad = true;
+  if (with_grad.holds(input)) {
+    return {
+        c10::str("the input ", now, " requires grad where the sample the chain was planned for, ",
+                 planned_for.to_string(),
+                 ", did not, so its first stage may keep more for the backward than the "
+                 "budget holds"),
+        "Plan with a sample that requires grad, as the steps' inputs do "
+        "(plan(sample.detach().requires_grad_())), or set "
+        "PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan)."};
+  }
+  return {c10::str("the input ", now, " is larger than the one the chain was planned for, ",
+                   planned_for.to_string(),
+                   ", or of another kind, so the schedule may need more memory than the budget"),
+          "Plan with a sample of the largest input (plan(sample)), or set "
+          "PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan)."};
+}
+
+}  // namespace
+
 std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::plan_for(
     const torch::Tensor& input) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (plan_ && (!plan_->input || plan_->input->holds(input))) return plan_;
   if (plan_) {
-    const std::string planned_for = plan_->input->to_string();
-    const std::string now = detail::InputSignature::of(input).to_string();
-    detail::on_input_change(
-        "ckpt::PlannedSequential", options.on_input_change(),
-        c10::str("the input ", now, " is larger than the one the chain was planned for, ",
-                 planned_for,
-                 ", or of another kind, so the schedule may need more memory than "
-                 "the budget"),
-        "Plan with a sample of the largest input (plan(sample)), or set "
-        "PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan).");
+    const auto [change, advice] = input_change(*plan_->input, input);
+    detail::on_input_change("ckpt::PlannedSequential", options.on_input_change(), change, advice);
   }
   plan_ = measure_and_solve(input);
   return plan_;

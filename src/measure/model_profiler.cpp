@@ -32,13 +32,14 @@ namespace ckpt {
 
 TensorShape TensorShape::of(const at::Tensor& tensor) {
   if (!tensor.defined()) return {{}, c10::ScalarType::Undefined, c10::Device(c10::DeviceType::CPU)};
-  return {tensor.sizes().vec(), tensor.scalar_type(), tensor.device()};
+  return {tensor.sizes().vec(), tensor.scalar_type(), tensor.device(), tensor.requires_grad()};
 }
 
 bool TensorShape::holds(const at::Tensor& tensor) const {
   if (!tensor.defined()) return dtype == c10::ScalarType::Undefined;
   if (tensor.scalar_type() != dtype || tensor.device() != device) return false;
   if (tensor.dim() != static_cast<int64_t>(sizes.size())) return false;
+  if (tensor.requires_grad() && !requires_grad) return false;
   for (size_t d = 0; d < sizes.size(); ++d) {
     if (tensor.size(static_cast<int64_t>(d)) > sizes[d]) return false;
   }
@@ -51,6 +52,7 @@ std::string TensorShape::to_string() const {
   out << c10::toString(dtype) << "[";
   for (size_t d = 0; d < sizes.size(); ++d) out << (d ? ", " : "") << sizes[d];
   out << "] on " << device;
+  if (requires_grad) out << ", requiring grad";
   return out.str();
 }
 

@@ -246,9 +246,12 @@ int64_t Chain::executor_state_reserve() const {
     kept_buffers += stage.kept_buffer_bytes;
     largest_buffers = std::max(largest_buffers, stage.buffer_bytes);
   }
-  // Without stashes, only the state read during a first forward; with them, the caller's too.
-  return (stashes == 0 ? random_state_bytes : 2 * random_state_bytes + stashes) + kept_buffers +
-         largest_buffers;
+  // Every first forward comes before the loss: it holds the stash and then reads the state
+  // again, or holds the buffers' copies. A later forward holds the buffers' copies, and where a
+  // stage keeps a stash, the caller's state (from the loss on) and the one it puts aside.
+  const int64_t first_forward = random_state_bytes + std::max(random_state_bytes, largest_buffers);
+  const int64_t later_forward = (stashes == 0 ? 0 : 2 * random_state_bytes) + largest_buffers;
+  return stashes + kept_buffers + std::max(first_forward, later_forward);
 }
 
 Chain scale_times(Chain chain, double factor) {

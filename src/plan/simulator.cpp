@@ -124,10 +124,9 @@ class Machine {
       return fail("its output x_" + std::to_string(i + 1) + " is already in memory");
     }
     ++result_.forward_count;
-    const int64_t executor = executor_state_at_forward(i);
     if (op.kind == OpKind::ForwardAll) {
       const StorageOption option = stage.option(op.option);
-      touch_peak(option.saved_bytes, option.forward_tmp_bytes + executor);
+      touch_peak(option.saved_bytes, transient_at_forward(i, option.forward_tmp_bytes));
       xbar_option_[static_cast<size_t>(i + 1)] = op.option;
       current_ += option.saved_bytes;
       host_ += option.offloaded_bytes;
@@ -135,7 +134,7 @@ class Machine {
       result_.time += chain_.forward_all_time(option);
       return true;
     }
-    touch_peak(stage.output_bytes, stage.forward_tmp_bytes + executor);
+    touch_peak(stage.output_bytes, transient_at_forward(i, stage.forward_tmp_bytes));
     x_[static_cast<size_t>(i + 1)] = true;
     kept_[static_cast<size_t>(i + 1)] = false;
     current_ += stage.output_bytes;
@@ -238,25 +237,28 @@ class Machine {
     return true;
   }
 
-  // What the executor holds around a forward of stage i (docs/memory-model.md, "Random state"
-  // and "Buffers"): in the first forward of a stage that runs again, the stash (kept where the
-  // stage draws random numbers) and a copy of every buffer (`kept_buffer_bytes` of them kept
-  // until the stage's backward); in a later forward, the caller's random state, put aside while a
-  // stage that draws them runs again, and the copy of the stage's buffers. Returns the op's
-  // transient bytes; adds the kept ones to `current_`.
-  int64_t executor_state_at_forward(int i) {
+  // The transient bytes of a forward of stage i whose own are `forward_tmp`, with what the
+  // executor holds around it (docs/memory-model.md, "Random state" and "Buffers"): in the first
+  // forward of a stage that runs again, the stash (kept where the stage draws random numbers) and
+  // a copy of every buffer (`kept_buffer_bytes` of them kept until the stage's backward), then,
+  // once the forward's own are gone, a second read of the random state that tells whether the
+  // stage drew; in a later forward, the caller's random state, put aside while a stage that draws
+  // them runs again, and the copy of the stage's buffers. Adds the kept bytes to `current_`.
+  int64_t transient_at_forward(int i, int64_t forward_tmp) {
     const auto index = static_cast<size_t>(i);
     const Stage& stage = chain_.stages[index];
     const int64_t kept = stage.random_state_bytes;
+    const int64_t state = chain_.random_state_bytes;
     const bool first = !forwarded_[index];
     forwarded_[index] = true;
     if (first) {
-      if (forward_ops_[index] == 1) return 0;
+      if (forward_ops_[index] == 1) return forward_tmp;
       current_ += kept + stage.kept_buffer_bytes;
       random_held_ += kept;
-      return chain_.random_state_bytes - kept + stage.buffer_bytes - stage.kept_buffer_bytes;
+      const int64_t during = forward_tmp + stage.buffer_bytes - stage.kept_buffer_bytes;
+      return state - kept + std::max(during, state);
     }
-    return (kept == 0 ? 0 : chain_.random_state_bytes) + stage.buffer_bytes;
+    return forward_tmp + (kept == 0 ? 0 : state) + stage.buffer_bytes;
   }
 
   // Whether a stage that draws random numbers runs again: its recompute replays its stash.

@@ -95,10 +95,10 @@ TEST_F(SharedParametersThreadsTest, PlannedSequential) {
   // Activations only: this chain's parameter gradients would outweigh its activations.
   const auto options = ckpt::PlannedSequentialOptions().count_parameter_gradients(false);
   ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0), options);
-  probe->plan(input);
+  probe->plan(input.detach().requires_grad_());  // as the threads' inputs
   ckpt::PlannedSequential planned(
       chain, ckpt::Budget::bytes(ckpt::plan::min_feasible_budget_bytes(probe->profile())), options);
-  planned->plan(input);
+  planned->plan(input.detach().requires_grad_());
   ASSERT_GT(planned->prediction().forward_count, static_cast<int>(chain->size()));
   expect_exact_accumulation([&](const torch::Tensor& x) { return planned(x); });
 }

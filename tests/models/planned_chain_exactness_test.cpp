@@ -17,6 +17,7 @@
 
 #include "bench_models.h"
 #include "support/dropout_block.h"
+#include "support/linear_blocks.h"
 #include "support/stateful_blocks.h"
 #include "support/support.h"
 
@@ -56,8 +57,8 @@ ckpt::plan::Chain expect_plans_peak_at_their_predictions(torch::nn::Sequential m
   x.mutable_grad() = torch::zeros_like(x);
   for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
   const std::vector<torch::nn::AnyModule> stages(model->begin(), model->end());
-  const ckpt::plan::Chain profile = ckpt::profile_chain(
-      stages, x.detach(), ckpt::ProfileOptions().count_parameter_gradients(false));
+  const ckpt::plan::Chain profile =
+      ckpt::profile_chain(stages, x, ckpt::ProfileOptions().count_parameter_gradients(false));
   const int64_t smallest = ckpt::plan::min_feasible_budget_bytes(profile);
   const int64_t plain =
       ckpt::plan::simulate(profile, ckpt::plan::solve_no_checkpoint(profile)).peak_bytes;
@@ -133,6 +134,26 @@ TEST_F(PlannedChainExactnessTest, StagesThatReadABufferTheyWrotePeakAtTheirPredi
     EXPECT_EQ(stage.kept_buffer_bytes, 32 * 64 * 4) << "the average";
     EXPECT_EQ(stage.buffer_bytes, stage.kept_buffer_bytes);
   }
+}
+
+// Stages that use their weight twice, whose two gradients the stage's backward sums and adds
+// into `.grad` as it ends: held to the chain's end, they peaked up to 10 KB above the prediction.
+TEST_F(PlannedChainExactnessTest, StagesThatUseTheirWeightTwicePeakAtTheirPredictions) {
+  torch::nn::Sequential model;
+  for (int i = 0; i < 8; ++i) model->push_back(ckpt::test::NormalisedLinear(32));
+  expect_plans_peak_at_their_predictions(model, torch::randn({16, 32}),
+                                         {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8});
+}
+
+// Stages whose forwards' own transients (an output's size, 2 KB) are less than the random state
+// the executor reads after the first forward of a stage that runs again, to tell whether it drew
+// (5 KB on the CPU): the model once counted their sum, not the larger, 3 KB under the peak.
+TEST_F(PlannedChainExactnessTest, StagesSmallerThanTheRandomStatePeakAtTheirPredictions) {
+  torch::nn::Sequential model;
+  for (int i = 0; i < 12; ++i) model->push_back(ckpt::test::LinearTanh(32));
+  const ckpt::plan::Chain profile = expect_plans_peak_at_their_predictions(
+      model, torch::randn({16, 32}), {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8});
+  EXPECT_LT(profile.stages[1].forward_tmp_bytes, profile.random_state_bytes);
 }
 
 }  // namespace planned_chain_exactness_test

@@ -84,8 +84,9 @@ TEST(SimulatorTest, RandomStateCountsWhatTheExecutorHolds) {
   ASSERT_TRUE(plain.valid) << plain.error;
   EXPECT_EQ(plain.peak_bytes, simulate(two_stage_chain(), solve_no_checkpoint(chain)).peak_bytes);
   EXPECT_EQ(plain.final_bytes, 20);
-  // Fck0 (first forward; stage 0 draws nothing: its stash is dropped): 35+S -> 30;
-  // Fn1 (first forward; stage 1 keeps its stash): 30+S+40 = 1070 -> 1050; L: 1090 -> 2050;
+  // Fck0 (first forward; stage 0 draws nothing: its stash is dropped once a second read of the
+  // state, after the forward, shows it): 10+20+S+S = 2030 -> 30; Fn1 (first forward; stage 1
+  // keeps its stash): 30+S+40+S = 2070 -> 1050; L: 1090 -> 2050;
   // Fall0 (stage 0 draws nothing): 2085 -> 2080; Fall1 (the caller's state put aside):
   // 2080+50+S = 3130 -> 2130; B1: 2151 -> 2060; B0: 2077 -> 2020, 20 once the executor ends.
   const SimulationResult result = simulate(chain, checkpointed_schedule());
@@ -96,18 +97,27 @@ TEST(SimulatorTest, RandomStateCountsWhatTheExecutorHolds) {
   EXPECT_EQ(chain.executor_state_reserve(), 3000);
 }
 
-// No stage draws random numbers: only the stash read during a first forward, then dropped.
+// No stage draws random numbers: only the stash read during a first forward, then dropped once
+// a second read after the forward shows the state unmoved. That read comes when the forward's own
+// transients are gone: it adds S only where it is the larger.
 TEST(SimulatorTest, RandomStateOfStagesThatDrawNoneIsReadAndDropped) {
   Chain chain = two_stage_chain();
   chain.random_state_bytes = 1000;
-  // Fck0: 35+S -> 30; Fn1: 30+S+40 = 1070 -> 50; L: 90 -> 50 (nothing replayed: no state kept);
-  // Fall0: 85 -> 80; Fall1: 130 -> 130; B1: 151 -> 60; B0: 77 -> 20.
+  // Fck0: 10+20+S+max(5, S) = 2030 -> 30; Fn1: 30+40+S+S = 2070 -> 50; L: 90 -> 50 (nothing
+  // replayed: no state kept); Fall0: 85 -> 80; Fall1: 130 -> 130; B1: 151 -> 60; B0: 77 -> 20.
   const SimulationResult result = simulate(chain, checkpointed_schedule());
   ASSERT_TRUE(result.valid) << result.error;
-  EXPECT_EQ(result.peak_bytes, 1070);
+  EXPECT_EQ(result.peak_bytes, 2070);
   EXPECT_EQ(result.peak_op_index, 1);
   EXPECT_EQ(result.final_bytes, 20);
-  EXPECT_EQ(chain.executor_state_reserve(), 1000);
+  EXPECT_EQ(chain.executor_state_reserve(), 2000);
+  // A forward whose own transients outweigh the second read peaks with them and the stash.
+  chain.random_state_bytes = 2;
+  EXPECT_EQ(simulate(chain, checkpointed_schedule()).peak_bytes, 151);
+  chain.stages[0].forward_tmp_bytes = 500;
+  chain.stages[0].forward_all_tmp_bytes = 5;  // Fall0 as before
+  // Fck0: 10+20+2+500 = 532.
+  EXPECT_EQ(simulate(chain, checkpointed_schedule()).peak_bytes, 532);
 }
 
 // A stage's buffers are copied around each of its forwards after the first (the executor's

@@ -138,7 +138,7 @@ TEST_F(TrainingModeTest, PlannedSequentialRecomputesInTheForwardsMode) {
   ckpt::PlannedSequential planned(
       net, ckpt::Budget::minimum(),
       ckpt::PlannedSequentialOptions().count_parameter_gradients(false));
-  planned->plan(torch::randn({256, 16}));
+  planned->plan(torch::randn({256, 16}).requires_grad_());  // as run_step's input
   ASSERT_GT(planned->prediction().forward_count, static_cast<int>(net->size()));
   expect_same(run_step(*planned, [&](const torch::Tensor& x) { return planned(x); }), expected);
 }

@@ -115,11 +115,12 @@ struct Chain {
 
   /// Number of stages L (the loss is not a stage here).
   int size() const { return static_cast<int>(stages.size()); }
-  /// The most the executor's own state adds to any schedule's peak: the random state (every
-  /// stage's stash and two copies of the state: the caller's, kept through a backward that
-  /// replays a stash, and one read around a forward; one copy where no stage keeps a stash), every
-  /// stage's kept buffer copies and the largest stage's buffers, copied around a forward. The
-  /// solvers' programs leave it out and keep it free.
+  /// The most the executor's own state adds to any schedule's peak: every stage's stash and kept
+  /// buffer copies, and the larger of what a first forward holds (a read of the random state and
+  /// a second one after it, or the buffers' copies) and what a later forward does (the caller's
+  /// state, kept through a backward that replays a stash, and the one put aside around the
+  /// forward; the largest stage's buffers, copied). The solvers' programs leave it out and keep it
+  /// free.
   int64_t executor_state_reserve() const;
   /// |x_i| for i in [0, L]: input_bytes for i = 0, stages[i-1].output_bytes otherwise.
   int64_t activation_bytes(int i) const;
