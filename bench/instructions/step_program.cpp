@@ -144,7 +144,7 @@ int main(int argc, char** argv) try {
   torch::nn::Sequential model = ckpt::models::build_model(config);
   const torch::Tensor x = ckpt::models::make_input(config).requires_grad_();
   const Step kind = step_kind(method);
-  const Forward forward = method_forward(method, model, x.detach());
+  const Forward forward = method_forward(method, model, x);  // a sample like the steps' input
   for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
   x.mutable_grad() = torch::zeros_like(x);
   for (int s = 0; s < steps; ++s) {

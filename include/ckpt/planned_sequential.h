@@ -70,8 +70,10 @@ class InfeasibleBudget : public c10::Error {
 
 /// What `PlannedSequential` does with an input its plan may not hold: larger than the sample it
 /// planned from in some dimension, of another dtype, device or number of dimensions, or requiring
-/// grad where the sample did not (the first stage then keeps more for its backward). (An input
-/// no larger in any dimension runs the plan: its activations are no larger.)
+/// grad where the sample did not (the first stage then keeps more for its backward); and with
+/// modules in other training modes than when it planned (dropout and batch norm keep other
+/// tensors in each mode). (An input no larger in any dimension runs the plan: its activations are
+/// no larger.) The last few plans are kept: a step like one of theirs runs it again.
 enum class InputChange {
   /// Profiles the chain on the input and solves again, with a warning that says why the step
   /// takes longer; the budget in bytes stays, a percentage is of the new plain peak.
@@ -166,6 +168,9 @@ struct ChainPlan {
   int64_t no_checkpoint_peak_bytes = 0;
   bool keeps_everything = false;  // the schedule recomputes nothing: forward runs the plain chain
   std::optional<InputSignature> input;  // none for a plan from a given profile
+  /// Each module's training flag when the chain was profiled, in `Module::apply` order: dropout
+  /// and batch norm keep other tensors for the backward in each mode. Empty with `input`.
+  std::vector<bool> training;
 };
 }  // namespace detail
 
@@ -254,6 +259,9 @@ class PlannedSequentialImpl : public torch::nn::Module {
   Budget budget_;
   mutable std::mutex mutex_;  // guards plan_: a forward may plan again
   std::shared_ptr<const detail::ChainPlan> plan_;
+  /// Plans made for other kinds of step (the other training mode, a larger input), the most
+  /// recent last: a step of such a kind runs its plan again instead of profiling.
+  std::vector<std::shared_ptr<const detail::ChainPlan>> other_plans_;
   std::shared_ptr<ExecutionObserver> observer_;
 };
 

@@ -62,5 +62,11 @@ void on_input_change(const char* planner, InputChange policy, const std::string&
              "time.");
 }
 
+std::vector<bool> training_modes(const torch::nn::Module& model) {
+  std::vector<bool> modes;
+  model.apply([&modes](const torch::nn::Module& module) { modes.push_back(module.is_training()); });
+  return modes;
+}
+
 }  // namespace detail
 }  // namespace ckpt

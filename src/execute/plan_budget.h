@@ -13,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ckpt {
 namespace detail {
@@ -63,6 +64,11 @@ void plan_for_less(const char* planner, c10::OutOfMemoryError& error, bool in_ba
                    std::optional<int64_t> held_bytes, int64_t failed_budget_bytes,
                    int64_t failed_peak_bytes, int64_t smallest_bytes,
                    const std::function<int64_t(int64_t budget_bytes)>& solve);
+
+/// The training flag of `model` and of each module in it, in `Module::apply` order: dropout and
+/// batch norm keep other tensors for the backward in each mode, so a plan holds only for the
+/// modes it was profiled in.
+std::vector<bool> training_modes(const torch::nn::Module& model);
 
 /// What a step whose input the plan was not made for does (`change` says how it differs):
 /// raises an error that ends with `advice` under InputChange::Error, and warns that the step

@@ -261,7 +261,14 @@ at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
 }
 
 at::Tensor PlannedModel::run_checked(const std::function<at::Tensor()>& loss_fn) {
-  const auto step = [&] { return run_planned(loss_fn); };
+  const auto step = [&] {
+    if (!plan_->training.empty() && plan_->training != detail::training_modes(*model_)) {
+      throw PlanMismatch(
+          "the model's modules are not in the training modes it was profiled in, and dropout and "
+          "batch norm keep other tensors for the backward in each mode");
+    }
+    return run_planned(loss_fn);
+  };
   std::string change;
   if (std::optional<at::Tensor> loss = run_or_put_back(model_, step, change)) return *loss;
   detail::on_input_change("ckpt::PlannedModel", options_.on_input_change(), change,
@@ -367,6 +374,7 @@ void PlannedModel::replan_for_less(c10::OutOfMemoryError& error, std::optional<i
                           smaller_budget = next;
                           return smaller->solution.prediction.peak_bytes;
                         });
+  smaller->training = failed.training;
   budget_ = Budget::bytes(smaller_budget);  // later plans (a changed input) stay as small
   plan_ = std::move(smaller);
 }
@@ -384,6 +392,7 @@ at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn)
 }
 
 void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
+  const std::vector<bool> modes = detail::training_modes(*model_);
   plan(profile_model(model_, loss_fn,
                      ModelProfileOptions()
                          .storage_modes(options_.storage_modes())
@@ -393,6 +402,7 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
                          .recompute_outputs(options_.recompute_outputs())
                          .max_recompute_chain(options_.max_recompute_chain())
                          .host_budget_bytes(options_.host_budget_bytes())));
+  plan_->training = modes;
 }
 
 void PlannedModel::plan(MeasuredModel measured) {
@@ -419,6 +429,7 @@ PlannedModel::Plan PlannedModel::make_plan(MeasuredModel measured, const Budget&
             resolved.bytes,
             {},
             std::make_shared<const detail::CandidateNames>(*model_),
+            {},
             {}};
   const StorageSettings settings{options_.selective_policy()};
   const auto& candidates = next.measured.profile.candidates;  // `profile` was moved from

@@ -310,6 +310,7 @@ void PlannedSequentialImpl::plan(const torch::Tensor& sample_input) {
   auto planned = measure_and_solve(sample_input);
   const std::lock_guard<std::mutex> lock(mutex_);
   plan_ = std::move(planned);
+  other_plans_.clear();
 }
 
 void PlannedSequentialImpl::plan(const plan::Chain& profile) {
@@ -319,6 +320,7 @@ void PlannedSequentialImpl::plan(const plan::Chain& profile) {
             plan::simulate(profile, plan::solve_no_checkpoint(profile)).peak_bytes, budget_);
   const std::lock_guard<std::mutex> lock(mutex_);
   plan_ = std::move(planned);
+  other_plans_.clear();
 }
 
 std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::measure_and_solve(
@@ -341,6 +343,7 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::measure_and_solve(
   const int64_t no_checkpoint_peak = profiler->no_checkpoint_peak(stages, sample_input);
   auto planned = solve(std::move(stages), profile, no_checkpoint_peak, budget_);
   planned->input = detail::InputSignature::of(sample_input);
+  planned->training = detail::training_modes(*this);
   return planned;
 }
 
@@ -435,10 +438,31 @@ std::pair<std::string, std::string> input_change(const detail::InputSignature& p
 std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::plan_for(
     const torch::Tensor& input) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  if (plan_ && (!plan_->input || plan_->input->holds(input))) return plan_;
+  if (plan_ && !plan_->input) return plan_;  // from a given profile: it runs any input
+  const std::vector<bool> modes = detail::training_modes(*this);
+  const auto holds = [&](const detail::ChainPlan& plan) {
+    return plan.input->holds(input) && plan.training == modes;
+  };
+  if (plan_ && holds(*plan_)) return plan_;
+  for (auto& other : other_plans_) {
+    if (!holds(*other)) continue;
+    std::swap(other, plan_);
+    return plan_;
+  }
   if (plan_) {
-    const auto [change, advice] = input_change(*plan_->input, input);
+    const auto [change, advice] =
+        plan_->training == modes
+            ? input_change(*plan_->input, input)
+            : std::pair<std::string, std::string>(
+                  "the chain's modules are not in the training modes it was planned in, and "
+                  "dropout and batch norm keep other tensors for the backward in each mode, so the "
+                  "schedule may need more memory than the budget",
+                  "Plan in the modes the steps run in (train() or eval() before plan(sample)), or "
+                  "set PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan).");
     detail::on_input_change("ckpt::PlannedSequential", options.on_input_change(), change, advice);
+    constexpr size_t kOtherPlans = 3;
+    if (other_plans_.size() == kOtherPlans) other_plans_.erase(other_plans_.begin());
+    other_plans_.push_back(std::move(plan_));
   }
   plan_ = measure_and_solve(input);
   return plan_;
@@ -532,9 +556,11 @@ std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::replan_for_less(
                           return smaller->prediction.peak_bytes;
                         });
   smaller->input = failed.input;
+  smaller->training = failed.training;
   const std::lock_guard<std::mutex> lock(mutex_);
   budget_ = Budget::bytes(smaller_budget);  // later plans (a changed input) stay as small
   plan_ = smaller;
+  other_plans_.clear();  // made for the budget before
   return smaller;
 }
 

@@ -974,6 +974,34 @@ TEST_F(PlannedModelErrorTest, ALargerInputIsPlannedForAgain) {
             (std::vector<int64_t>{12, 16}));
 }
 
+// Profiled with the model in eval, a plan ran in training, where dropout and batch norm keep
+// other tensors for the backward, with nothing said: modes other than the profiled ones are
+// refused with the state as it was, or planned for again.
+TEST_F(PlannedModelErrorTest, AnotherTrainingModeIsRefusedOrPlannedForAgain) {
+  model->eval();
+  ckpt::PlannedModel strict(model, ckpt::Budget::minimum(),
+                            ckpt::PlannedModelOptions().on_input_change(ckpt::InputChange::Error));
+  strict.plan(loss_fn);
+  strict.run(loss_fn).backward();  // the modes it was profiled in
+  for (auto& p : model->parameters()) p.mutable_grad().reset();
+  model->train();
+  buffers_before = buffers_of(*model);
+  try {
+    strict.run(loss_fn);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_TRUE(has(e.what(), "not in the training modes it was profiled in")) << e.what();
+  }
+  expect_model_untouched();
+  ckpt::PlannedModel replanning(model, ckpt::Budget::minimum());
+  model->eval();
+  replanning.plan(loss_fn);
+  model->train();
+  ckpt::test::WarningCapture warnings;
+  replanning.run(loss_fn).backward();
+  EXPECT_TRUE(warnings.contains("training modes")) << ::testing::PrintToString(warnings.messages);
+}
+
 TEST_F(PlannedModelErrorTest, ControlFlowThatChangesIsRefusedOrPlannedForAgain) {
   ckpt::PlannedModel strict(model, ckpt::Budget::minimum(),
                             ckpt::PlannedModelOptions().on_input_change(ckpt::InputChange::Error));
