@@ -27,6 +27,7 @@
 namespace ckpt {
 namespace detail {
 class StepStart;
+struct StepConditions;
 }  // namespace detail
 
 /// Options of `PlannedModel`.
@@ -44,7 +45,8 @@ struct PlannedModelOptions {
   TORCH_ARG(bool, fall_back_to_minimum) = false;
   /// What a step whose candidates differ from the profiled step's does: other candidates, in
   /// another order, or an input larger in some dimension (or of another dtype or device, or
-  /// requiring grad where the profiled one did not), or modules in other training modes.
+  /// requiring grad where the profiled one did not), or modules in other training modes,
+  /// parameters frozen or unfrozen since, or autocast switched.
   /// `InputChange::Replan` profiles the step again and solves again, with a warning;
   /// `InputChange::Error` raises an error that says what changed. Either way the step's state
   /// (buffers, RNG) is put back first. Default: `InputChange::Replan`
@@ -158,7 +160,8 @@ class PlannedModel {
     std::vector<std::optional<CheckpointOptions>> regions;  // per candidate; none: kept
     std::shared_ptr<const detail::CandidateNames> names;    // the model's module paths
     std::vector<bool> recomputable;                         // per candidate: "recomputed"
-    std::vector<bool> training;  // the modules' modes when profiled (empty: from elsewhere)
+    // What else the step was profiled under (none for a profile from elsewhere).
+    std::shared_ptr<const detail::StepConditions> conditions;
   };
   class Runner;
   class RetryingBackward;

@@ -72,8 +72,9 @@ class InfeasibleBudget : public c10::Error {
 /// planned from in some dimension, of another dtype, device or number of dimensions, or requiring
 /// grad where the sample did not (the first stage then keeps more for its backward); and with
 /// modules in other training modes than when it planned (dropout and batch norm keep other
-/// tensors in each mode). (An input no larger in any dimension runs the plan: its activations are
-/// no larger.) The last few plans are kept: a step like one of theirs runs it again.
+/// tensors in each mode), parameters frozen or unfrozen since, or autocast switched. (An input no
+/// larger in any dimension runs the plan: its activations are no larger.) The last few plans are
+/// kept: a step like one of theirs runs it again.
 enum class InputChange {
   /// Profiles the chain on the input and solves again, with a warning that says why the step
   /// takes longer; the budget in bytes stays, a percentage is of the new plain peak.
@@ -155,6 +156,8 @@ namespace detail {
 /// (`TensorShape::holds` tells whether an input needs no more memory).
 using InputSignature = TensorShape;
 
+struct StepConditions;  // src/execute/plan_budget.h
+
 /// One plan of the chain: the profile it was solved from and what the executor runs.
 struct ChainPlan {
   /// The stages the profile measured and the executor runs: the chain's own, except that a
@@ -168,9 +171,9 @@ struct ChainPlan {
   int64_t no_checkpoint_peak_bytes = 0;
   bool keeps_everything = false;  // the schedule recomputes nothing: forward runs the plain chain
   std::optional<InputSignature> input;  // none for a plan from a given profile
-  /// Each module's training flag when the chain was profiled, in `Module::apply` order: dropout
-  /// and batch norm keep other tensors for the backward in each mode. Empty with `input`.
-  std::vector<bool> training;
+  /// What else the chain was profiled under (training modes, parameters requiring grad,
+  /// autocast); none for a plan from a given profile.
+  std::shared_ptr<const StepConditions> conditions;
 };
 }  // namespace detail
 

@@ -62,10 +62,40 @@ void on_input_change(const char* planner, InputChange policy, const std::string&
              "time.");
 }
 
-std::vector<bool> training_modes(const torch::nn::Module& model) {
-  std::vector<bool> modes;
-  model.apply([&modes](const torch::nn::Module& module) { modes.push_back(module.is_training()); });
-  return modes;
+StepConditions StepConditions::current(const torch::nn::Module& model,
+                                       c10::DeviceType device_type) {
+  StepConditions conditions;
+  model.apply([&conditions](const torch::nn::Module& module) {
+    conditions.training.push_back(module.is_training());
+  });
+  for (const auto& parameter : model.parameters()) {
+    conditions.requires_grad.push_back(parameter.requires_grad());
+  }
+  conditions.autocast = AutocastState::current(device_type);
+  return conditions;
+}
+
+std::string StepConditions::change_from(const StepConditions& planned,
+                                        const char* model_name) const {
+  std::vector<std::string> changes;
+  if (training != planned.training) {
+    changes.push_back(c10::str(model_name,
+                               "'s modules are not in the training modes it was planned in "
+                               "(dropout and batch norm keep other tensors in each mode)"));
+  }
+  if (requires_grad != planned.requires_grad) {
+    changes.push_back(c10::str(model_name,
+                               "'s parameters do not require grad as when it was planned (a "
+                               "frozen layer keeps nothing for its weights' gradients)"));
+  }
+  if (!(autocast == planned.autocast)) {
+    changes.push_back(
+        "autocast is not as when it was planned (it changes the dtype of what it "
+        "casts)");
+  }
+  std::string joined;
+  for (const auto& change : changes) joined += (joined.empty() ? "" : "; ") + change;
+  return joined;
 }
 
 }  // namespace detail

@@ -7,6 +7,8 @@
 
 #include <ckpt/planned_sequential.h>
 
+#include "autograd/autocast_state.h"
+
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -65,10 +67,25 @@ void plan_for_less(const char* planner, c10::OutOfMemoryError& error, bool in_ba
                    int64_t failed_peak_bytes, int64_t smallest_bytes,
                    const std::function<int64_t(int64_t budget_bytes)>& solve);
 
-/// The training flag of `model` and of each module in it, in `Module::apply` order: dropout and
-/// batch norm keep other tensors for the backward in each mode, so a plan holds only for the
-/// modes it was profiled in.
-std::vector<bool> training_modes(const torch::nn::Module& model);
+/// What, beside its inputs, decides what a step keeps for the backward, and so which steps a plan
+/// holds for: each module's training flag (dropout keeps its masks only in training), each
+/// parameter's requires_grad (a frozen layer keeps nothing for its weights' gradients) and
+/// autocast (which changes the dtype of what it casts).
+struct StepConditions {
+  std::vector<bool> training;       // `Module::apply` order
+  std::vector<bool> requires_grad;  // `Module::parameters()` order
+  AutocastState autocast;
+
+  bool operator==(const StepConditions& other) const {
+    return training == other.training && requires_grad == other.requires_grad &&
+           autocast == other.autocast;
+  }
+  /// The calling thread's conditions for `model` on `device_type`.
+  static StepConditions current(const torch::nn::Module& model, c10::DeviceType device_type);
+  /// What differs from `planned` (the conditions a plan was profiled under), as a clause about
+  /// `model_name` ("the chain"); empty where nothing does.
+  std::string change_from(const StepConditions& planned, const char* model_name) const;
+};
 
 /// What a step whose input the plan was not made for does (`change` says how it differs):
 /// raises an error that ends with `advice` under InputChange::Error, and warns that the step

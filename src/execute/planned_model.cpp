@@ -262,10 +262,11 @@ at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
 
 at::Tensor PlannedModel::run_checked(const std::function<at::Tensor()>& loss_fn) {
   const auto step = [&] {
-    if (!plan_->training.empty() && plan_->training != detail::training_modes(*model_)) {
-      throw PlanMismatch(
-          "the model's modules are not in the training modes it was profiled in, and dropout and "
-          "batch norm keep other tensors for the backward in each mode");
+    if (plan_->conditions) {
+      const std::string change =
+          detail::StepConditions::current(*model_, plan_->measured.device.type())
+              .change_from(*plan_->conditions, "the model");
+      if (!change.empty()) throw PlanMismatch(change);
     }
     return run_planned(loss_fn);
   };
@@ -374,7 +375,7 @@ void PlannedModel::replan_for_less(c10::OutOfMemoryError& error, std::optional<i
                           smaller_budget = next;
                           return smaller->solution.prediction.peak_bytes;
                         });
-  smaller->training = failed.training;
+  smaller->conditions = failed.conditions;
   budget_ = Budget::bytes(smaller_budget);  // later plans (a changed input) stay as small
   plan_ = std::move(smaller);
 }
@@ -392,7 +393,6 @@ at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn)
 }
 
 void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
-  const std::vector<bool> modes = detail::training_modes(*model_);
   plan(profile_model(model_, loss_fn,
                      ModelProfileOptions()
                          .storage_modes(options_.storage_modes())
@@ -402,7 +402,9 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
                          .recompute_outputs(options_.recompute_outputs())
                          .max_recompute_chain(options_.max_recompute_chain())
                          .host_budget_bytes(options_.host_budget_bytes())));
-  plan_->training = modes;
+  // Profiling left the model as it found it.
+  plan_->conditions = std::make_shared<const detail::StepConditions>(
+      detail::StepConditions::current(*model_, plan_->measured.device.type()));
 }
 
 void PlannedModel::plan(MeasuredModel measured) {

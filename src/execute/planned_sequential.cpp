@@ -343,7 +343,8 @@ std::shared_ptr<detail::ChainPlan> PlannedSequentialImpl::measure_and_solve(
   const int64_t no_checkpoint_peak = profiler->no_checkpoint_peak(stages, sample_input);
   auto planned = solve(std::move(stages), profile, no_checkpoint_peak, budget_);
   planned->input = detail::InputSignature::of(sample_input);
-  planned->training = detail::training_modes(*this);
+  planned->conditions = std::make_shared<const detail::StepConditions>(
+      detail::StepConditions::current(*this, sample_input.device().type()));
   return planned;
 }
 
@@ -439,9 +440,9 @@ std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::plan_for(
     const torch::Tensor& input) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (plan_ && !plan_->input) return plan_;  // from a given profile: it runs any input
-  const std::vector<bool> modes = detail::training_modes(*this);
+  const detail::StepConditions now = detail::StepConditions::current(*this, input.device().type());
   const auto holds = [&](const detail::ChainPlan& plan) {
-    return plan.input->holds(input) && plan.training == modes;
+    return plan.input->holds(input) && *plan.conditions == now;
   };
   if (plan_ && holds(*plan_)) return plan_;
   for (auto& other : other_plans_) {
@@ -450,15 +451,14 @@ std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::plan_for(
     return plan_;
   }
   if (plan_) {
+    const std::string conditions = now.change_from(*plan_->conditions, "the chain");
     const auto [change, advice] =
-        plan_->training == modes
+        conditions.empty()
             ? input_change(*plan_->input, input)
             : std::pair<std::string, std::string>(
-                  "the chain's modules are not in the training modes it was planned in, and "
-                  "dropout and batch norm keep other tensors for the backward in each mode, so the "
-                  "schedule may need more memory than the budget",
-                  "Plan in the modes the steps run in (train() or eval() before plan(sample)), or "
-                  "set PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan).");
+                  conditions + ", so the schedule may need more memory than the budget",
+                  "Plan under the conditions the steps run in, or set "
+                  "PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan).");
     detail::on_input_change("ckpt::PlannedSequential", options.on_input_change(), change, advice);
     constexpr size_t kOtherPlans = 3;
     if (other_plans_.size() == kOtherPlans) other_plans_.erase(other_plans_.begin());
@@ -556,7 +556,7 @@ std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::replan_for_less(
                           return smaller->prediction.peak_bytes;
                         });
   smaller->input = failed.input;
-  smaller->training = failed.training;
+  smaller->conditions = failed.conditions;
   const std::lock_guard<std::mutex> lock(mutex_);
   budget_ = Budget::bytes(smaller_budget);  // later plans (a changed input) stay as small
   plan_ = smaller;

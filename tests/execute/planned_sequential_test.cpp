@@ -1077,6 +1077,30 @@ TEST_F(PlannedSequentialTest, AnotherTrainingModeIsPlannedForAndThePlanBeforeKep
   CKPT_EXPECT_THROWS_WITH(strict(x), "training modes");
 }
 
+// Parameters frozen when the chain was planned and unfrozen since (fine-tuning that unfreezes a
+// block) make its stages keep what their weights' gradients need: the step is planned for again.
+TEST_F(PlannedSequentialTest, ParametersUnfrozenSincePlanningArePlannedForAgain) {
+  torch::manual_seed(6);
+  auto chain = make_blocks(8, 64);
+  const auto x = torch::randn({64, 64});
+  for (auto& p : chain->parameters()) p.requires_grad_(false);
+  chain[7]->parameters()[0].requires_grad_(true);  // only the last block's weight trains
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
+  planned->plan(x);
+  for (auto& p : chain->parameters()) p.requires_grad_(true);
+  for (auto& p : chain->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  ckpt::test::WarningCapture warnings;
+  planned(x).sum().backward();
+  EXPECT_TRUE(warnings.contains("parameters do not require grad as when it was planned"))
+      << ::testing::PrintToString(warnings.messages);
+  ckpt::MemoryTracker tracker;
+  tracker.reset_peak();
+  const int64_t before = tracker.current_bytes() - static_cast<int64_t>(x.nbytes());
+  const torch::Tensor loss = planned(x).sum();
+  loss.backward();
+  EXPECT_LE(tracker.peak_bytes() - before, planned->prediction().peak_bytes + 8);
+}
+
 // Issue 29, item 5: planned (profiled) and run under autocast, backward inside it too, as a
 // training step under one autocast scope does. Autocast's cast cache handed a stage the cast of a
 // weight made by an earlier run of it ("computed outside the stage (ToCopyBackward0)").

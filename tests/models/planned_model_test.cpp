@@ -990,7 +990,7 @@ TEST_F(PlannedModelErrorTest, AnotherTrainingModeIsRefusedOrPlannedForAgain) {
     strict.run(loss_fn);
     FAIL() << "expected an error";
   } catch (const c10::Error& e) {
-    EXPECT_TRUE(has(e.what(), "not in the training modes it was profiled in")) << e.what();
+    EXPECT_TRUE(has(e.what(), "not in the training modes it was planned in")) << e.what();
   }
   expect_model_untouched();
   ckpt::PlannedModel replanning(model, ckpt::Budget::minimum());
