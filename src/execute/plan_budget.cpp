@@ -2,6 +2,8 @@
 
 #include "out_of_memory.h"
 
+#include <c10/util/StringUtil.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -93,9 +95,7 @@ std::string StepConditions::change_from(const StepConditions& planned,
         "autocast is not as when it was planned (it changes the dtype of what it "
         "casts)");
   }
-  std::string joined;
-  for (const auto& change : changes) joined += (joined.empty() ? "" : "; ") + change;
-  return joined;
+  return c10::Join("; ", changes);
 }
 
 }  // namespace detail
