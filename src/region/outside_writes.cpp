@@ -31,8 +31,58 @@ bool updates_running_statistics(const c10::OperatorHandle& op) {
          name.find("instance_norm") != std::string::npos;
 }
 
+size_t OutsideState::add_bytes(const at::Tensor& tensor) {
+  const ModesOff off;
+  at::Tensor alias = bytes_of(tensor.storage());
+  at::Tensor values = alias.clone();
+  storages_.push_back({std::move(alias), std::move(values)});
+  return storages_.size() - 1;
+}
+
+void OutsideState::add_place(const at::Tensor& tensor, size_t bytes) {
+  tensors_.push_back({tensor, tensor.storage(), tensor.storage_offset(), tensor.sizes().vec(),
+                      tensor.strides().vec(), bytes});
+}
+
+void OutsideState::put_back() const {
+  const ModesOff off;
+  // A tensor the function gave other data (`set_`, `resize_`) gets its own back, without a
+  // version bump; one whose metadata can't change (a `.data()` alias) can't have moved either.
+  for (const Place& place : tensors_) {
+    c10::TensorImpl* impl = place.tensor.unsafeGetTensorImpl();
+    const bool moved = !impl->storage().is_alias_of(place.storage) ||
+                       impl->storage_offset() != place.offset ||
+                       impl->sizes() != c10::IntArrayRef(place.sizes) ||
+                       impl->strides() != c10::IntArrayRef(place.strides);
+    if (!moved || !impl->allow_tensor_metadata_change()) continue;
+    impl->set_storage_keep_dtype(place.storage);
+    impl->set_sizes_and_strides(place.sizes, place.strides);
+    impl->set_storage_offset(place.offset);
+  }
+  for (const Bytes& bytes : storages_) bytes.alias.copy_(bytes.values);
+}
+
+OutsideState OutsideState::now() const {
+  OutsideState state;
+  for (const Bytes& bytes : storages_) {
+    const ModesOff off;
+    state.storages_.push_back({bytes.alias, bytes.alias.clone()});
+  }
+  for (const Place& place : tensors_) state.add_place(place.tensor, place.bytes);
+  return state;
+}
+
+OutsideState::Swap::Swap(const OutsideState& at_forward) : before_swap_(at_forward.now()) {
+  at_forward.put_back();
+}
+
+OutsideState::Swap::~Swap() {
+  before_swap_.put_back();
+}
+
 OutsideStateWatch::OutsideStateWatch(const std::vector<at::Tensor>& known,
-                                     const ModuleList& modules) {
+                                     const ModuleList& modules, Purpose purpose)
+    : purpose_(purpose) {
   for (const auto& tensor : known) inside_.insert(storage_of(tensor));
   for (const auto& module : modules) {
     for (const auto& tensor : module->parameters()) inside_.insert(storage_of(tensor));
@@ -41,18 +91,55 @@ OutsideStateWatch::OutsideStateWatch(const std::vector<at::Tensor>& known,
 }
 
 OutsideStateWatch::~OutsideStateWatch() {
-  if (seen_.empty()) return;
-  const ModesOff off;
-  for (const Seen& seen : seen_) seen.alias.copy_(seen.before);
+  if (finished_ || before_.empty()) return;
+  before_.put_back();
 }
 
-void OutsideStateWatch::see(const at::Tensor& tensor) {
+OutsideState OutsideStateWatch::finished() {
+  finished_ = true;
+  OutsideState kept;
+  std::vector<int64_t> renumbered(before_.storages_.size(), -1);
+  for (size_t i = 0; i < before_.storages_.size(); ++i) {
+    if (!read_again_[i]) continue;
+    renumbered[i] = static_cast<int64_t>(kept.storages_.size());
+    kept.storages_.push_back(std::move(before_.storages_[i]));
+  }
+  for (OutsideState::Place& place : before_.tensors_) {
+    if (renumbered[place.bytes] < 0) continue;
+    place.bytes = static_cast<size_t>(renumbered[place.bytes]);
+    kept.tensors_.push_back(std::move(place));
+  }
+  before_ = OutsideState();
+  return kept;
+}
+
+int64_t OutsideStateWatch::see(const at::Tensor& tensor) {
   const c10::StorageImpl* storage = storage_of(tensor);
-  if (storage == nullptr || tensor.requires_grad() || !inside_.insert(storage).second) return;
-  const ModesOff off;
-  at::Tensor alias = bytes_of(tensor.storage());
-  at::Tensor before = alias.clone();
-  seen_.push_back({std::move(alias), std::move(before)});
+  if (storage == nullptr || tensor.requires_grad()) return -1;
+  size_t entry = 0;
+  const auto found = written_.find(storage);
+  if (found != written_.end()) {
+    entry = found->second;
+  } else {
+    if (inside_.count(storage) != 0) return -1;
+    entry = before_.add_bytes(tensor);
+    written_.emplace(storage, entry);
+    read_again_.push_back(read_before_.count(storage) != 0);
+  }
+  if (placed_.emplace(tensor.unsafeGetTensorImpl(), entry).second) before_.add_place(tensor, entry);
+  return static_cast<int64_t>(entry);
+}
+
+void OutsideStateWatch::note_read(const at::Tensor& tensor) {
+  const c10::StorageImpl* storage = storage_of(tensor);
+  const auto found = written_.find(storage);
+  if (found != written_.end()) read_again_[found->second] = true;
+  const auto placed = placed_.find(tensor.unsafeGetTensorImpl());
+  if (placed != placed_.end()) read_again_[placed->second] = true;
+  if (found == written_.end() && storage != nullptr && !tensor.requires_grad() &&
+      inside_.count(storage) == 0) {
+    read_before_.insert(storage);  // a later write makes it outside state the forward read
+  }
 }
 
 void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -60,20 +147,39 @@ void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
   const auto& arguments = schema.arguments();
   const size_t first = stack->size() - arguments.size();
   const bool updates_statistics = updates_running_statistics(op);
+  const bool keep = purpose_ == Purpose::Keep;
+  std::vector<size_t> first_writes;  // `Keep`: entries this operator wrote first
   for (size_t i = 0; i < arguments.size(); ++i) {
     const c10::AliasInfo* alias = arguments[i].alias_info();
-    if (!updates_statistics && (alias == nullptr || !alias->isWrite())) continue;
-    for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) { see(t); });
+    const bool written = updates_statistics || (alias != nullptr && alias->isWrite());
+    if (!written && !keep) continue;
+    for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) {
+      // A write after the first reads what the first wrote (`mul_(0.5).add_(h)`); a first write
+      // alone reads nothing the graph keeps (`copy_`), or its fresh results say so (below).
+      if (keep && (!written || written_.count(storage_of(t)) != 0)) note_read(t);
+      if (!written) return;
+      const size_t entries = read_again_.size();
+      const int64_t entry = see(t);
+      if (keep && read_again_.size() > entries) first_writes.push_back(static_cast<size_t>(entry));
+    });
   }
   run(op, stack);
   // Fresh results (no alias in the schema) belong to the function; views and in-place results
   // share an argument's data, which keeps its own standing.
   const auto& returns = schema.returns();
   const size_t results = std::min(returns.size(), stack->size());
+  bool fresh_results = false;
   for (size_t i = 0; i < results; ++i) {
     if (returns[i].alias_info() != nullptr) continue;
-    for_each_tensor((*stack)[stack->size() - results + i],
-                    [&](const at::Tensor& t) { inside_.insert(storage_of(t)); });
+    for_each_tensor((*stack)[stack->size() - results + i], [&](const at::Tensor& t) {
+      inside_.insert(storage_of(t));
+      fresh_results = true;
+    });
+  }
+  // A fresh result may have been computed from what the operator found before its write (a
+  // quantization observer's statistics): the recompute must find it too.
+  if (fresh_results) {
+    for (size_t entry : first_writes) read_again_[entry] = true;
   }
 }
 

@@ -141,8 +141,11 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
   const at::AutoGradMode grad_mode(true);
   std::optional<DispatchModeGuard> early_stop_guard;
   if (early_stop != nullptr) early_stop_guard.emplace(*early_stop);
-  // What the function writes outside the region's sight (the running statistics of a module a
-  // lambda captures) goes back afterwards. Its mode goes in last: it sees every call first.
+  // What the forward wrote outside the region's sight and read again (a module a lambda captures
+  // that updates a buffer and then reads it) is as the forward found it while the recompute runs;
+  // what the recompute writes there goes back afterwards. The watch's mode goes in last: it sees
+  // every call first.
+  const OutsideState::Swap outside_as_at_forward(outside_at_forward);
   OutsideStateWatch outside(replacement != nullptr ? *replacement : inputs, modules);
   if (!kept && !options.debug() && !options.check_values()) {
     const DispatchModeGuard outside_guard(outside);
@@ -200,6 +203,7 @@ std::vector<at::Tensor> RegionState::recompute_values() const {
   const std::vector<at::Tensor> args = arguments(/*with_history=*/false);
   const RecomputeScope scope(rng, autocast, training, modules, &buffers_at_forward);
   const LabelScope label(child_label(memory_label, "recompute"));
+  const OutsideState::Swap outside_as_at_forward(outside_at_forward);
   OutsideStateWatch outside(args, modules);
   const DispatchModeGuard outside_guard(outside);
   const at::NoGradGuard no_grad;
@@ -249,6 +253,7 @@ void RegionState::release() {
   modules.clear();
   training = TrainingModes();
   buffers_at_forward = BuffersAtForward();
+  outside_at_forward = OutsideState();
   versions.clear();
   rng.reset();
   kept.reset();
@@ -355,12 +360,16 @@ Region::ForwardScope::ForwardScope(Region& region)
         state.forward_values, ValueSample(state.options.check_values_ops()), state.kept.get());
     values_guard_ = std::make_unique<DispatchModeGuard>(*values_);
   }
+  outside_ = std::make_unique<OutsideStateWatch>(state.inputs, state.modules,
+                                                 OutsideStateWatch::Purpose::Keep);
+  outside_guard_ = std::make_unique<DispatchModeGuard>(*outside_);
 }
 
 Region::ForwardScope::~ForwardScope() = default;
 
 void Region::ForwardScope::finished() {
   if (buffers_) buffers_->dismiss();
+  region_.state_->outside_at_forward = outside_->finished();
 }
 
 bool Region::ForwardScope::failed_on_released_graph(const ReleasedGraphError& error) const {

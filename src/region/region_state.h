@@ -12,6 +12,7 @@
 #include "autograd/version_snapshot.h"
 #include "graph_exec_group.h"
 #include "input_copies.h"
+#include "outside_writes.h"
 #include "recomputed_input.h"
 #include "selective.h"
 #include "value_check.h"
@@ -51,6 +52,8 @@ struct RegionState {
   ModuleList modules;                   // whose buffers the recompute must leave as they were
   TrainingModes training;               // their train()/eval() modes in the forward
   BuffersAtForward buffers_at_forward;  // their buffers the forward wrote, as it found them
+  // Tensors out of the region's sight that the forward wrote and read again, as it found them.
+  OutsideState outside_at_forward;
   // The inputs (at the start of the forward), then the leaves at the region's border that the
   // recomputation reads again: parameters, captured or owned by modules (at its end).
   VersionSnapshot versions;

@@ -121,6 +121,7 @@ class RecordingMode;
 class ValueRecordingMode;
 class DispatchModeGuard;
 class BufferGuard;
+class OutsideStateWatch;
 class ReportMode;
 class RegionRecord;
 class SavedTensorHooksScope;
@@ -196,6 +197,10 @@ class Region {
     std::unique_ptr<DispatchModeGuard> recording_guard_;
     std::unique_ptr<ValueRecordingMode> values_;  // with check_values
     std::unique_ptr<DispatchModeGuard> values_guard_;
+    // Innermost: what the function writes outside the region's sight and reads again (a module
+    // a lambda captures), as it was before, for the recompute.
+    std::unique_ptr<OutsideStateWatch> outside_;
+    std::unique_ptr<DispatchModeGuard> outside_guard_;
   };
 
  public:
