@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <optional>
@@ -23,6 +24,14 @@ namespace detail {
 inline const c10::StorageImpl* storage_of(const at::Tensor& tensor) {
   return tensor.defined() && tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl()
                                                   : nullptr;
+}
+
+/// All of `storage`'s bytes as a 1-d byte tensor on its device, with a version counter of its own:
+/// how ckpt copies a tensor's data whatever its view, and writes it back without a version bump.
+inline at::Tensor bytes_of(const c10::Storage& storage) {
+  const auto n = static_cast<int64_t>(storage.nbytes());
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
+      .set_(storage, 0, {n}, {1});
 }
 
 /// An operator's name as errors show it: "aten::addmm", "aten::mul.Tensor".

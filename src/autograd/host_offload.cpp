@@ -33,12 +33,6 @@ c10::Stream current_stream(c10::Device device) {
   return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
-// The storage's bytes as a 1-d byte tensor on its device.
-at::Tensor bytes_of(const c10::Storage& storage) {
-  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
-      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
-}
-
 }  // namespace
 
 c10::Stream offload_stream(c10::Device device) {

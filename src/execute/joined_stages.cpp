@@ -1,6 +1,7 @@
 #include "joined_stages.h"
 
 #include "autograd/buffer_guard.h"
+#include "autograd/outside_state.h"
 #include "autograd/rng_state.h"
 
 #include <ATen/core/grad_mode.h>
@@ -52,6 +53,9 @@ std::vector<bool> writes_into_input(const std::vector<torch::nn::AnyModule>& sta
   const at::NoGradGuard no_grad;
   std::vector<bool> writes;
   at::Tensor x = sample.detach().clone();
+  // State the stages write without registering it goes back too (the profiler refuses them).
+  OutsideStateWatch outside({x}, modules);
+  const DispatchModeGuard watching(outside);
   for (auto stage : stages) {
     const int64_t version = x._version();
     at::Tensor y = stage.forward<at::Tensor>(x);

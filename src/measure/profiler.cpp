@@ -4,6 +4,7 @@
 
 #include "autograd/buffer_guard.h"
 #include "autograd/host_offload.h"
+#include "autograd/outside_state.h"
 #include "autograd/rng_state.h"
 #include "autograd/stage_graph.h"
 #include "compat/torch_compat.h"
@@ -16,12 +17,14 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace ckpt {
@@ -218,6 +221,92 @@ std::vector<std::shared_ptr<torch::nn::Module>> stage_modules(
   return modules;
 }
 
+// The leaves that require grad in `output`'s graph (their gradient accumulators).
+std::vector<at::Tensor> leaves_reached(const at::Tensor& output) {
+  std::vector<at::Tensor> leaves;
+  if (!output.requires_grad()) return leaves;
+  if (!output.grad_fn()) return {output};
+  std::vector<torch::autograd::Node*> stack{output.grad_fn().get()};
+  std::unordered_set<const torch::autograd::Node*> seen{stack.back()};
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (auto* accumulator = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      leaves.push_back(accumulator->variable);
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function && seen.insert(edge.function.get()).second) {
+        stack.push_back(edge.function.get());
+      }
+    }
+  }
+  return leaves;
+}
+
+// What the stages reach beyond their own modules.
+struct OutsideReach {
+  // Leaves that require grad and that no stage registers (a tensor, or a module's parameter, that
+  // a Functional's lambda captures), and the bytes of their gradients by the stage whose backward
+  // makes each first (the last that uses it).
+  std::vector<at::Tensor> captured_leaves;
+  std::vector<int64_t> gradient_bytes;
+};
+
+// One grad-enabled forward of each stage, from a fresh leaf, before anything is measured: the
+// captured leaves, whose gradients profiling must not leave in their `.grad` and the plan must
+// count. A stage that writes into a tensor no stage owns (the running statistics of a module it
+// does not register) is refused: profiling would move it, and a stage that runs again would move
+// it twice or read what its first forward left. The caller restores the RNG and the buffers.
+OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
+                           const at::Tensor& sample_input, const char* function) {
+  const auto modules = stage_modules(stages);
+  std::unordered_set<const c10::TensorImpl*> registered;
+  for (const auto& module : modules) {
+    for (const auto& p : module->parameters()) registered.insert(p.unsafeGetTensorImpl());
+  }
+  const at::AutoGradMode grad_mode(true);
+  OutsideReach reach;
+  reach.gradient_bytes.assign(stages.size(), 0);
+  std::unordered_map<const c10::TensorImpl*, size_t> last_stage;
+  bool input_grad = sample_input.requires_grad();
+  at::Tensor x = sample_input.detach();
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const at::Tensor input = x.detach().requires_grad_(input_grad);
+    at::Tensor output;
+    {
+      detail::OutsideStateWatch watch({input}, modules);  // puts back what the stage writes
+      {
+        const detail::DispatchModeGuard watching(watch);
+        output = torch::nn::AnyModule(stages[i]).forward<at::Tensor>(input);
+      }
+      TORCH_CHECK(!watch.saw_writes(), function, ": stage #", i,
+                  " writes into a tensor that no stage of the chain registers (the running "
+                  "statistics of a module it reaches without registering it, such as one a "
+                  "torch::nn::Functional's lambda captures). The planner could not count it, and "
+                  "a stage that runs again would update it twice. Register that module in the "
+                  "stage (a module of your own in place of the Functional), or checkpoint the "
+                  "stage with ckpt::checkpoint, which puts such state back.");
+    }
+    for (const at::Tensor& leaf : leaves_reached(output)) {
+      const c10::TensorImpl* impl = leaf.unsafeGetTensorImpl();
+      if (impl == input.unsafeGetTensorImpl() || registered.count(impl) != 0) continue;
+      if (last_stage.emplace(impl, i).second) {
+        reach.captured_leaves.push_back(leaf);
+      } else {
+        last_stage[impl] = i;
+      }
+    }
+    input_grad = detail::is_differentiable(output);
+    x = output.detach();
+  }
+  for (const at::Tensor& leaf : reach.captured_leaves) {
+    reach.gradient_bytes[last_stage.at(leaf.unsafeGetTensorImpl())] +=
+        static_cast<int64_t>(leaf.numel()) * static_cast<int64_t>(leaf.element_size());
+  }
+  return reach;
+}
+
 // One plain training step of the chain: a grad-enabled forward, and a backward from ones.
 void run_plain_step(const std::vector<torch::nn::AnyModule>& stages,
                     const at::Tensor& sample_input) {
@@ -371,11 +460,14 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
   const detail::ManualOffloadScope offloads;
   const detail::RngRestore generators({sample_input}, detail::infer_device_type({sample_input}));
   const detail::BufferGuard buffers(stage_modules(stages));
+  const OutsideReach reach = survey_stages(stages, sample_input, "ckpt::profile_chain");
+  const SwappedGradients captured_gradients(reach.captured_leaves);
 
   plan::Chain chain;
   chain.input_bytes = storage_bytes(sample_input);
   chain.random_state_bytes = random_state_bytes(sample_input);
-  const std::vector<int64_t> gradient_bytes = gradient_bytes_per_stage(stages);
+  std::vector<int64_t> gradient_bytes = gradient_bytes_per_stage(stages);
+  for (size_t i = 0; i < stages.size(); ++i) gradient_bytes[i] += reach.gradient_bytes[i];
   const Leaves single_stage_leaves = detail::single_stage_leaves(stages);
   const std::vector<uint64_t> shared_buffers =
       detail::buffers_shared_between(stage_modules(stages));
@@ -409,6 +501,9 @@ int64_t measure_no_checkpoint_peak(const std::vector<torch::nn::AnyModule>& stag
   MemoryTracker tracker = tracker_for(sample_input.device());
   const detail::RngRestore generators({sample_input}, detail::infer_device_type({sample_input}));
   const detail::BufferGuard buffers(stage_modules(stages));
+  const OutsideReach reach =
+      survey_stages(stages, sample_input, "ckpt::measure_no_checkpoint_peak");
+  const SwappedGradients captured_gradients(reach.captured_leaves);
   return measure_plain_step(stages, sample_input, options, tracker).peak_bytes;
 }
 

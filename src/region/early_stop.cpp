@@ -1,6 +1,6 @@
 #include "early_stop.h"
 
-#include "outside_writes.h"
+#include "autograd/outside_state.h"
 
 #include <ckpt/options.h>
 

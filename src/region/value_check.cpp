@@ -1,6 +1,6 @@
 #include "value_check.h"
 
-#include "outside_writes.h"
+#include "autograd/outside_state.h"
 #include "selective.h"
 
 #include <c10/core/DispatchKey.h>

@@ -1,4 +1,4 @@
-#include "outside_writes.h"
+#include "outside_state.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
@@ -15,13 +15,6 @@ struct ModesOff {
   c10::impl::ExcludeDispatchKeyGuard off{c10::DispatchKey::Fake};
   at::NoGradGuard no_grad;
 };
-
-// All of `storage`'s bytes, through a tensor of its own (its own version counter).
-at::Tensor bytes_of(const c10::Storage& storage) {
-  const auto n = static_cast<int64_t>(storage.nbytes());
-  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
-      .set_(storage, 0, {n}, {1});
-}
 
 }  // namespace
 
@@ -81,7 +74,8 @@ OutsideState::Swap::~Swap() {
 }
 
 OutsideStateWatch::OutsideStateWatch(const std::vector<at::Tensor>& known,
-                                     const ModuleList& modules, Purpose purpose)
+                                     const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                                     Purpose purpose)
     : purpose_(purpose) {
   for (const auto& tensor : known) inside_.insert(storage_of(tensor));
   for (const auto& module : modules) {

@@ -1,20 +1,26 @@
 #pragma once
 
-// State a region's function changes that ckpt was not told about: the running statistics of a
-// TorchScript module, or of a C++ module a lambda captures. The forward keeps what it read of it
-// after writing it, as it was before the write, so that a recompute reads the same values; every
-// recompute puts the state back afterwards, so it changes once per step, as without checkpointing.
+// State a function changes that ckpt was not told about: the running statistics of a TorchScript
+// module, or of a C++ module a lambda captures. A region's forward keeps what it read of it and
+// wrote, as it was before the write, so that a recompute reads the same values; every recompute
+// puts the state back afterwards, so it changes once per step, as without checkpointing. The chain
+// profiler refuses stages that write it.
 
-#include <ckpt/detail/region.h>
-
-#include "autograd/dispatch_mode.h"
+#include "dispatch_mode.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+}  // namespace torch
 
 namespace ckpt {
 namespace detail {
@@ -80,7 +86,8 @@ class OutsideState::Swap {
 class OutsideStateWatch : public DispatchMode {
  public:
   enum class Purpose { PutBack, Keep };
-  OutsideStateWatch(const std::vector<at::Tensor>& known, const ModuleList& modules,
+  OutsideStateWatch(const std::vector<at::Tensor>& known,
+                    const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                     Purpose purpose = Purpose::PutBack);
   ~OutsideStateWatch() override;
   OutsideStateWatch(const OutsideStateWatch&) = delete;
@@ -89,6 +96,8 @@ class OutsideStateWatch : public DispatchMode {
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
   /// `Keep`: the forward returned. What it wrote and read again, as it was before the write.
   OutsideState finished();
+  /// Whether an operator wrote into outside state so far.
+  bool saw_writes() const { return !written_.empty(); }
 
  private:
   // Copies `tensor` before its first write; returns its storage's entry, or -1 (not outside).
