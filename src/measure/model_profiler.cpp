@@ -5,6 +5,7 @@
 
 #include "autograd/buffer_guard.h"
 #include "autograd/graph.h"
+#include "autograd/outside_state.h"
 #include "autograd/rng_state.h"
 #include "autograd/saved_tensor_hooks.h"
 #include "compat/torch_compat.h"
@@ -120,6 +121,7 @@ struct CandidateRecord {
 struct StepRecord {
   std::mutex mutex;
   bool open = true;
+  bool wrote_outside = false;  // into tensors outside the model (put back after the step)
   MemoryTracker* tracker = nullptr;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   int64_t start_bytes = 0;
@@ -352,6 +354,9 @@ struct StepSetup {
   MemoryTracker* tracker;
   c10::Device device;
   bool count_parameter_gradients;
+  // The step writes tensors outside the model (the statistics of a module its forward reaches
+  // without registering it): each profiled step puts them back (the first step finds out).
+  bool watch_outside = true;
 };
 
 }  // namespace
@@ -399,6 +404,13 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup, StepRun run) {
                                            ? detail::SwappedGradients::Start::None
                                            : detail::SwappedGradients::Start::ZeroBuffers);
   const detail::BufferGuard buffers({setup.model});
+  std::optional<detail::OutsideStateWatch> outside;
+  std::optional<detail::DispatchModeGuard> watching;
+  if (setup.watch_outside) {
+    outside.emplace(std::vector<at::Tensor>{},
+                    std::vector<std::shared_ptr<torch::nn::Module>>{setup.model});
+    watching.emplace(*outside);
+  }
   auto record = std::make_shared<StepRecord>();
   record->tracker = setup.tracker;
   record->device = setup.device;
@@ -408,6 +420,7 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup, StepRun run) {
   record->start_bytes = setup.tracker->current_bytes();
   run_loss_and_backward(setup, recorder);
   record->record(EventKind::StepEnd, -1);
+  record->wrote_outside = outside && outside->saw_writes();
   const std::lock_guard<std::mutex> lock(record->mutex);
   record->open = false;
   return record;
@@ -1081,8 +1094,7 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   MemoryTracker tracker(device,
                         device.is_cpu() ? MemoryScope::CallingThread : MemoryScope::Process);
   const detail::CandidateNames names(*model);
-  const StepSetup setup{model,    loss_fn, &names,
-                        &tracker, device,  options.count_parameter_gradients()};
+  StepSetup setup{model, loss_fn, &names, &tracker, device, options.count_parameter_gradients()};
   const std::vector<at::Tensor> parameters = model->parameters();
   const detail::RngStash rng(parameters, detail::infer_device_type(parameters));
   struct PutBack {
@@ -1093,6 +1105,7 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   // Finds the candidates and what each one's forward saves; warms caches and allocators.
   const auto found =
       record_step(setup, {std::nullopt, {}, nullptr, detail::saved_tensor_hooks_available()});
+  setup.watch_outside = found->wrote_outside;  // a dispatch mode costs time: only where needed
   rng.restore();
   const auto plain = record_step(setup, {std::nullopt});
   const std::vector<std::set<int>> takers =

@@ -1360,4 +1360,54 @@ TEST_F(PlannedModelTest, BlocksWithDropoutRunLikeThePlainStepWithinTheirPredicti
   }
 }
 
+// Candidates that reach modules the model does not register (`Functional`s whose lambdas capture
+// a Linear and a BatchNorm each). Profiling ran the step many times and moved the captured
+// statistics each time (a probe: the first BatchNorm counted 18 batches in three steps, against
+// 3); the first profiled step now finds such writes, and every profiled step puts them back.
+// The steps themselves are regions, which put back what their recomputes write.
+TEST_F(PlannedModelTest, CandidatesThatCaptureModulesLeaveTheirStateToTheSteps) {
+  const auto train = [](const char* budget) {
+    torch::manual_seed(2);
+    std::vector<torch::nn::Linear> linears;
+    std::vector<torch::nn::BatchNorm1d> norms;
+    torch::nn::Sequential model;
+    for (int i = 0; i < 6; ++i) {
+      linears.emplace_back(64, 64);
+      norms.emplace_back(64);
+      model->push_back(torch::nn::Functional(
+          [linear = linears.back().ptr(), norm = norms.back().ptr()](const torch::Tensor& t) {
+            return torch::tanh(norm->forward(linear->forward(t)));
+          }));
+    }
+    const torch::Tensor x = torch::randn({256, 64});
+    std::optional<ckpt::PlannedModel> planned;
+    if (budget != nullptr) planned.emplace(model, ckpt::Budget::parse(budget));
+    std::vector<torch::Tensor> after;
+    for (int step = 0; step < 3; ++step) {
+      const torch::Tensor in = x.clone().requires_grad_();
+      const auto loss = [](torch::Tensor& y) { return y.pow(2).sum(); };
+      if (planned) {
+        planned->run([&] { return ckpt::candidates(model, in); }, loss).backward();
+      } else {
+        torch::Tensor y = model->forward(in);
+        loss(y).backward();
+      }
+      after.push_back(in.grad());
+    }
+    for (auto& linear : linears) after.push_back(linear->weight.grad());
+    for (auto& norm : norms) {
+      after.push_back(norm->running_mean.clone());
+      after.push_back(norm->num_batches_tracked.to(torch::kFloat));
+    }
+    return after;
+  };
+  const std::vector<torch::Tensor> plain = train(nullptr);
+  for (const char* budget : {"100%", "50%", "min"}) {
+    SCOPED_TRACE(budget);
+    const std::vector<torch::Tensor> planned = train(budget);
+    ASSERT_EQ(planned.size(), plain.size());
+    for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(planned[i], plain[i])) << i;
+  }
+}
+
 }  // namespace planned_model_test
