@@ -3,6 +3,7 @@
 #include <ckpt/profiler.h>
 
 #include "autograd/buffer_guard.h"
+#include "autograd/graph.h"
 #include "autograd/host_offload.h"
 #include "autograd/outside_state.h"
 #include "autograd/rng_state.h"
@@ -17,7 +18,6 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <algorithm>
 #include <chrono>
@@ -221,29 +221,6 @@ std::vector<std::shared_ptr<torch::nn::Module>> stage_modules(
   return modules;
 }
 
-// The leaves that require grad in `output`'s graph (their gradient accumulators).
-std::vector<at::Tensor> leaves_reached(const at::Tensor& output) {
-  std::vector<at::Tensor> leaves;
-  if (!output.requires_grad()) return leaves;
-  if (!output.grad_fn()) return {output};
-  std::vector<torch::autograd::Node*> stack{output.grad_fn().get()};
-  std::unordered_set<const torch::autograd::Node*> seen{stack.back()};
-  while (!stack.empty()) {
-    torch::autograd::Node* node = stack.back();
-    stack.pop_back();
-    if (auto* accumulator = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
-      leaves.push_back(accumulator->variable);
-      continue;
-    }
-    for (const auto& edge : node->next_edges()) {
-      if (edge.function && seen.insert(edge.function.get()).second) {
-        stack.push_back(edge.function.get());
-      }
-    }
-  }
-  return leaves;
-}
-
 // What the stages reach beyond their own modules.
 struct OutsideReach {
   // Leaves that require grad and that no stage registers (a tensor, or a module's parameter, that
@@ -288,7 +265,7 @@ OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
                   "stage (a module of your own in place of the Functional), or checkpoint the "
                   "stage with ckpt::checkpoint, which puts such state back.");
     }
-    for (const at::Tensor& leaf : leaves_reached(output)) {
+    for (const at::Tensor& leaf : detail::leaves_reached(output)) {
       const c10::TensorImpl* impl = leaf.unsafeGetTensorImpl();
       if (impl == input.unsafeGetTensorImpl() || registered.count(impl) != 0) continue;
       if (last_stage.emplace(impl, i).second) {
