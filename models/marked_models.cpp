@@ -26,7 +26,7 @@ DownImpl::DownImpl(int64_t in, int64_t out)
       conv2_(register_module("conv2", ConvBnRelu(out, out))) {}
 
 std::tuple<at::Tensor, at::Tensor> DownImpl::forward(const at::Tensor& x) {
-  at::Tensor features = conv2_(conv1_(x));
+  at::Tensor features = ckpt::candidate(conv2_, ckpt::candidate(conv1_, x));
   return {features, torch::max_pool2d(features, 2)};
 }
 
@@ -35,7 +35,7 @@ BottomImpl::BottomImpl(int64_t in, int64_t out)
       conv2_(register_module("conv2", ConvBnRelu(out, out))) {}
 
 at::Tensor BottomImpl::forward(const at::Tensor& x) {
-  return conv2_(conv1_(x));
+  return ckpt::candidate(conv2_, ckpt::candidate(conv1_, x));
 }
 
 UpImpl::UpImpl(int64_t in, int64_t out)
@@ -45,7 +45,7 @@ UpImpl::UpImpl(int64_t in, int64_t out)
       conv2_(register_module("conv2", ConvBnRelu(out, out))) {}
 
 at::Tensor UpImpl::forward(const at::Tensor& x, const at::Tensor& skip) {
-  return conv2_(conv1_(torch::cat({up_(x), skip}, 1)));
+  return ckpt::candidate(conv2_, ckpt::candidate(conv1_, torch::cat({up_(x), skip}, 1)));
 }
 
 UNetImpl::UNetImpl(const UNetConfig& c) {

@@ -18,6 +18,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,6 +70,24 @@ class RecomputableOutputs {
     int producer = -1;
   };
   std::unordered_map<const c10::TensorImpl*, Entry> entries_;
+};
+
+/// What the markers inside a running candidate report to: it counts them, and runs each as a
+/// region with `options` (none: plainly), asking the same of the markers inside that one.
+class InnerCandidates final : public CandidateRunner {
+ public:
+  InnerCandidates(std::optional<CheckpointOptions> options,
+                  std::shared_ptr<std::atomic<int>> reached)
+      : options_(std::move(options)), reached_(std::move(reached)) {}
+  std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
+                                         std::vector<at::Tensor>& inputs,
+                                         RegionRequest& request) override;
+  void end(std::vector<at::Tensor>& /*outputs*/, const RegionRequest& /*request*/) override {}
+  void abandon() noexcept override {}
+
+ private:
+  std::optional<CheckpointOptions> options_;
+  std::shared_ptr<std::atomic<int>> reached_;
 };
 
 /// The runner of the calling thread, or nullptr.
@@ -153,11 +172,16 @@ auto run_as_candidate(CandidateRunner* runner, const std::string& name,
   replace_tensors(args, in);
   using Result = std::decay_t<decltype(apply_forward(fn, args))>;
   std::optional<Result> result;
+  // Markers inside run as the runner asked (plainly, as part of this one, unless it asked for
+  // regions), in the forward and in every recompute, and are counted.
+  auto reached = std::make_shared<std::atomic<int>>(0);
   try {
-    const CandidateRunnerScope inner(nullptr);  // markers inside run plainly, as part of this one
     if (region) {
-      auto with_owner = [fn](const std::shared_ptr<torch::nn::Module>& /*owner*/,
-                             auto&... unpacked) mutable {
+      auto with_owner = [fn, inner = request.inner_candidates, reached](
+                            const std::shared_ptr<torch::nn::Module>& /*owner*/,
+                            auto&... unpacked) mutable {
+        InnerCandidates markers(inner, reached);
+        const CandidateRunnerScope scope(&markers);
         return invoke_forward(0, fn, unpacked...);
       };
       const RegionRequestScope requested(request);
@@ -165,12 +189,15 @@ auto run_as_candidate(CandidateRunner* runner, const std::string& name,
           [&](auto&... unpacked) { return checkpoint(*region, with_owner, owner, unpacked...); },
           args));
     } else {
+      InnerCandidates markers(request.inner_candidates, reached);
+      const CandidateRunnerScope scope(&markers);
       result.emplace(apply_forward(fn, args));
     }
   } catch (...) {
     runner->abandon();
     throw;
   }
+  request.inner_markers = reached->load();
   // What the region dropped is not held here either.
   const std::vector<at::Tensor> none(tensors.size());
   TensorCursor cleared(none);
@@ -190,8 +217,9 @@ auto run_as_candidate(CandidateRunner* runner, const std::string& name,
 /// the block; it returns what the block's `forward` returns. The candidate is named after the
 /// module's path in the planned model ("encoder.2"). A candidate may take and return several
 /// tensors, tuples, vectors and values, and sit anywhere: inside a residual block, in both arms of
-/// a U-Net. Markers reached while a candidate runs are part of it. Without a `PlannedModel` at
-/// work (or under `torch::NoGradGuard`) it is `module->forward(args...)`.
+/// a U-Net. Markers reached while a candidate runs are its parts: the planner may run them as
+/// regions inside it ("checkpointed, parts checkpointed"), never on their own. Without a
+/// `PlannedModel` at work (or under `torch::NoGradGuard`) it is `module->forward(args...)`.
 ///
 /// Example:
 /// ```

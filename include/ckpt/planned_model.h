@@ -162,6 +162,8 @@ class PlannedModel {
     std::vector<bool> recomputable;                         // per candidate: "recomputed"
     // What else the step was profiled under (none for a profile from elsewhere).
     std::shared_ptr<const detail::StepConditions> conditions;
+    // Per candidate: the region its parts (the candidates marked inside it) run as; none: plainly.
+    std::vector<std::optional<CheckpointOptions>> parts;
   };
   class Runner;
   class RetryingBackward;

@@ -160,6 +160,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
       std::vector<int> producers;
       request.input_sources = recomputable_.sources_for(inputs, producers);
       request.recomputable_outputs = plan_.recomputable[c];
+      request.inner_candidates = plan_.parts[c];
     }
     if (KeptReport* report = detail::active_report()) {
       first_region_ = report->regions().size();
@@ -432,6 +433,7 @@ PlannedModel::Plan PlannedModel::make_plan(MeasuredModel measured, const Budget&
             {},
             std::make_shared<const detail::CandidateNames>(*model_),
             {},
+            {},
             {}};
   const StorageSettings settings{options_.selective_policy()};
   const auto& candidates = next.measured.profile.candidates;  // `profile` was moved from
@@ -446,6 +448,7 @@ PlannedModel::Plan PlannedModel::make_plan(MeasuredModel measured, const Budget&
     }
     next.regions.push_back(region);
     next.recomputable.push_back(run.outputs_recomputed);  // a checkpointed region, outputs dropped
+    next.parts.push_back(run.parts_checkpointed ? region : std::nullopt);
   }
   return next;
 }

@@ -114,6 +114,8 @@ struct CandidateRecord {
   /// It wrote into a tensor argument in place (noted in the `find_saved` step only): as a region
   /// it copies its arguments, so it drops none of them.
   bool writes_into_inputs = false;
+  /// Markers its forward reached inside it (its parts).
+  int inner_markers = 0;
 };
 
 // One profiled step. Shared with the hooks the step leaves on tensors, which may fire on the
@@ -241,13 +243,15 @@ struct RecomputeTrial {
 };
 
 // How a step runs its candidates: each in `mode` (none: kept), but those `kept` marks (by
-// candidate); with `trial`, as a step of the "recomputed" trial; with `find_saved` (every
-// candidate kept), noting which inputs each candidate's forward saves (`WatchedStorage::saved`).
+// candidate), and the markers inside those in `parts` (none: plainly); with `trial`, as a step
+// of the "recomputed" trial; with `find_saved` (every candidate kept), noting which inputs each
+// candidate's forward saves (`WatchedStorage::saved`).
 struct StepRun {
   std::optional<CheckpointOptions> mode;
   std::vector<bool> kept{};
   RecomputeTrial* trial = nullptr;
   bool find_saved = false;
+  std::optional<CheckpointOptions> parts{};
 };
 
 // Runs the candidates of a step as `StepRun` says and records the step's events.
@@ -284,7 +288,9 @@ class StepRecorder final : public detail::CandidateRunner {
       }
     }
     const bool kept = static_cast<size_t>(index) < run_.kept.size() && run_.kept[index];
-    return kept ? std::nullopt : run_.mode;
+    if (kept) return std::nullopt;
+    request.inner_candidates = run_.parts;
+    return run_.mode;
   }
 
   void end(std::vector<at::Tensor>& outputs, const detail::RegionRequest& request) override {
@@ -304,6 +310,7 @@ class StepRecorder final : public detail::CandidateRunner {
     {
       const std::lock_guard<std::mutex> lock(record_->mutex);
       record_->watch(index, outputs, /*output=*/true);
+      record_->candidates[index].inner_markers = request.inner_markers;
     }
     for (auto& t : outputs) {
       if (!t.defined() || !t.requires_grad()) continue;
@@ -658,6 +665,11 @@ struct ModeRun {
   std::shared_ptr<StepRecord> step;
   Matching matching;             // where each plain event is in `step`
   std::vector<bool> measured{};  // the candidates the step ran in the mode (empty: all)
+  bool parts = false;            // the markers inside them ran in the mode too
+
+  plan::OptionRun option(bool takers_kept = false) const {
+    return plan::OptionRun::in_mode(name, takers_kept, parts);
+  }
 };
 
 bool same_candidates(const StepRecord& a, const StepRecord& b) {
@@ -735,9 +747,9 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     const CandidateInStep mode{run.step->candidates[c], mode_span,
                                costs_of(*run.step, mode_span, c)};
     if (mode.costs.forward_kept >= kept.costs.forward_kept && mode.costs.host == 0) continue;
-    plan::CandidateOption option = option_in(
-        plan::OptionRun::in_mode(run.name), at_least_plain_time(kept.costs, mode.costs, run),
-        mode.costs.host, peak_deltas(kept, mode, run.matching));
+    plan::CandidateOption option =
+        option_in(run.option(), at_least_plain_time(kept.costs, mode.costs, run), mode.costs.host,
+                  peak_deltas(kept, mode, run.matching));
     if (!offered_already(candidate, option)) candidate.options.push_back(std::move(option));
   }
   return candidate;
@@ -851,8 +863,8 @@ bool compatible(const ChainOption& p, const ChainOption& t, const plan::OptionRu
     const auto found = t.producers->find(producer);
     return p.depth == (found == t.producers->end() ? 0 : found->second);
   }
-  return p.depth == 0 ||
-         (taker.mode == kCheckpointedMode && !taker.outputs_recomputed && !taker.takers_kept);
+  return p.depth == 0 || (taker.mode == kCheckpointedMode && !taker.outputs_recomputed &&
+                          !taker.takers_kept && !taker.parts_checkpointed);
 }
 
 // Adds the "recomputed" options to each candidate that a trial step ended a chain with, whose
@@ -956,15 +968,16 @@ std::vector<KeptTakersOption> add_kept_takers_options(plan::ModelProfile& profil
     plan::Candidate& candidate = profile.candidates[c];
     for (const ModeRun& run : steps) {
       if (!run.measured.empty() && !run.measured[c]) continue;
-      const auto same_mode = std::find_if(candidate.options.begin(), candidate.options.end(),
-                                          [&](const auto& o) { return o.name == run.name; });
+      const auto same_mode =
+          std::find_if(candidate.options.begin(), candidate.options.end(),
+                       [&](const auto& o) { return o.name == run.option().name(); });
       const Span mode_span = span_of(*run.step, c);
       if (same_mode == candidate.options.end() || mode_span.backward_begin < 0) continue;
       const CandidateInStep mode{run.step->candidates[c], mode_span,
                                  costs_of(*run.step, mode_span, c)};
       plan::CandidateOption option =
-          option_in(plan::OptionRun::in_mode(run.name, /*takers_kept=*/true), same_mode->time,
-                    mode.costs.host, peak_deltas(stored, mode, run.matching));
+          option_in(run.option(/*takers_kept=*/true), same_mode->time, mode.costs.host,
+                    peak_deltas(stored, mode, run.matching));
       if (!lower_somewhere(option.peak_delta, same_mode->peak_delta) ||
           offered_already(candidate, option)) {
         continue;
@@ -1059,6 +1072,30 @@ std::vector<std::vector<bool>> measured_together(const StepRecord& plain, bool o
   return groups;
 }
 
+// Measures `run`'s mode (`region`) on the candidates `run.measured` marks, the others kept, into
+// `modes`; and where some candidates are takers to keep (`kept`), once more beside them kept, into
+// `with_kept_takers`.
+void measure_mode(const StepSetup& setup, const StepRecord& plain, const detail::RngStash& rng,
+                  const CheckpointOptions& region, const std::vector<bool>& kept, ModeRun run,
+                  std::vector<ModeRun>& modes, std::vector<ModeRun>& with_kept_takers) {
+  std::vector<bool> others(run.measured.size());
+  std::transform(run.measured.begin(), run.measured.end(), others.begin(), std::logical_not<>());
+  const std::optional<CheckpointOptions> parts =
+      run.parts ? std::optional<CheckpointOptions>(region) : std::nullopt;
+  rng.restore();
+  run.step = record_step(setup, {region, others, nullptr, false, parts});
+  check_same_candidates(plain, *run.step, run.option().name());
+  run.matching = matching_events(plain, *run.step);
+  modes.push_back(run);
+  if (std::find(kept.begin(), kept.end(), true) == kept.end()) return;
+  for (size_t c = 0; c < others.size(); ++c) others[c] = others[c] || kept[c];
+  rng.restore();
+  run.step = record_step(setup, {region, others, nullptr, false, parts});
+  check_same_candidates(plain, *run.step, run.option(/*takers_kept=*/true).name());
+  run.matching = matching_events(plain, *run.step);
+  with_kept_takers.push_back(std::move(run));
+}
+
 MeasuredModel measured_model(const StepRecord& plain, const std::vector<ModeRun>& modes,
                              c10::Device device) {
   MeasuredModel measured;
@@ -1136,28 +1173,24 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
       record_step(setup, {region});
       call_sites_taught = true;
     }
-    for (const std::vector<bool>& group :
-         measured_together(*plain, region->offload(), options.host_budget_bytes())) {
-      std::vector<bool> others(group.size());
-      std::transform(group.begin(), group.end(), others.begin(), std::logical_not<>());
-      rng.restore();
-      auto step = record_step(setup, {region, others});
-      check_same_candidates(*plain, *step, mode.name);
-      Matching matching = matching_events(*plain, *step);
-      modes.push_back({mode.name, !region->offload(), std::move(step), std::move(matching), group});
-      if (std::find(kept.begin(), kept.end(), true) == kept.end()) continue;
-      for (size_t c = 0; c < others.size(); ++c) others[c] = others[c] || kept[c];
-      rng.restore();
-      auto beside_kept = record_step(setup, {region, others});
-      check_same_candidates(*plain, *beside_kept,
-                            plan::OptionRun::in_mode(mode.name, /*takers_kept=*/true).name());
-      matching = matching_events(*plain, *beside_kept);
-      with_kept_takers.push_back(
-          {mode.name, !region->offload(), std::move(beside_kept), std::move(matching), group});
+    const std::vector<std::vector<bool>> groups =
+        measured_together(*plain, region->offload(), options.host_budget_bytes());
+    for (const std::vector<bool>& group : groups) {
+      ModeRun run{mode.name, !region->offload(), nullptr, {}, group};
+      measure_mode(setup, *plain, rng, *region, kept, run, modes, with_kept_takers);
     }
+    // Candidates with parts marked inside them: checkpointed with their parts checkpointed too.
+    if (mode.name != kCheckpointedMode || region->offload()) continue;
+    std::vector<bool> with_parts(plain->candidates.size());
+    for (size_t c = 0; c < with_parts.size(); ++c)
+      with_parts[c] = plain->candidates[c].inner_markers > 0;
+    if (std::find(with_parts.begin(), with_parts.end(), true) == with_parts.end()) continue;
+    ModeRun run{mode.name, true, nullptr, {}, with_parts, /*parts=*/true};
+    measure_mode(setup, *plain, rng, *region, kept, run, modes, with_kept_takers);
   }
-  const auto checkpointed = std::find_if(
-      modes.begin(), modes.end(), [](const ModeRun& m) { return m.name == kCheckpointedMode; });
+  const auto checkpointed = std::find_if(modes.begin(), modes.end(), [](const ModeRun& m) {
+    return m.name == kCheckpointedMode && !m.parts;
+  });
   std::vector<TrialRun> runs;
   std::vector<std::set<int>> consumers(plain->candidates.size());
   if (options.recompute_outputs() && checkpointed != modes.end()) {

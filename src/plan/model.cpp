@@ -137,10 +137,11 @@ void check_choice(const ModelProfile& profile, const std::vector<int>& choice) {
 
 }  // namespace
 
-OptionRun OptionRun::in_mode(std::string mode, bool takers_kept) {
+OptionRun OptionRun::in_mode(std::string mode, bool takers_kept, bool parts_checkpointed) {
   OptionRun run;
   run.mode = std::move(mode);
   run.takers_kept = takers_kept;
+  run.parts_checkpointed = parts_checkpointed;
   return run;
 }
 
@@ -156,7 +157,8 @@ std::string OptionRun::name() const {
     return chain_length <= 1 ? "recomputed"
                              : "recomputed, chain of " + std::to_string(chain_length);
   }
-  const std::string base = mode.empty() ? "stored" : mode;
+  std::string base = mode.empty() ? "stored" : mode;
+  if (parts_checkpointed) base += ", parts checkpointed";
   return takers_kept ? base + ", takers kept" : base;
 }
 

@@ -20,6 +20,15 @@ CandidateRunnerScope::~CandidateRunnerScope() {
   current_runner = previous_;
 }
 
+std::optional<CheckpointOptions> InnerCandidates::begin(const std::string& /*name*/,
+                                                        const torch::nn::Module* /*module*/,
+                                                        std::vector<at::Tensor>& /*inputs*/,
+                                                        RegionRequest& request) {
+  if (reached_) reached_->fetch_add(1);
+  request.inner_candidates = options_;
+  return options_;
+}
+
 void RecomputableOutputs::add(int producer, const std::vector<at::Tensor>& outputs,
                               const RegionRequest& request) {
   for (size_t i = 0; i < outputs.size() && i < request.output_sources.size(); ++i) {

@@ -203,7 +203,9 @@ TEST_F(PlannedSequentialTest, StagesThatCaptureModulesAreProfiledAndPlannedAsThe
     auto [twin, twin_planned] = plan_at(true, budget, registered);
     auto [chain, planned] = plan_at(false, budget, captured);
     EXPECT_EQ(planned->prediction().peak_bytes, twin_planned->prediction().peak_bytes);
-    if (budget == "min") EXPECT_GT(planned->prediction().forward_count, 6);  // recomputes
+    if (budget == "min") {
+      EXPECT_GT(planned->prediction().forward_count, 6);  // recomputes
+    }
     for (auto& linear : captured) EXPECT_FALSE(linear->weight.grad().defined());
     // Two steps each, from the same weights: the captured gradients are the twin's.
     for (int step = 0; step < 2; ++step) {

@@ -18,6 +18,7 @@
 #include "support/residual_tower.h"
 #include "support/support.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -301,6 +302,36 @@ TEST_F(PlannedModelTest, UNetTakersKeptOptionsExcludeTheirDecoderBlocksOtherOpti
 
 // Four candidates, each taking the one before's output as a temporary: a region that drops such
 // an argument (a recomputed output) frees it inside its own forward.
+// Each block of the U-Net marks its parts inside (its ConvBnRelu, its up-sampling), so it offers
+// "checkpointed, parts checkpointed": the parts run as regions too, in the block's forward and in
+// its recompute, and its backward holds one part's activations at a time. Forced on every block,
+// the step is the plain step to the bit and peaks at its prediction, below the same blocks
+// checkpointed whole.
+TEST_F(PlannedModelTest, UNetBlocksWithTheirPartsCheckpointedRunLikeThePlainStepInLess) {
+  unet_sample();
+  std::map<std::string, std::string> whole, parts;
+  const int64_t levels = small_unet().levels;
+  for (int64_t i = 0; i < levels; ++i) {
+    for (const std::string block : {"downs.", "ups."}) {
+      whole[block + std::to_string(i)] = "checkpointed";
+      parts[block + std::to_string(i)] = "checkpointed, parts checkpointed";
+    }
+  }
+  whole["bottom"] = "checkpointed";
+  parts["bottom"] = "checkpointed, parts checkpointed";
+  const auto peak_of = [&](const std::map<std::string, std::string>& plan) {
+    SCOPED_TRACE(plan.at("bottom"));
+    return expect_planned_like_plain<ckpt::models::UNet>(
+               ckpt::models::make_unet(small_unet()), ckpt::models::make_unet(small_unet()),
+               unet_loss, ckpt::Budget::minimum(), 0.005, unet_skips_over_counted,
+               ckpt::test::only_plan(plan))
+        .first;
+  };
+  const int64_t with_parts = peak_of(parts);
+  const int64_t without = peak_of(whole);
+  EXPECT_LT(with_parts, without);
+}
+
 struct TemporaryChainImpl : torch::nn::Module {
   std::array<torch::nn::Sequential, 4> blocks;
   TemporaryChainImpl() {
@@ -1262,6 +1293,13 @@ TEST_F(PlannedModelTest, NestedRecursiveAndNoGradMarkersRunLikeThePlainStep) {
   EXPECT_EQ(names, (std::vector<std::string>{"tower.blocks.0", "recursive.again",
                                              "tower.blocks.2.in", "tower.blocks.2.out",
                                              "tower.blocks.3.in", "tower.blocks.3.out"}));
+  // Those that mark candidates inside offer to run them as regions too (any depth of them).
+  for (const auto& c : smallest.measured().profile.candidates) {
+    const bool offered =
+        std::any_of(c.options.begin(), c.options.end(),
+                    [](const ckpt::plan::CandidateOption& o) { return o.run.parts_checkpointed; });
+    EXPECT_EQ(offered, c.name == "tower.blocks.0" || c.name == "recursive.again") << c.name;
+  }
   const int64_t low = smallest.budget_bytes(), high = smallest.plain_peak_bytes();
   EXPECT_LT(low, high);
   for (int quarter = 0; quarter <= 4; ++quarter) {
@@ -1273,6 +1311,36 @@ TEST_F(PlannedModelTest, NestedRecursiveAndNoGradMarkersRunLikeThePlainStep) {
     expect_same_step(plain, step);
     EXPECT_LE(step.peak_bytes, planned.budget_bytes());
     EXPECT_LE(step.peak_bytes, planned.solution().prediction.peak_bytes);
+  }
+  // With their parts as regions: the block's two, then also the recursion's three levels nested.
+  // There each level sums the gradients of its argument (used by its add and by the level inside)
+  // before the level above adds its own, where plain autograd adds the four one by one: equal to
+  // rounding, not to the bit (docs/limits.md, "Gradients summed in another order").
+  std::map<std::string, std::string> forced_plan;
+  for (const std::string& name : names) forced_plan[name] = "stored";
+  for (const std::string with_parts : {"tower.blocks.0", "recursive.again"}) {
+    forced_plan[with_parts] = "checkpointed, parts checkpointed";
+    ckpt::MeasuredModel measured = smallest.measured();
+    ckpt::test::only_plan(forced_plan)(measured);
+    ckpt::PlannedModel forced(model.ptr(), ckpt::Budget::minimum());
+    forced.plan(std::move(measured));
+    reset_buffers();
+    const StepResult step = measured_step(*model, [&] { return forced.run(loss_fn); });
+    SCOPED_TRACE(forced.summary());
+    EXPECT_LE(step.peak_bytes, forced.solution().prediction.peak_bytes);
+    if (with_parts == "tower.blocks.0") {
+      expect_same_step(plain, step);
+      continue;
+    }
+    EXPECT_TRUE(bit_equal(plain.loss, step.loss));
+    for (size_t i = 0; i < plain.grads.size(); ++i) {
+      ASSERT_EQ(plain.grads[i].defined(), step.grads[i].defined()) << "gradient " << i;
+      if (plain.grads[i].defined()) {
+        EXPECT_TRUE(torch::allclose(plain.grads[i], step.grads[i], 1e-5, 1e-7)) << "gradient " << i;
+      }
+    }
+    for (size_t i = 0; i < plain.buffers.size(); ++i)
+      EXPECT_TRUE(bit_equal(plain.buffers[i], step.buffers[i])) << "buffer " << i;
   }
 }
 

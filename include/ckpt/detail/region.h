@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,14 @@ struct RegionRequest {
   bool recomputable_outputs = false;
   /// Filled by the region when it finishes.
   std::vector<std::shared_ptr<const RecomputeSource>> output_sources;
+  /// Of a candidate (`ckpt::candidate`), whatever it runs as: the markers reached inside its
+  /// function, in its forward and in every recompute, run as regions with these options, and the
+  /// markers inside those likewise, so that a backward holds one part's activations at a time.
+  /// None: they run plainly, as part of the candidate.
+  std::optional<CheckpointOptions> inner_candidates;
+  /// Filled by the candidate's marker when it returns: how many markers its forward reached
+  /// directly inside it.
+  int inner_markers = 0;
 };
 
 /// Makes `request` the one the next region on the calling thread takes, for its lifetime.

@@ -35,15 +35,21 @@ struct OptionRun {
   /// Measured in a step where the candidates that take its outputs without saving them run
   /// plainly, so valid only with those kept ("takers kept"). Default: false
   bool takers_kept = false;
+  /// The candidates marked inside this one run as regions of the same mode too, in its forward
+  /// and in its recompute: its backward holds one part's activations at a time ("parts
+  /// checkpointed"). Default: false
+  bool parts_checkpointed = false;
 
   /// Runs plainly, keeping everything (option 0 of every candidate).
   static OptionRun stored() { return {}; }
   /// A region in the storage mode `mode`.
-  static OptionRun in_mode(std::string mode, bool takers_kept = false);
+  static OptionRun in_mode(std::string mode, bool takers_kept = false,
+                           bool parts_checkpointed = false);
   /// A checkpointed region that lets go of its outputs, ending a chain of `chain_length`.
   static OptionRun recomputed(int chain_length);
   /// How plans, reports and `PlannedModel::mode_of` name it: "stored", "checkpointed",
-  /// "selective, takers kept", "recomputed", "recomputed, chain of 2".
+  /// "selective, takers kept", "checkpointed, parts checkpointed", "recomputed", "recomputed,
+  /// chain of 2".
   std::string name() const;
 };
 
