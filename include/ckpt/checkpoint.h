@@ -80,20 +80,15 @@ constexpr bool kIsOptions = std::is_same_v<std::decay_t<T>, CheckpointOptions>;
 template <class T>
 constexpr bool kAlwaysFalse = false;
 
-// The region's recompute: the call again, on its own arguments, or on `replacement`'s tensors in
-// their place (the reentrant variant's detached copies).
+// The region's recompute: the call again, on the tensor arguments the region hands it.
 template <class Call>
 RecomputeFn recompute_of(std::shared_ptr<Call> call) {
-  return [call = std::move(call)](const std::vector<at::Tensor>* replacement) {
+  return [call = std::move(call)](const std::vector<at::Tensor>* arguments) {
+    auto args = call->args;
+    TensorCursor cursor(*arguments);
+    replace_tensors(args, cursor);
     std::vector<at::Tensor> tensors;
-    if (replacement == nullptr) {
-      collect_tensors(apply_forward(call->fn, call->args), tensors);
-    } else {
-      auto replaced_args = call->args;
-      TensorCursor cursor(*replacement);
-      replace_tensors(replaced_args, cursor);
-      collect_tensors(apply_forward(call->fn, replaced_args), tensors);
-    }
+    collect_tensors(apply_forward(call->fn, args), tensors);
     return tensors;
   };
 }
@@ -135,16 +130,18 @@ auto checkpoint_impl(const CheckpointOptions& options, F&& fn, Args&&... args) {
   ModuleList modules = std::apply(
       [&](const auto&... unpacked) { return modules_of(call->fn, unpacked...); }, call->args);
   std::shared_ptr<CallSite> site = call_site(site_without_modules, modules);
+  const size_t region_input_count = inputs.size();
   Region region(options, std::move(inputs), std::move(modules), std::move(site));
   Result result = region.run_forward([&] { return apply_forward(call->fn, call->args); });
 
   std::vector<at::Tensor> outputs;
   collect_tensors(result, outputs);
   const std::vector<at::Tensor> connected = region.finish(std::move(outputs), recompute_of(call));
-  if (std::vector<at::Tensor> held = region.held_inputs(); !held.empty()) {
-    TensorCursor in(held);  // the arguments a planner let the region drop: the call drops them too
-    replace_tensors(call->args, in);
-  }
+  // The region holds the tensor arguments (or lets go of them: those a planner let it drop, all of
+  // them in its last backward) and hands them to each recompute; the call keeps the rest.
+  const std::vector<at::Tensor> none(region_input_count);
+  TensorCursor cleared(none);
+  replace_tensors(call->args, cleared);
   TensorCursor cursor(connected);
   replace_tensors(result, cursor);
   return result;

@@ -167,6 +167,7 @@ variable_list NonReentrantBackward::backward(variable_list&& grads) {
   const std::shared_ptr<const RecomputedGraph> graph = recompute();
   const std::shared_ptr<GroupState> group = this->group();
   const bool keep = group != nullptr;
+  if (state_->backward_is_last(keep)) state_->let_go_of_arguments();
   run_recomputed(*graph, grads, needed, keep, result);
   if (keep) forward_after_this_backward(graph, *group);
   return result;

@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -130,10 +131,10 @@ void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& 
 
 std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>* replacement,
                                                    DispatchMode* early_stop) const {
-  std::vector<at::Tensor> from_copies;
-  if (replacement == nullptr && (!input_copies.empty() || !dropped.empty())) {
-    from_copies = arguments(/*with_history=*/true);
-    replacement = &from_copies;
+  std::vector<at::Tensor> held;  // the arguments, where no replacement is given
+  if (replacement == nullptr) {
+    held = arguments(/*with_history=*/true);
+    replacement = &held;
   }
   const RecomputeScope scope(rng, autocast, training, modules, &buffers_at_forward);
   const RegionContext context = recompute_context ? recompute_context() : nullptr;
@@ -146,7 +147,7 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
   // what the recompute writes there goes back afterwards. The watch's mode goes in last: it sees
   // every call first.
   const OutsideState::Swap outside_as_at_forward(outside_at_forward);
-  OutsideStateWatch outside(replacement != nullptr ? *replacement : inputs, modules);
+  OutsideStateWatch outside(*replacement, modules);
   if (!kept && !options.debug() && !options.check_values()) {
     const DispatchModeGuard outside_guard(outside);
     return recompute(replacement);
@@ -179,6 +180,9 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
 }
 
 std::vector<at::Tensor> RegionState::arguments(bool with_history) const {
+  TORCH_CHECK(!arguments_let_go,
+              "ckpt::checkpoint: the region's arguments were let go of in its last backward, and "
+              "something asked for them again afterwards; please report this with the model.");
   const RecomputedValues shared;  // a region several dropped arguments come from runs once
   std::vector<at::Tensor> result;
   result.reserve(inputs.size());
@@ -242,6 +246,28 @@ void RegionState::end_backward() {
     if (!served[slot] && !handed_out[slot].expired()) return;
   }
   release();
+}
+
+bool RegionState::backward_is_last(bool in_group) const {
+  if (in_group || at::GradMode::is_enabled() ||
+      torch::autograd::get_current_graph_task_keep_graph()) {
+    return false;
+  }
+  for (size_t slot = 0; slot < served.size(); ++slot) {
+    const bool now = std::find(serving.begin(), serving.end(), slot) != serving.end();
+    if (!served[slot] && !now && !handed_out[slot].expired()) return false;
+  }
+  return true;
+}
+
+void RegionState::let_go_of_arguments() {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = at::Tensor();
+    versions.let_go(i);  // still checked: a version counter holds no data
+  }
+  input_copies.clear();
+  dropped.clear();
+  arguments_let_go = true;
 }
 
 void RegionState::release() {
@@ -530,10 +556,6 @@ void Region::apply_request() {
   for (size_t slot : state.connected) {
     request_->output_sources[slot] = std::make_shared<const RecomputeSource>(state_, slot);
   }
-}
-
-std::vector<at::Tensor> Region::held_inputs() const {
-  return state_->dropped.empty() ? std::vector<at::Tensor>() : state_->inputs;
 }
 
 std::vector<at::Tensor> Region::finish_non_reentrant(std::vector<at::Tensor> outputs) {

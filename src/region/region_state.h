@@ -77,6 +77,7 @@ struct RegionState {
   std::vector<OutputSums> forward_values;     // with check_values: its operators' output checksums
   std::vector<uint64_t> forward_output_sums;  // with check_values: its outputs' checksums
   bool released = false;
+  bool arguments_let_go = false;  // by the last backward, once its recompute ran
   // Separate backward passes through different outputs (one loss each): which connected outputs
   // had theirs without retain_graph, those of the engine's current call, and the outputs handed
   // to the caller, held weakly to tell when the others are gone.
@@ -120,6 +121,14 @@ struct RegionState {
   /// elsewhere (an enclosing forward letting go of its graph), it frees the state at once.
   void end_backward();
   void release();
+  /// Whether the backward just begun is the region's last: the engine keeps no graph and makes
+  /// none, no group (`in_group`) serves a later one, and by its end every output has had its
+  /// backward or is gone, so that `end_backward` releases the state.
+  bool backward_is_last(bool in_group) const;
+  /// In the last backward, once its recompute ran: lets go of the arguments. The recomputed graph
+  /// holds what it saved of them; the rest (an argument only concatenated or added, as a U-Net
+  /// decoder's skip) is freed now rather than when the backward ends.
+  void let_go_of_arguments();
 };
 
 }  // namespace detail

@@ -70,8 +70,8 @@ struct CallSite {
 std::shared_ptr<CallSite> call_site(CallSite& fallback, const ModuleList& modules);
 
 /// Runs the checkpointed function again and returns the tensors of its result, in traversal
-/// order. `inputs` is null to call it with the original arguments, or holds replacements for the
-/// tensor arguments (the reentrant variant passes detached copies).
+/// order. `inputs` are its tensor arguments (the region holds them; the reentrant variant passes
+/// detached copies): the call keeps none of its own.
 using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>* inputs)>;
 
 /// ckpt's signal that a backward inside a selectively checkpointed region's function reached a
@@ -216,9 +216,6 @@ class Region {
   /// Connects the forward's output tensors to the region's backward node, drops the region's
   /// internal graph, and returns the tensors to hand back to the caller, in the same order.
   std::vector<at::Tensor> finish(std::vector<at::Tensor> outputs, RecomputeFn recompute);
-  /// After `finish`: the tensor arguments the region holds, undefined where a `RegionRequest`
-  /// let it drop one (the caller drops its copy too); empty where it dropped none.
-  std::vector<at::Tensor> held_inputs() const;
 
  private:
   std::vector<at::Tensor> finish_non_reentrant(std::vector<at::Tensor> outputs);
