@@ -45,7 +45,11 @@ UpImpl::UpImpl(int64_t in, int64_t out)
       conv2_(register_module("conv2", ConvBnRelu(out, out))) {}
 
 at::Tensor UpImpl::forward(const at::Tensor& x, const at::Tensor& skip) {
-  return ckpt::candidate(conv2_, ckpt::candidate(conv1_, torch::cat({up_(x), skip}, 1)));
+  // One statement each, so that no temporary outlives its last use (the up-sampled features
+  // would live through both convolutions inside one expression).
+  at::Tensor h = torch::cat({up_(x), skip}, 1);
+  h = ckpt::candidate(conv1_, h);
+  return ckpt::candidate(conv2_, h);
 }
 
 UNetImpl::UNetImpl(const UNetConfig& c) {
