@@ -162,8 +162,8 @@ class PlannedModel {
     std::vector<bool> recomputable;                         // per candidate: "recomputed"
     // What else the step was profiled under (none for a profile from elsewhere).
     std::shared_ptr<const detail::StepConditions> conditions;
-    // Per candidate: the region its parts (the candidates marked inside it) run as; none: plainly.
-    std::vector<std::optional<CheckpointOptions>> parts;
+    // Per candidate: its parts (the markers inside it) run as regions of its own mode.
+    std::vector<bool> parts_checkpointed;
   };
   class Runner;
   class RetryingBackward;

@@ -160,7 +160,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
       std::vector<int> producers;
       request.input_sources = recomputable_.sources_for(inputs, producers);
       request.recomputable_outputs = plan_.recomputable[c];
-      request.inner_candidates = plan_.parts[c];
+      if (plan_.parts_checkpointed[c]) request.inner_candidates = plan_.regions[c];
     }
     if (KeptReport* report = detail::active_report()) {
       first_region_ = report->regions().size();
@@ -448,7 +448,7 @@ PlannedModel::Plan PlannedModel::make_plan(MeasuredModel measured, const Budget&
     }
     next.regions.push_back(region);
     next.recomputable.push_back(run.outputs_recomputed);  // a checkpointed region, outputs dropped
-    next.parts.push_back(run.parts_checkpointed ? region : std::nullopt);
+    next.parts_checkpointed.push_back(run.parts_checkpointed);
   }
   return next;
 }

@@ -107,6 +107,8 @@ TEST_F(LastBackwardTest, SeparateBackwardsKeepThemUntilTheLastOutput) {
   EXPECT_EQ(*alone.watch.freed, 1);
 }
 
+// (A double backward needs retain_graph for plain autograd too; the region also keeps its
+// arguments wherever a graph is made, without it.)
 TEST_F(LastBackwardTest, ADoubleBackwardKeepsThem) {
   const auto x = torch::randn({4096}), s = torch::randn({4096});
   Step step = run(x, s, true);
