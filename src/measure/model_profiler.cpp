@@ -389,11 +389,16 @@ std::vector<at::Tensor> leaves_outside(const torch::nn::Module& model, const at:
   return outside;
 }
 
-void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder) {
+// `watch`, where given, watches the forward only: the backward's writes outside the model are
+// the gradients of leaves, put back below (watched, their copies would count in every segment).
+void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder,
+                           detail::OutsideStateWatch* watch) {
   at::Tensor loss;
   {
     const detail::CandidateRunnerScope scope(&recorder);
     const at::AutoGradMode grad_mode(true);
+    std::optional<detail::DispatchModeGuard> watching;
+    if (watch) watching.emplace(*watch);
     loss = setup.loss_fn();
   }
   detail::check_step_loss(loss);
@@ -412,11 +417,9 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup, StepRun run) {
                                            : detail::SwappedGradients::Start::ZeroBuffers);
   const detail::BufferGuard buffers({setup.model});
   std::optional<detail::OutsideStateWatch> outside;
-  std::optional<detail::DispatchModeGuard> watching;
   if (setup.watch_outside) {
     outside.emplace(std::vector<at::Tensor>{},
                     std::vector<std::shared_ptr<torch::nn::Module>>{setup.model});
-    watching.emplace(*outside);
   }
   auto record = std::make_shared<StepRecord>();
   record->tracker = setup.tracker;
@@ -425,7 +428,7 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup, StepRun run) {
   record->start_time = detail::clock_now(setup.device);
   setup.tracker->reset_peak();
   record->start_bytes = setup.tracker->current_bytes();
-  run_loss_and_backward(setup, recorder);
+  run_loss_and_backward(setup, recorder, outside ? &*outside : nullptr);
   record->record(EventKind::StepEnd, -1);
   record->wrote_outside = outside && outside->saw_writes();
   const std::lock_guard<std::mutex> lock(record->mutex);

@@ -1478,4 +1478,33 @@ TEST_F(PlannedModelTest, CandidatesThatCaptureModulesLeaveTheirStateToTheSteps) 
   }
 }
 
+// The bench's step: gradient buffers that exist before it (the input's and, not counted, the
+// parameters'), into which the backward accumulates in place. The first profiled step watched
+// the backward too, took those writes for state outside the model, and every later profiled
+// step then kept a copy of each gradient from its first write to the step's end: the bench
+// ResNet's profile read 0.63 MiB above its plain step and its smallest budget 21.7 MiB (32.3%)
+// instead of 16.0 MiB (23.8%). Only the forward is watched now.
+TEST_F(PlannedModelTest, GradientsAccumulatedInPlaceAreNotStateOutsideTheModel) {
+  ckpt::test::ResidualTower model;
+  const torch::Tensor x = torch::randn({512, 64}).requires_grad_();
+  x.mutable_grad() = torch::zeros_like(x);
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  const LossFn loss_fn = [&] { return model->forward(x).pow(2).mean(); };
+  const auto step_peak = [&](const LossFn& step) {
+    ckpt::MemoryTracker tracker(torch::kCPU, ckpt::MemoryScope::CallingThread);
+    tracker.reset_peak();
+    const int64_t before = tracker.current_bytes();
+    step().backward();
+    return tracker.peak_bytes() - before;
+  };
+  const int64_t plain_peak = step_peak(loss_fn);
+  const auto options = ckpt::PlannedModelOptions().count_parameter_gradients(false);
+  ckpt::PlannedModel planned(model.ptr(), ckpt::Budget::minimum(), options);
+  planned.plan(loss_fn);
+  EXPECT_EQ(planned.plain_peak_bytes(), plain_peak) << planned.summary();
+  const int64_t peak = step_peak([&] { return planned.run(loss_fn); });
+  EXPECT_LE(peak, planned.solution().prediction.peak_bytes) << planned.summary();
+  EXPECT_GE(peak, planned.solution().prediction.peak_bytes * 99 / 100) << planned.summary();
+}
+
 }  // namespace planned_model_test
