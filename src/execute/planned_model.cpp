@@ -2,10 +2,9 @@
 
 #include <ckpt/memory_label.h>
 
-#include "autograd/buffer_guard.h"
 #include "autograd/graph.h"
 #include "autograd/host_offload.h"
-#include "autograd/rng_state.h"
+#include "autograd/step_rollback.h"
 #include "compat/torch_compat.h"
 #include "out_of_memory.h"
 #include "plan_budget.h"
@@ -60,20 +59,14 @@ std::string first_mismatch(const ProfiledCandidate& expected, const std::string&
 std::optional<at::Tensor> run_or_put_back(const std::shared_ptr<torch::nn::Module>& model,
                                           const std::function<at::Tensor()>& step,
                                           std::string& change) {
-  const std::vector<at::Tensor> parameters = model->parameters();
-  const detail::RngStash rng(parameters, detail::infer_device_type(parameters));
-  detail::BufferGuard buffers({model});  // writes the buffers back unless dismissed
+  detail::StepRollback rollback(model);  // the profiler holds the same (its copies count)
   try {
     at::Tensor loss = step();
-    buffers.dismiss();
+    rollback.dismiss();
     return loss;
   } catch (const PlanMismatch& mismatch) {
     change = mismatch.what();
-  } catch (...) {
-    rng.restore();
-    throw;
   }
-  rng.restore();
   return std::nullopt;
 }
 

@@ -8,6 +8,7 @@
 #include "autograd/outside_state.h"
 #include "autograd/rng_state.h"
 #include "autograd/saved_tensor_hooks.h"
+#include "autograd/step_rollback.h"
 #include "compat/torch_compat.h"
 #include "measure/step_measure.h"
 
@@ -397,9 +398,12 @@ void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder,
   {
     const detail::CandidateRunnerScope scope(&recorder);
     const at::AutoGradMode grad_mode(true);
+    // What PlannedModel::run holds through the forward, held here too: the plan counts it.
+    detail::StepRollback as_run(setup.model);
     std::optional<detail::DispatchModeGuard> watching;
     if (watch) watching.emplace(*watch);
     loss = setup.loss_fn();
+    as_run.dismiss();
   }
   detail::check_step_loss(loss);
   // A profiled step's backward must leave no gradient behind: the model's are swapped by the
