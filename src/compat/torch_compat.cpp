@@ -206,6 +206,15 @@ void synchronize(c10::Device device) {
   guard->synchronizeStream(guard->getStream(device));
 }
 
+void synchronize_device(c10::Device device) {
+#if CKPT_TORCH_AT_LEAST(2, 9)
+  if (device.is_cpu() || device.is_meta()) return;
+  c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.index());
+#else
+  synchronize(device);
+#endif
+}
+
 bool autocast_available(c10::DeviceType type) {
 #if CKPT_TORCH_AT_LEAST(2, 4)
   return at::autocast::is_autocast_available(type);

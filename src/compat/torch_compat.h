@@ -196,6 +196,10 @@ void set_autocast_dtype(c10::DeviceType type, c10::ScalarType dtype);
 /// that host clocks time what the device did.
 void synchronize(c10::Device device);
 
+/// Waits for the work queued on every stream of `device` (before LibTorch 2.9, whose interface
+/// has no such call, on its current stream only).
+void synchronize_device(c10::Device device);
+
 /// Bytes held by live tensors on an accelerator, from its caching allocator's statistics.
 struct DeviceMemoryStats {
   int64_t allocated_bytes = 0;

@@ -73,6 +73,7 @@ class StreamQueue {
       } catch (...) {
         error = std::current_exception();
       }
+      task = nullptr;  // what it captured goes before a synchronize() returns, as a GPU's frees
       lock.lock();
       if (error && !error_) error_ = error;
       ++completed_;
