@@ -5,14 +5,19 @@
 
 #include <torch/nn/module.h>
 
+#include <atomic>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
 namespace ckpt {
 namespace detail {
 namespace {
+
+std::atomic<uint64_t> lessons{0};                      // learned by every call site so far
+thread_local std::optional<uint64_t> replayed_moment;  // inside a recompute: its forward's
 
 struct Key {
   const CallSite* code;
@@ -59,6 +64,47 @@ class Registry {
 };
 
 }  // namespace
+
+uint64_t learning_moment() {
+  return replayed_moment ? *replayed_moment : lessons.load();
+}
+
+LearnedAsAt::LearnedAsAt(uint64_t moment) : before_(replayed_moment) {
+  replayed_moment = moment;
+}
+
+LearnedAsAt::~LearnedAsAt() {
+  replayed_moment = before_;
+}
+
+bool CallSite::keeps_forward_graph_at(uint64_t moment) const {
+  const std::lock_guard<std::mutex> lock(learned_mutex_);
+  return keeps_forward_graph_since_ <= moment;
+}
+
+bool CallSite::learn_keeps_forward_graph() {
+  const std::lock_guard<std::mutex> lock(learned_mutex_);
+  if (keeps_forward_graph_since_ != UINT64_MAX) return false;
+  keeps_forward_graph_since_ = ++lessons;
+  return true;
+}
+
+uint64_t CallSite::written_inputs_at(uint64_t moment) const {
+  const std::lock_guard<std::mutex> lock(learned_mutex_);
+  uint64_t written = 0;
+  for (const auto& [at, bits] : written_inputs_) {
+    if (at <= moment) written = bits;
+  }
+  return written;
+}
+
+bool CallSite::learn_written_inputs(uint64_t written) {
+  const std::lock_guard<std::mutex> lock(learned_mutex_);
+  const uint64_t known = written_inputs_.empty() ? 0 : written_inputs_.back().second;
+  if ((known | written) == known) return false;
+  written_inputs_.emplace_back(++lessons, known | written);
+  return true;
+}
 
 std::shared_ptr<CallSite> call_site(CallSite& fallback, const ModuleList& modules) {
   if (modules.empty()) return std::shared_ptr<CallSite>(std::shared_ptr<CallSite>(), &fallback);

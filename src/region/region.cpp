@@ -137,6 +137,7 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
     replacement = &held;
   }
   const RecomputeScope scope(rng, autocast, training, modules, &buffers_at_forward);
+  const LearnedAsAt sites_as_at_forward(learned_moment);  // regions inside are made as then
   const RegionContext context = recompute_context ? recompute_context() : nullptr;
   const LabelScope label(child_label(memory_label, "recompute"));
   const at::AutoGradMode grad_mode(true);
@@ -206,6 +207,7 @@ std::vector<at::Tensor> RegionState::recompute_values() const {
               "(don't ask its region to drop it).");
   const std::vector<at::Tensor> args = arguments(/*with_history=*/false);
   const RecomputeScope scope(rng, autocast, training, modules, &buffers_at_forward);
+  const LearnedAsAt sites_as_at_forward(learned_moment);
   const LabelScope label(child_label(memory_label, "recompute"));
   const OutsideState::Swap outside_as_at_forward(outside_at_forward);
   OutsideStateWatch outside(args, modules);
@@ -308,8 +310,9 @@ Region::Region(const CheckpointOptions& options, std::vector<at::Tensor> inputs,
   if (const std::optional<bool> debug = checkpoint_debug_enabled()) state.options.debug(*debug);
   if (const std::optional<bool> check = checkpoint_check_values())
     state.options.check_values(*check);
-  state.input_copies =
-      InputCopies(inputs, inputs_to_copy(inputs, site_->written_inputs.load(), options));
+  state.learned_moment = learning_moment();
+  state.input_copies = InputCopies(
+      inputs, inputs_to_copy(inputs, site_->written_inputs_at(state.learned_moment), options));
   for (size_t i = 0; i < inputs.size(); ++i) {
     TORCH_CHECK(!inputs[i].defined() || !inputs[i].is_inference(),
                 "ckpt::checkpoint: tensor argument #", i,
@@ -367,7 +370,8 @@ Region::ForwardScope::ForwardScope(Region& region)
     // A second run must start from the same random state: without a stash, keep the graph. An
     // argument the function writes into leads from outside into the graph: keep it too.
     const bool release_graph = state.rng.has_value() && state.input_copies.empty() &&
-                               !region.site_->keeps_forward_graph.load();
+                               !state.keeps_forward_graph &&
+                               !region.site_->keeps_forward_graph_at(state.learned_moment);
     if (release_graph) buffers_ = std::make_unique<BufferGuard>(state.modules);
     caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept, release_graph,
                                              state.rng ? &*state.rng : nullptr);
@@ -413,11 +417,15 @@ ReleasedGraphError::ReleasedGraphError(uint64_t forward_id)
 
 void Region::prepare_second_forward() {
   RegionState& state = *state_;
-  site_->keeps_forward_graph.store(true);
+  // This region keeps its graph now, whatever moment its call site answers for (a recompute
+  // around it makes it as its site stood before it learned this, and it learns it again).
+  state.keeps_forward_graph = true;
+  const bool news = site_->learn_keeps_forward_graph();
   state.kept->entries.clear();
   state.forward_ops.clear();
   state.forward_values.clear();
   state.rng->restore();
+  if (!news) return;
   TORCH_WARN(
       "ckpt::checkpoint: the function ran a backward through its own intermediates inside a "
       "selectively checkpointed region, whose forward lets go of their saved tensors as it goes. "
@@ -455,7 +463,8 @@ bool Region::wrote_into_inputs_unexpectedly() {
                 "would be wrong. Use the default variant, which supports it, or make the "
                 "function's first operation on it out of place (relu instead of relu_).");
   }
-  site_->written_inputs.fetch_or(written);
+  // Learned already where a recompute makes the region again as its forward did: said then.
+  const bool news = site_->learn_written_inputs(written);
   const bool keeps_graph = !state.options.use_reentrant() && !state.kept;
   const std::string advice =
       "From now on this call site copies that argument before the function (one copy per call, "
@@ -463,7 +472,9 @@ bool Region::wrote_into_inputs_unexpectedly() {
       "avoid the copy, make the function's first operation on it out of place (relu instead of "
       "relu_), or apply the in-place operation before the region.";
   if (keeps_graph) {
-    TORCH_WARN(what, "This call keeps its activations instead of checkpointing them. ", advice);
+    if (news) {
+      TORCH_WARN(what, "This call keeps its activations instead of checkpointing them. ", advice);
+    }
     return true;
   }
   if (state.rng.has_value()) state.rng->restore();

@@ -65,7 +65,9 @@ struct RegionState {
   std::vector<TensorMeta> outputs;  // every output tensor of the forward, in traversal order
   std::vector<size_t> connected;    // which outputs feed the backward node, by its input number
   RecomputeFn recompute;
-  std::shared_ptr<CallSite> site;  // where the region was made: what early stop learned there
+  std::shared_ptr<CallSite> site;    // where the region was made: what early stop learned there
+  uint64_t learned_moment = 0;       // when its forward began (`learning_moment`)
+  bool keeps_forward_graph = false;  // a selective forward run again keeping its graph
   std::weak_ptr<GroupState> forward_group;  // the GraphExecGroup current when the forward ran
   // From `context_fn`: what each recompute runs in (empty without).
   std::function<RegionContext()> recompute_context;

@@ -201,4 +201,25 @@ TEST_F(InPlaceInputTest, CheckpointedAndCheckpointSequentialLearnPerModule) {
   EXPECT_TRUE(warnings.contains("wrote into"));
 }
 
+// The block checkpointed inside another region: its first call learns in the outer forward (and
+// keeps its graph there), so the outer recompute must make it again as that forward did, not as
+// its site has learned since: without the copy, keeping its graph. It failed the first step's
+// backward with "the recomputation of the region built a different autograd graph".
+TEST_F(InPlaceInputTest, ANestedRegionThatLearnsInTheOuterForwardIsRecomputedAsItRan) {
+  // The outer function hands the block a tensor of its own: its own argument is not written.
+  const Result expected =
+      step(stem, block, [](InPlaceBlock b, const torch::Tensor& t) { return b(t * 1.0); });
+  for (int call = 0; call < 3; ++call) {
+    ckpt::test::WarningCapture warnings;
+    const Result actual = step(stem, block, [&](InPlaceBlock b, const torch::Tensor& t) {
+      auto outer = [&](const torch::Tensor& h) { return ckpt::checkpoint(b, h * 1.0); };
+      auto out = ckpt::checkpoint(outer, t);
+      EXPECT_EQ(out.grad_fn()->name(), "ckpt::CheckpointBackward");
+      return out;
+    });
+    expect_same(actual, expected);
+    EXPECT_EQ(warnings.contains("wrote into its tensor argument #0"), call == 0) << call;
+  }
+}
+
 }  // namespace in_place_input_test

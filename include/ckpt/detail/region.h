@@ -14,11 +14,13 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch {
@@ -40,15 +42,24 @@ using ModuleList = std::vector<std::shared_ptr<torch::nn::Module>>;
 /// code (one per instantiation of the template that makes the region) running its own modules,
 /// so that each `Checkpointed`, segment and planned stage learns on its own, and a warning about
 /// a place shows once, not once per call.
+///
+/// What changes how a region builds its graph is learned at a *moment* (`learning_moment`): a
+/// region notes the moment its forward began, and its recompute makes the regions inside it as
+/// the sites stood then, not as its own forward left them (a nested region that learned to copy
+/// its argument ran without the copy in the forward, and must again in the recompute).
 struct CallSite {
   std::atomic<bool> warned{false};
   /// The function ran a backward through its own intermediates inside a selectively checkpointed
-  /// region: its forward keeps its graph whole here from now on.
-  std::atomic<bool> keeps_forward_graph{false};
+  /// region: its forward keeps its graph whole here from then on.
+  bool keeps_forward_graph_at(uint64_t moment) const;
+  /// Whether it had not learned it before.
+  bool learn_keeps_forward_graph();
   /// The tensor arguments the function wrote into in place during its forward (bit i: argument
-  /// #i, bit 63: #63 and beyond): the region copies them before the function from now on, so
+  /// #i, bit 63: #63 and beyond): the region copies them before the function from then on, so
   /// that its recompute starts from their values before the write.
-  std::atomic<uint64_t> written_inputs{0};
+  uint64_t written_inputs_at(uint64_t moment) const;
+  /// Whether `written` had a bit not learned before.
+  bool learn_written_inputs(uint64_t written);
   /// The buffers of its modules the function wrote into during a forward here (bit i: buffer i in
   /// traversal order): each region copies them before the function, so that its recompute starts
   /// from their values before the write. Every buffer until a forward here wrote one.
@@ -62,6 +73,27 @@ struct CallSite {
   /// A recompute here read data that early stop had not computed (and ran again in full): the
   /// function's behaviour changes between recomputes, so recomputes here run in full from now on.
   std::atomic<bool> early_stop_failed{false};
+
+ private:
+  mutable std::mutex learned_mutex_;
+  std::vector<std::pair<uint64_t, uint64_t>> written_inputs_;  // (moment, every bit learned by it)
+  uint64_t keeps_forward_graph_since_ = UINT64_MAX;
+};
+
+/// Now, for what call sites learn: a count of their lessons, or inside a recompute, the moment its
+/// region's forward began (`LearnedAsAt`).
+uint64_t learning_moment();
+
+/// While alive, on this thread, call sites answer as they stood at `moment`.
+class LearnedAsAt {
+ public:
+  explicit LearnedAsAt(uint64_t moment);
+  ~LearnedAsAt();
+  LearnedAsAt(const LearnedAsAt&) = delete;
+  LearnedAsAt& operator=(const LearnedAsAt&) = delete;
+
+ private:
+  std::optional<uint64_t> before_;
 };
 
 /// The call site of the code identified by `code` (the address of a static of its own) running
