@@ -78,6 +78,7 @@ LearnedAsAt::~LearnedAsAt() {
 }
 
 bool CallSite::keeps_forward_graph_at(uint64_t moment) const {
+  if (!learned_any_.load()) return false;  // most sites never learn: no lock per region
   const std::lock_guard<std::mutex> lock(learned_mutex_);
   return keeps_forward_graph_since_ <= moment;
 }
@@ -86,10 +87,12 @@ bool CallSite::learn_keeps_forward_graph() {
   const std::lock_guard<std::mutex> lock(learned_mutex_);
   if (keeps_forward_graph_since_ != UINT64_MAX) return false;
   keeps_forward_graph_since_ = ++lessons;
+  learned_any_.store(true);
   return true;
 }
 
 uint64_t CallSite::written_inputs_at(uint64_t moment) const {
+  if (!learned_any_.load()) return 0;
   const std::lock_guard<std::mutex> lock(learned_mutex_);
   uint64_t written = 0;
   for (const auto& [at, bits] : written_inputs_) {
@@ -103,6 +106,7 @@ bool CallSite::learn_written_inputs(uint64_t written) {
   const uint64_t known = written_inputs_.empty() ? 0 : written_inputs_.back().second;
   if ((known | written) == known) return false;
   written_inputs_.emplace_back(++lessons, known | written);
+  learned_any_.store(true);
   return true;
 }
 

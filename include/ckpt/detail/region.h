@@ -75,6 +75,7 @@ struct CallSite {
   std::atomic<bool> early_stop_failed{false};
 
  private:
+  std::atomic<bool> learned_any_{false};
   mutable std::mutex learned_mutex_;
   std::vector<std::pair<uint64_t, uint64_t>> written_inputs_;  // (moment, every bit learned by it)
   uint64_t keeps_forward_graph_since_ = UINT64_MAX;
