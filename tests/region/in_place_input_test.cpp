@@ -212,7 +212,8 @@ TEST_F(InPlaceInputTest, ANestedRegionThatLearnsInTheOuterForwardIsRecomputedAsI
   for (int call = 0; call < 3; ++call) {
     ckpt::test::WarningCapture warnings;
     const Result actual = step(stem, block, [&](InPlaceBlock b, const torch::Tensor& t) {
-      auto outer = [&](const torch::Tensor& h) { return ckpt::checkpoint(b, h * 1.0); };
+      // By value: the recompute runs it after this lambda returned.
+      auto outer = [b](const torch::Tensor& h) { return ckpt::checkpoint(b, h * 1.0); };
       auto out = ckpt::checkpoint(outer, t);
       EXPECT_EQ(out.grad_fn()->name(), "ckpt::CheckpointBackward");
       return out;
