@@ -1169,24 +1169,18 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   std::vector<ModeRun> modes, with_kept_takers;
   const StorageSettings settings{options.selective_policy()};
   // A region whose function writes into its argument keeps its activations the first time, and
-  // its call site copies the argument from then on: a step that teaches them first, unmeasured.
+  // its call site copies the argument from then on (measure_mode measures such a step again):
+  // its copy is kept anyway, so it drops no argument in the recompute trials.
   std::vector<bool> copies_inputs(plain->candidates.size());
   if (same_candidates(*found, *plain)) {
     for (size_t c = 0; c < copies_inputs.size(); ++c) {
       copies_inputs[c] = found->candidates[c].writes_into_inputs;
     }
   }
-  bool call_sites_taught =
-      std::find(copies_inputs.begin(), copies_inputs.end(), true) == copies_inputs.end();
   for (const StorageMode& mode : options.storage_modes().all()) {
     std::optional<CheckpointOptions> region = mode.region_on(settings, device);
     if (!region) continue;
     region->preserve_rng_state(options.preserve_rng_state());
-    if (!call_sites_taught) {
-      rng.restore();
-      record_step(setup, {region});
-      call_sites_taught = true;
-    }
     const std::vector<std::vector<bool>> groups =
         measured_together(*plain, region->offload(), options.host_budget_bytes());
     for (const std::vector<bool>& group : groups) {
