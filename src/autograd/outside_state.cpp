@@ -1,5 +1,7 @@
 #include "outside_state.h"
 
+#include "compat/torch_compat.h"
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -8,6 +10,26 @@
 namespace ckpt {
 namespace detail {
 namespace {
+
+// The default generator a random operator draws from (none where it was given one of its own, or
+// where this LibTorch doesn't give ckpt its device's): that of its first tensor argument's device,
+// or of its device argument, else the CPU's.
+std::optional<at::Generator> default_generator_of(const c10::OperatorHandle& op,
+                                                  const torch::jit::Stack& stack, size_t first) {
+  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return std::nullopt;
+  std::optional<c10::Device> device;
+  for (size_t i = first; i < stack.size(); ++i) {
+    if (stack[i].isGenerator()) return std::nullopt;
+    if (device) continue;
+    if (stack[i].isTensor()) device = stack[i].toTensor().device();
+    if (stack[i].isDevice()) device = stack[i].toDevice();
+  }
+  try {
+    return compat::default_generator(device.value_or(c10::Device(c10::DeviceType::CPU)));
+  } catch (const c10::Error&) {
+    return std::nullopt;  // warned where the region stashed the states it can reach
+  }
+}
 
 // What ckpt runs itself (copies, comparisons) reaches neither the modes below (a recording or
 // replaying mode counts operators) nor autograd.
@@ -136,6 +158,15 @@ void OutsideStateWatch::note_read(const at::Tensor& tensor) {
   }
 }
 
+void OutsideStateWatch::note_draw(const torch::jit::Stack& stack, size_t results) {
+  for (size_t i = stack.size() - results; i < stack.size(); ++i) {
+    if (!stack[i].isTensor()) continue;
+    (stack[i].toTensor().device().is_cpu() ? draws_.cpu : draws_.device) = true;
+    return;
+  }
+  draws_.cpu = draws_.device = true;  // no tensor result to tell the device by
+}
+
 void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
@@ -157,11 +188,18 @@ void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
       if (keep && read_again_.size() > entries) first_writes.push_back(static_cast<size_t>(entry));
     });
   }
+  const std::optional<at::Generator> generator = default_generator_of(op, *stack, first);
+  if (generator) {
+    draws_.devices.push_back(generator->device());
+    draws_.states.push_back(generator_state_hash(*generator));
+  }
   run(op, stack);
+  if (generator) draws_.states.push_back(generator_state_hash(*generator));
   // Fresh results (no alias in the schema) belong to the function; views and in-place results
   // share an argument's data, which keeps its own standing.
   const auto& returns = schema.returns();
   const size_t results = std::min(returns.size(), stack->size());
+  if (generator) note_draw(*stack, results);
   bool fresh_results = false;
   for (size_t i = 0; i < results; ++i) {
     if (returns[i].alias_info() != nullptr) continue;

@@ -7,6 +7,7 @@
 // profiler refuses stages that write it.
 
 #include "dispatch_mode.h"
+#include "rng_state.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
@@ -98,6 +99,9 @@ class OutsideStateWatch : public DispatchMode {
   OutsideState finished();
   /// Whether an operator wrote into outside state so far.
   bool saw_writes() const { return !written_.empty(); }
+  /// The default generators that random operators under the mode drew from (a generator is
+  /// outside state too, which the region's RNG stash handles).
+  RandomDraws random_draws() const { return draws_; }
 
  private:
   // Copies `tensor` before its first write; returns its storage's entry, or -1 (not outside).
@@ -105,6 +109,8 @@ class OutsideStateWatch : public DispatchMode {
   // `Keep`: an operator reads `tensor`; where it is outside state, written before or after, the
   // recompute must find it as the forward did.
   void note_read(const at::Tensor& tensor);
+  // A random operator returned its `results` on top of `stack`: its device's generator drew.
+  void note_draw(const torch::jit::Stack& stack, size_t results);
 
   const Purpose purpose_;
   bool finished_ = false;
@@ -116,6 +122,7 @@ class OutsideStateWatch : public DispatchMode {
   std::unordered_map<const c10::TensorImpl*, size_t> placed_;
   std::vector<bool> read_again_;
   std::unordered_set<const c10::StorageImpl*> read_before_;  // `Keep`: outside, read, not written
+  RandomDraws draws_;
 };
 
 /// Whether `op` is a normalization that updates running statistics in place, which some of their

@@ -13,6 +13,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace ckpt {
@@ -35,6 +36,15 @@ class RecomputeScope {
   }
   RecomputeScope(const RecomputeScope&) = delete;
   RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+  /// After the recompute ran: `RngFork::check_drew_as_forward`, where a state was stashed.
+  void check_random_draws(const std::optional<RandomDraws>& forward_draws,
+                          const std::optional<RandomDraws>& recompute_draws, const char* who,
+                          const char* skip_hint = "") const {
+    if (fork_.has_value()) {
+      fork_->check_drew_as_forward(forward_draws, recompute_draws, who, skip_hint);
+    }
+  }
 
  private:
   c10::optional<RngFork> fork_;

@@ -4,8 +4,10 @@
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 
+#include <optional>
 #include <vector>
 
 namespace ckpt {
@@ -20,6 +22,24 @@ int64_t cpu_random_state_bytes();
 /// The device type whose RNG is preserved for these tensor arguments (DefaultDeviceType rules).
 c10::DeviceType infer_device_type(const std::vector<at::Tensor>& tensors);
 
+/// Which default generators a function drew from, as a dispatch mode saw its random operators
+/// (those given a generator of their own don't count).
+struct RandomDraws {
+  bool cpu = false;
+  bool device = false;  // a generator of an accelerator
+  /// Where each draw began and ended: hashes of its generator's state before and after it.
+  std::vector<size_t> states;
+  std::vector<c10::Device> devices;  // each draw's generator's
+
+  /// Whether two runs drew as often from the same generators (where they drew is `states`).
+  bool same_generators(const RandomDraws& other) const {
+    return cpu == other.cpu && device == other.device && states.size() == other.states.size();
+  }
+};
+
+/// A hash of `generator`'s state (a CPU generator's read without allocating).
+size_t generator_state_hash(at::Generator generator);
+
 /// The RNG states of the CPU and of the devices of one accelerator type among a region's arguments
 /// (any type this LibTorch has hooks for: CUDA, XPU, MPS, PrivateUse1, ...).
 class RngStash {
@@ -28,9 +48,17 @@ class RngStash {
   /// if that type's runtime has started.
   RngStash(const std::vector<at::Tensor>& inputs, c10::DeviceType device_type);
 
-  /// Forgets the CPU state when the generator has not moved since the stash: the forward drew no
-  /// random numbers on the CPU, so the recompute has nothing to replay (and 5 KB less is kept).
-  void drop_cpu_state_if_unused();
+  /// Where the forward ends. Forgets the CPU state when the generator has not moved since the
+  /// stash: the forward drew no random numbers on the CPU, so the recompute has nothing to replay
+  /// (and 5 KB less is kept). Notes where each generator stands (a hash of its state) and whether
+  /// another thread wrote a state into it meanwhile, for the checks below.
+  void note_forward_end();
+
+  /// Whether another thread wrote a stashed state into a generator (replayed it, to recompute a
+  /// region of its own) while this forward ran and drew from it: the forward's draws may have
+  /// come from that replay, which no recompute can repeat. `draws`: what a dispatch mode saw the
+  /// function draw from, where one watched (else only the generators' moves tell).
+  bool forward_beside_replay(const std::optional<RandomDraws>& draws) const;
 
   /// Puts the stashed states back into the generators: the random stream starts again where the
   /// stash was taken (a forward run again).
@@ -53,6 +81,19 @@ class RngStash {
   bool had_device_ = false;
   std::vector<at::Generator> device_generators_;
   std::vector<at::Tensor> device_states_;
+  // Per generator, the CPU's first: how it stood when the forward ended.
+  struct ForwardEnd {
+    uint64_t replays_at_stash = 0;  // other threads' writes into it, when stashed
+    size_t state_hash = 0;          // its state where the forward ended, where it moved
+    bool moved = false;             // from the stash to the forward's end
+    bool beside_replay = false;     // another thread wrote into it meanwhile
+    // Whether the forward drew from it: as a dispatch mode saw (`draws`, where one watched), else
+    // whether it moved (another thread's draws move it too).
+    bool fed(const std::optional<RandomDraws>& draws, bool cpu) const;
+  };
+  ForwardEnd cpu_end_;
+  std::vector<ForwardEnd> device_ends_;
+  bool forward_ended_ = false;
 };
 
 /// For its lifetime, the generators hold the stashed states; afterwards they are put back as they
@@ -64,7 +105,20 @@ class RngFork {
   RngFork(const RngFork&) = delete;
   RngFork& operator=(const RngFork&) = delete;
 
+  /// After the recompute ran inside the fork: an error naming `who` (ending with `skip_hint`, how
+  /// to turn the check off) where it drew other numbers than the forward: a generator stands
+  /// elsewhere than the forward left it, or another thread wrote into one the forward drew from
+  /// while the recompute ran. `forward_draws` as for `RngStash::forward_beside_replay`: where a
+  /// dispatch mode saw no draw from a generator, one standing where the stash was (a recompute
+  /// that drew nothing from it) passes too. Where both runs were watched and drew from other
+  /// generators, the function ran differently: no error here (the graphs' comparison says how).
+  void check_drew_as_forward(const std::optional<RandomDraws>& forward_draws,
+                             const std::optional<RandomDraws>& recompute_draws, const char* who,
+                             const char* skip_hint) const;
+
  private:
+  const RngStash& stash_;
+  std::vector<uint64_t> replays_at_fork_;  // other threads' writes, the CPU's first
   at::Tensor saved_cpu_state_;
   std::vector<at::Generator> generators_;
   std::vector<at::Tensor> saved_device_states_;

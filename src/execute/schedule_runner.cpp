@@ -176,8 +176,14 @@ void ScheduleRunner::run_forward(const plan::Op& op) {
   if (report_ != nullptr) report.emplace(*report_, op, input, storage_name(op));
   run_stage(op, input);
   if (first && runs_again_[i]) buffers_at_forward_[i].finish();
-  // A stage that drew no random numbers on the CPU needs no stashed CPU state (5 KB each).
-  if (!recompute && rng_[i].has_value()) rng_[i]->drop_cpu_state_if_unused();
+  if (rng_[i].has_value()) {
+    if (recompute) {
+      recompute->check_random_draws(std::nullopt, std::nullopt, "ckpt::PlannedSequential");
+    } else {
+      // A stage that drew no random numbers on the CPU needs no stashed CPU state (5 KB each).
+      rng_[i]->note_forward_end();
+    }
+  }
   if (report) {
     report->finish(x_[i].defined(), graphs_[i] ? graphs_[i]->output() : at::Tensor(),
                    rng_[i].has_value() ? &*rng_[i] : nullptr,

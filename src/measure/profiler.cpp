@@ -179,7 +179,7 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
     result.tmp_bytes =
         std::max(result.tmp_bytes, tracker.peak_bytes() - before - storage_bytes(result.output));
     if (stash) {
-      stash->drop_cpu_state_if_unused();
+      stash->note_forward_end();
       result.draws_random =
           stash->cpu_state().defined() || detail::modeled_random_draws() != modeled_draws;
     }

@@ -151,7 +151,9 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
   OutsideStateWatch outside(*replacement, modules);
   if (!kept && !options.debug() && !options.check_values()) {
     const DispatchModeGuard outside_guard(outside);
-    return recompute(replacement);
+    std::vector<at::Tensor> recomputed = recompute(replacement);
+    check_random_draws(scope, outside);
+    return recomputed;
   }
   std::optional<ReplayMode> replay;
   std::vector<std::string> recompute_ops;
@@ -174,6 +176,7 @@ std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>
     const DispatchModeGuard outside_guard(outside);
     recomputed = recompute(replacement);
   }
+  check_random_draws(scope, outside);
   if (checking && checking->diverged()) check_same_values(recomputed, checking->parted());
   if (options.debug()) check_same_operators(forward_ops, recompute_ops);
   if (replay) replay->check_all_used();
@@ -213,7 +216,17 @@ std::vector<at::Tensor> RegionState::recompute_values() const {
   OutsideStateWatch outside(args, modules);
   const DispatchModeGuard outside_guard(outside);
   const at::NoGradGuard no_grad;
-  return recompute(&args);
+  std::vector<at::Tensor> recomputed = recompute(&args);
+  check_random_draws(scope, outside);
+  return recomputed;
+}
+
+void RegionState::check_random_draws(const RecomputeScope& scope,
+                                     const OutsideStateWatch& recompute) const {
+  if (options.determinism_check()) {
+    scope.check_random_draws(forward_draws, recompute.random_draws(), "ckpt::checkpoint",
+                             " determinism_check(false) skips this check.");
+  }
 }
 
 void RegionState::hand_out(const std::vector<at::Tensor>& outputs) {
@@ -400,6 +413,7 @@ Region::ForwardScope::~ForwardScope() = default;
 void Region::ForwardScope::finished() {
   if (buffers_) buffers_->dismiss();
   region_.state_->outside_at_forward = outside_->finished();
+  region_.state_->forward_draws = outside_->random_draws();
 }
 
 bool Region::ForwardScope::failed_on_released_graph(const ReleasedGraphError& error) const {
@@ -515,9 +529,34 @@ bool Region::wrote_into_buffers_unexpectedly() {
               ") and failed; run it again.");
 }
 
+// Another thread wrote a state into a generator (to recompute a region of its own) while this
+// forward drew from it: the draws may have come from that state, which no recompute can repeat.
+bool Region::drew_beside_a_replay() {
+  RegionState& state = *state_;
+  if (!state.rng.has_value()) return false;
+  state.rng->note_forward_end();
+  if (!state.rng->forward_beside_replay(state.forward_draws)) return false;
+  const std::string what =
+      "ckpt::checkpoint: another thread wrote a random state into a generator (to recompute a "
+      "region of its own) while this region's forward drew random numbers from it, so a "
+      "recompute could not repeat those draws. ";
+  TORCH_CHECK(!state.options.use_reentrant() && !state.kept, what,
+              "This call could not be checkpointed (",
+              state.options.use_reentrant() ? "use_reentrant(true) records no graph"
+                                            : "a selective region lets go of its graph",
+              ") and failed. Run steps that draw random numbers inside checkpointed regions one "
+              "thread at a time.");
+  TORCH_WARN_ONCE(what,
+                  "Such a call keeps its activations instead of checkpointing them. Run steps "
+                  "that draw random numbers inside checkpointed regions one thread at a time to "
+                  "checkpoint them all. (Said once.)");
+  return true;
+}
+
 std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, RecomputeFn recompute) {
   RegionState& state = *state_;
-  if (wrote_into_inputs_unexpectedly() || wrote_into_buffers_unexpectedly()) {
+  if (wrote_into_inputs_unexpectedly() || wrote_into_buffers_unexpectedly() ||
+      drew_beside_a_replay()) {
     if (report_) report_->keeps_graph();  // this call keeps its graph
     return outputs;
   }
@@ -529,7 +568,6 @@ std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, Recomput
                 "(for example by creating a tensor on it), or pass "
                 "CheckpointOptions().preserve_rng_state(false).");
   }
-  if (state.rng.has_value()) state.rng->drop_cpu_state_if_unused();
   if (state.kept) {
     state.kept->seal();
     state.kept->offload();

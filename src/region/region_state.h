@@ -8,6 +8,7 @@
 #include "autograd/buffer_guard.h"
 #include "autograd/graph.h"
 #include "autograd/outside_state.h"
+#include "autograd/recompute_scope.h"
 #include "autograd/rng_state.h"
 #include "autograd/training_modes.h"
 #include "autograd/version_snapshot.h"
@@ -54,6 +55,7 @@ struct RegionState {
   BuffersAtForward buffers_at_forward;  // their buffers the forward wrote, as it found them
   // Tensors out of the region's sight that the forward wrote and read again, as it found them.
   OutsideState outside_at_forward;
+  std::optional<RandomDraws> forward_draws;  // what the forward's function drew from
   // The inputs (at the start of the forward), then the leaves at the region's border that the
   // recomputation reads again: parameters, captured or owned by modules (at its end).
   VersionSnapshot versions;
@@ -109,6 +111,9 @@ struct RegionState {
   /// The outputs' values as the forward computed them, without history: the function run again
   /// under no-grad, as `run_recompute` runs it (what a `RecomputeSource` hands out).
   std::vector<at::Tensor> recompute_values() const;
+  /// Inside a recompute, after the function ran: an error where it drew other random numbers
+  /// than the forward (another thread drew from the same generator meanwhile).
+  void check_random_draws(const RecomputeScope& scope, const OutsideStateWatch& recompute) const;
   /// The arguments for a recompute: the held ones, the copies of those the function writes into,
   /// and the dropped ones computed again (with their gradient edges where `with_history`).
   std::vector<at::Tensor> arguments(bool with_history) const;

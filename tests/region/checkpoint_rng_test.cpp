@@ -6,6 +6,10 @@
 #include "autograd/rng_state.h"
 #include "support/support.h"
 
+#include <functional>
+#include <memory>
+#include <thread>
+
 namespace checkpoint_rng_test {
 
 using ckpt::test::bit_equal;
@@ -80,6 +84,112 @@ TEST_P(CheckpointRngTest, TransformerLikeBlockWithDropoutIsExact) {
   std::vector<torch::Tensor> actual;
   for (const auto& p : params) actual.push_back(p.grad());
   for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(bit_equal(actual[i], expected[i])) << i;
+}
+
+// Another thread and the generator every thread shares. A step of the function below, checkpointed
+// or not, has its gradient exactly where its output is not zero: a recompute that drew other masks
+// breaks that (before the checks below it did, silently, in 65% of steps of two threads that ran
+// such steps at once).
+torch::Tensor two_dropouts(const torch::Tensor& t, const std::function<void()>& between) {
+  auto h = torch::sin(torch::dropout(t, 0.5, true));
+  between();
+  return torch::dropout(h * 2, 0.5, true);
+}
+
+torch::Tensor positive_input() {
+  return (torch::rand({64, 64}) + 0.5).requires_grad_();  // no zeros, and sin(2x) nowhere zero
+}
+
+// The gradient was taken through the forward's masks.
+void expect_forward_masks(const torch::Tensor& x, const torch::Tensor& y) {
+  EXPECT_TRUE(torch::equal(y.detach() != 0, x.grad() != 0));
+}
+
+// Runs `work` on another thread, and waits for it.
+void on_another_thread(const std::function<void()>& work) {
+  std::thread(work).join();
+}
+
+// Another thread draws once, between the region's two dropouts: in its forward (`in_call` 0) or in
+// its recompute (1). The recompute can't draw the forward's masks: an error, not a wrong gradient.
+TEST_P(CheckpointRngTest, AnotherThreadsDrawsInsideTheRegionAreAnError) {
+  for (int in_call : {0, 1}) {
+    SCOPED_TRACE(in_call);
+    auto x = positive_input();
+    auto calls = std::make_shared<int>(0);
+    auto y = ckpt::checkpoint(
+        options(),
+        [calls, in_call](const torch::Tensor& t) {
+          return two_dropouts(t, [&] {
+            if ((*calls)++ == in_call) on_another_thread([] { torch::rand({100}); });
+          });
+        },
+        x);
+    CKPT_EXPECT_THROWS_WITH(y.sum().backward(), "drew other random numbers");
+  }
+}
+
+// The same draws of another thread in the forward and the recompute, at other places: the
+// generator ends where the forward left it, but the second mask of the recompute is not the
+// forward's. Each draw is checked where it starts and ends.
+TEST_P(CheckpointRngTest, AnotherThreadsDrawsElsewhereInTheRecomputeAreAnError) {
+  auto x = positive_input();
+  auto calls = std::make_shared<int>(0);
+  auto draw = [] { on_another_thread([] { torch::rand({100}); }); };
+  auto y = ckpt::checkpoint(
+      options(),
+      [calls, draw](const torch::Tensor& t) {
+        const bool forward = (*calls)++ == 0;
+        if (!forward) draw();  // the recompute: before its first mask
+        return two_dropouts(t, [&] {
+          if (forward) draw();  // the forward: between its masks
+        });
+      },
+      x);
+  CKPT_EXPECT_THROWS_WITH(y.sum().backward(), "drew other random numbers");
+}
+
+// A region that draws nothing is not disturbed by another thread's draws: checkpointed, exact.
+TEST_P(CheckpointRngTest, ARegionThatDrawsNothingIgnoresAnotherThreadsDraws) {
+  auto x = positive_input();
+  auto calls = std::make_shared<int>(0);
+  auto fn = [calls](const torch::Tensor& t) {
+    auto h = torch::tanh(t * 3);
+    if ((*calls)++ == 0) on_another_thread([] { torch::rand({100}); });  // in the forward only
+    return torch::tanh(h);
+  };
+  ckpt::checkpoint(options(), fn, x).pow(2).sum().backward();
+  const torch::Tensor grad = x.grad().clone();
+  x.mutable_grad().reset();
+  fn(x).pow(2).sum().backward();
+  EXPECT_TRUE(bit_equal(grad, x.grad()));
+}
+
+// Another thread recomputes a region of its own (writing its stashed state into the generator,
+// then the one it found) while this region's forward draws: the forward's second mask may come
+// from that state. The default variant keeps this call's graph; the reentrant one, which records
+// none, fails clearly.
+TEST_P(CheckpointRngTest, AForwardBesideAnotherThreadsReplayKeepsItsGraph) {
+  auto x = positive_input();
+  auto replay = [] {
+    auto z = torch::ones({100}, torch::requires_grad());
+    auto drop = [](const torch::Tensor& t) { return torch::dropout(t, 0.5, true); };
+    ckpt::checkpoint(drop, z).sum().backward();
+  };
+  auto calls = std::make_shared<int>(0);
+  auto fn = [calls, replay](const torch::Tensor& t) {
+    return two_dropouts(t, [&] {
+      if ((*calls)++ == 0) on_another_thread(replay);
+    });
+  };
+  if (GetParam()) {
+    CKPT_EXPECT_THROWS_WITH(ckpt::checkpoint(options(), fn, x), "could not be checkpointed");
+    return;
+  }
+  auto y = ckpt::checkpoint(options(), fn, x);
+  EXPECT_NE(y.grad_fn()->name(), "ckpt::CheckpointBackward");
+  y.sum().backward();
+  expect_forward_masks(x, y);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, CheckpointRngTest, ::testing::Values(false, true),

@@ -257,6 +257,7 @@ class Region {
   void prepare_second_forward();
   bool wrote_into_inputs_unexpectedly();
   bool wrote_into_buffers_unexpectedly();
+  bool drew_beside_a_replay();
 
   std::shared_ptr<RegionState> state_;
   std::shared_ptr<CallSite> site_;
