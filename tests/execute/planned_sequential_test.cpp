@@ -588,6 +588,34 @@ TEST_F(PlannedSequentialTest, ConcurrentPlanningGivesThePlanOfPlanningAlone) {
   }
 }
 
+// Two dropouts, and between them, once when asked, a draw of another thread from the CPU
+// generator every thread shares.
+struct InterruptedDropoutImpl : torch::nn::Module {
+  torch::nn::Linear linear{register_module("linear", torch::nn::Linear(32, 32))};
+  bool interrupt = false;
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::dropout(linear(x), 0.5, is_training());
+    if (std::exchange(interrupt, false)) std::thread([] { torch::rand({100}); }).join();
+    return torch::tanh(torch::dropout(h, 0.5, is_training()));
+  }
+};
+TORCH_MODULE(InterruptedDropout);
+
+// A stage's recompute can't draw the masks of a forward that another thread's draw interrupted:
+// the chain's step says so instead of taking the gradients through other masks.
+TEST_F(PlannedSequentialTest, AStageWhoseForwardAnotherThreadInterruptedIsAnErrorInItsRecompute) {
+  torch::nn::Sequential chain;
+  for (int i = 0; i < 6; ++i) chain->push_back(InterruptedDropout());
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
+  const auto x = torch::randn({64, 32}).requires_grad_();
+  planned->plan(x);
+  ASSERT_GT(planned->prediction().forward_count, static_cast<int>(chain->size()));
+  for (size_t i = 0; i < chain->size(); ++i) chain[i]->as<InterruptedDropout>()->interrupt = true;
+  const auto y = planned(x);
+  CKPT_EXPECT_THROWS_WITH(y.sum().backward(),
+                          "ckpt::PlannedSequential: the recompute drew other random numbers");
+}
+
 // Issue 11, item 5: the user had to parse the smallest feasible budget out of the message.
 TEST_F(PlannedSequentialTest, InfeasibleBudgetCarriesTheSmallestFeasibleOne) {
   auto chain = make_blocks(4, 16);
