@@ -152,7 +152,7 @@ int64_t cpu_random_state_bytes() {
   return static_cast<int64_t>(read_state(cpu_generator()).nbytes());
 }
 
-void RngStash::note_forward_end() {
+void RngStash::note_forward_end(const std::optional<RandomDraws>& draws) {
   const auto note = [](ForwardEnd& end, const at::Generator& generator, const at::Tensor& stash) {
     const at::Tensor now = read_state(generator);
     end.moved = !same_state(stash, now);
@@ -161,8 +161,9 @@ void RngStash::note_forward_end() {
   };
   if (cpu_state_.defined()) {
     note(cpu_end_, cpu_generator(), cpu_state_);
-    // Unmoved and undisturbed: the forward drew nothing here.
-    if (!cpu_end_.moved && !cpu_end_.beside_replay) cpu_state_.reset();
+    // Unmoved, and undisturbed or seen to draw nothing: the forward drew nothing here.
+    const bool seen_not_drawing = draws && !draws->cpu;
+    if (!cpu_end_.moved && (!cpu_end_.beside_replay || seen_not_drawing)) cpu_state_.reset();
   }
   for (size_t i = 0; i < device_generators_.size(); ++i) {
     note(device_ends_[i], device_generators_[i], device_states_[i]);

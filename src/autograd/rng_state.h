@@ -50,9 +50,11 @@ class RngStash {
 
   /// Where the forward ends. Forgets the CPU state when the generator has not moved since the
   /// stash: the forward drew no random numbers on the CPU, so the recompute has nothing to replay
-  /// (and 5 KB less is kept). Notes where each generator stands (a hash of its state) and whether
-  /// another thread wrote a state into it meanwhile, for the checks below.
-  void note_forward_end();
+  /// (and 5 KB less is kept); where another thread wrote a state into it meanwhile, only if
+  /// `draws` (what a dispatch mode saw the function draw from, where one watched) has none there.
+  /// Notes where each generator stands (a hash of its state) and whether another thread wrote
+  /// into it meanwhile, for the checks below.
+  void note_forward_end(const std::optional<RandomDraws>& draws = std::nullopt);
 
   /// Whether another thread wrote a stashed state into a generator (replayed it, to recompute a
   /// region of its own) while this forward ran and drew from it: the forward's draws may have

@@ -534,7 +534,7 @@ bool Region::wrote_into_buffers_unexpectedly() {
 bool Region::drew_beside_a_replay() {
   RegionState& state = *state_;
   if (!state.rng.has_value()) return false;
-  state.rng->note_forward_end();
+  state.rng->note_forward_end(state.forward_draws);
   if (!state.rng->forward_beside_replay(state.forward_draws)) return false;
   const std::string what =
       "ckpt::checkpoint: another thread wrote a random state into a generator (to recompute a "

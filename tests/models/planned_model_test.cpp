@@ -29,6 +29,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -1572,6 +1573,60 @@ TEST_F(PlannedModelTest, PartsThatWriteIntoTheirArgumentsRunLikeThePlainStep) {
       SCOPED_TRACE(forced.summary());
       expect_same_step(plain, result);
       EXPECT_LE(result.peak_bytes, forced.solution().prediction.peak_bytes);
+    }
+  }
+}
+
+// Two threads, each planning and training its own model at once, with the parts that write into
+// their arguments run as regions inside their blocks: every step the plain step's, to the bit
+// (call sites learn per module, and what each learns is noted at its own moments), and within its
+// prediction (each profile counts its own thread's memory).
+TEST_F(PlannedModelTest, TwoThreadsPlanAndRunTheirOwnModelsAtOnceLikeThePlainStep) {
+  const torch::Tensor x = torch::randn({128, 64});
+  std::array<InPlaceParts, 2> models;  // made here: their weights draw from the shared generator
+  for (InPlaceParts& model : models) {
+    torch::manual_seed(3);
+    model = InPlaceParts();
+  }
+  torch::manual_seed(3);
+  InPlaceParts reference;
+  const StepResult plain =
+      measured_step(*reference, [&] { return reference->forward(x).pow(2).mean(); });
+  std::array<std::vector<StepResult>, 2> steps;
+  std::array<int64_t, 2> predicted{};
+  std::array<std::string, 2> errors;
+  const auto train = [&](size_t thread) {
+    try {
+      InPlaceParts& model = models[thread];
+      const LossFn loss_fn = [&] { return model->forward(x).pow(2).mean(); };
+      ckpt::PlannedModel smallest(model.ptr(), ckpt::Budget::minimum());
+      smallest.plan(loss_fn);
+      std::map<std::string, std::string> forced_plan;
+      for (const auto& c : smallest.measured().profile.candidates) {
+        forced_plan[c.name] = "checkpointed, parts checkpointed";
+      }
+      ckpt::MeasuredModel measured = smallest.measured();
+      ckpt::test::only_plan(forced_plan)(measured);
+      ckpt::PlannedModel forced(model.ptr(), ckpt::Budget::minimum());
+      forced.plan(std::move(measured));
+      predicted[thread] = forced.solution().prediction.peak_bytes;
+      for (int step = 0; step < 3; ++step) {
+        steps[thread].push_back(measured_step(*model, [&] { return forced.run(loss_fn); }));
+      }
+    } catch (const std::exception& error) {
+      errors[thread] = error.what();
+    }
+  };
+  std::thread first(train, 0), second(train, 1);
+  first.join();
+  second.join();
+  for (size_t thread = 0; thread < steps.size(); ++thread) {
+    SCOPED_TRACE(thread);
+    EXPECT_EQ(errors[thread], "");
+    EXPECT_EQ(steps[thread].size(), 3u);
+    for (const StepResult& step : steps[thread]) {
+      expect_same_step(plain, step);
+      EXPECT_LE(step.peak_bytes, predicted[thread]);  // each thread's memory is its own
     }
   }
 }
