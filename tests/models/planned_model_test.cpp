@@ -1631,4 +1631,68 @@ TEST_F(PlannedModelTest, TwoThreadsPlanAndRunTheirOwnModelsAtOnceLikeThePlainSte
   }
 }
 
+// Parts whose intermediates' sizes depend on values (the positive entries of a product): planned
+// on one batch, run on others of the same shape, each step the plain step's to the bit.
+struct ValueSizedBlockImpl : torch::nn::Module {
+  torch::nn::Linear a{register_module("a", torch::nn::Linear(64, 64))};
+  torch::nn::Linear b{register_module("b", torch::nn::Linear(64, 64))};
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = ckpt::candidate(
+        *this, "a",
+        [this](const torch::Tensor& t) {
+          auto y = a(t);
+          return y * y.masked_select(y > 0).sum() / y.numel();  // a value-sized intermediate
+        },
+        x);
+    return x + ckpt::candidate(
+                   *this, "b", [this](const torch::Tensor& t) { return torch::tanh(b(t)); }, h);
+  }
+};
+TORCH_MODULE(ValueSizedBlock);
+
+struct ValueSizedImpl : torch::nn::Module {
+  torch::nn::ModuleList blocks{register_module("blocks", torch::nn::ModuleList())};
+  ValueSizedImpl() {
+    for (int i = 0; i < 3; ++i) blocks->push_back(ValueSizedBlock());
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      x = ckpt::candidate(blocks->ptr<ValueSizedBlockImpl>(i), x);
+    }
+    return x;
+  }
+};
+TORCH_MODULE(ValueSized);
+
+TEST_F(PlannedModelTest, PartsWithValueSizedIntermediatesRunLikeThePlainStepOnOtherBatches) {
+  ValueSized model;
+  torch::Tensor x = torch::randn({128, 64});
+  const LossFn loss_fn = [&] { return model->forward(x).pow(2).mean(); };
+  ckpt::PlannedModel smallest(model.ptr(), ckpt::Budget::minimum());
+  smallest.plan(loss_fn);
+  for (const char* option : {"checkpointed, parts checkpointed", "checkpointed"}) {
+    SCOPED_TRACE(option);
+    std::map<std::string, std::string> forced_plan;
+    int blocks = 0;
+    for (const auto& c : smallest.measured().profile.candidates) {
+      const bool block = std::any_of(c.options.begin(), c.options.end(),
+                                     [](const auto& o) { return o.run.parts_checkpointed; });
+      forced_plan[c.name] = block ? option : "stored";
+      blocks += block;
+    }
+    ASSERT_EQ(blocks, 3);
+    ckpt::MeasuredModel measured = smallest.measured();
+    ckpt::test::only_plan(forced_plan)(measured);
+    ckpt::PlannedModel forced(model.ptr(), ckpt::Budget::minimum());
+    forced.plan(std::move(measured));
+    for (int batch = 0; batch < 3; ++batch) {
+      x = torch::randn({128, 64}) * (batch + 1);  // other values, other sizes inside
+      const StepResult plain = measured_step(*model, loss_fn);
+      const StepResult planned = measured_step(*model, [&] { return forced.run(loss_fn); });
+      expect_same_step(plain, planned);
+      EXPECT_LT(planned.peak_bytes, plain.peak_bytes);  // the blocks were checkpointed
+    }
+  }
+}
+
 }  // namespace planned_model_test
