@@ -3,6 +3,7 @@
 // close to the prediction; clear errors, with the model's state untouched, for bad input.
 
 #include <ckpt/candidate.h>
+#include <ckpt/graph_exec_group.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/modules.h>
 #include <ckpt/planned_model.h>
@@ -25,6 +26,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -1691,6 +1693,48 @@ TEST_F(PlannedModelTest, PartsWithValueSizedIntermediatesRunLikeThePlainStepOnOt
       const StepResult planned = measured_step(*model, [&] { return forced.run(loss_fn); });
       expect_same_step(plain, planned);
       EXPECT_LT(planned.peak_bytes, plain.peak_bytes);  // the blocks were checkpointed
+    }
+  }
+}
+
+// A gradient penalty through a planned step whose blocks run their parts as regions, in a
+// GraphExecGroup (one recompute for both passes) and without: plain autograd's gradients to
+// rounding (docs/limits.md, "Groups and nesting").
+TEST_F(PlannedModelTest, AGradientPenaltyThroughPartsGivesThePlainGradients) {
+  ValueSized model;
+  const torch::Tensor x = torch::randn({64, 64}).requires_grad_();
+  const LossFn loss_fn = [&] { return model->forward(x).pow(2).mean(); };
+  ckpt::PlannedModel smallest(model.ptr(), ckpt::Budget::minimum());
+  smallest.plan(loss_fn);
+  std::map<std::string, std::string> forced_plan;
+  for (const auto& c : smallest.measured().profile.candidates) {
+    const bool block = std::any_of(c.options.begin(), c.options.end(),
+                                   [](const auto& o) { return o.run.parts_checkpointed; });
+    forced_plan[c.name] = block ? "checkpointed, parts checkpointed" : "stored";
+  }
+  ckpt::MeasuredModel measured = smallest.measured();
+  ckpt::test::only_plan(forced_plan)(measured);
+  ckpt::PlannedModel forced(model.ptr(), ckpt::Budget::minimum());
+  forced.plan(std::move(measured));
+  const auto penalized = [&](const LossFn& step, bool grouped) {
+    for (auto& p : model->parameters()) p.mutable_grad().reset();
+    x.mutable_grad().reset();
+    std::optional<ckpt::GraphExecGroup> group;
+    if (grouped) group.emplace();
+    const torch::Tensor loss = step();
+    const torch::Tensor g = torch::autograd::grad({loss}, {x}, {}, true, true)[0];
+    (loss + g.pow(2).sum()).backward();
+    std::vector<torch::Tensor> grads = take_grads(*model);
+    grads.push_back(x.grad().clone());
+    return grads;
+  };
+  const auto plain = penalized(loss_fn, false);
+  for (bool grouped : {true, false}) {
+    SCOPED_TRACE(grouped);
+    const auto planned = penalized([&] { return forced.run(loss_fn); }, grouped);
+    ASSERT_EQ(planned.size(), plain.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(planned[i], plain[i], 1e-5, 1e-7)) << "gradient " << i;
     }
   }
 }
