@@ -59,9 +59,9 @@ class PlannedModelDeviceTest : public ckpt::test::DeviceTest {
 
   // A planned step: the plain step's gradients to the bit, its peak within the budget and within
   // 2% of the prediction.
-  void expect_like_plain(Tower& tower, ckpt::PlannedModel& planned,
+  void expect_like_plain(torch::nn::Module& model, ckpt::PlannedModel& planned,
                          const std::function<at::Tensor()>& loss, const Step& plain) const {
-    const Step planned_step = step(*tower, [&] { return planned.run(loss); });
+    const Step planned_step = step(model, [&] { return planned.run(loss); });
     ASSERT_EQ(planned_step.grads.size(), plain.grads.size());
     for (size_t i = 0; i < plain.grads.size(); ++i) {
       EXPECT_TRUE(bit_equal(planned_step.grads[i], plain.grads[i])) << "gradient " << i;
@@ -90,7 +90,7 @@ TEST_P(PlannedModelDeviceTest, PlannedStepsGiveThePlainGradientsWithinTheBudget)
       for (const auto& option : c.options) offers_offloading |= option.name == "offloaded";
     }
     EXPECT_TRUE(offers_offloading);
-    expect_like_plain(tower, planned, loss, plain);
+    expect_like_plain(*tower, planned, loss, plain);
   }
 }
 
@@ -115,7 +115,54 @@ TEST_P(PlannedModelDeviceTest, AMixedPlanRunsAtItsPrediction) {
                          {"blocks.3.out", "stored"}})(measured);
   ckpt::PlannedModel planned(tower, ckpt::Budget::parse("100%"));
   planned.plan(std::move(measured));
-  expect_like_plain(tower, planned, loss, plain);
+  expect_like_plain(*tower, planned, loss, plain);
+}
+
+// The tower's blocks marked as candidates too, around the two each marks inside itself.
+struct NestedTowerImpl : torch::nn::Module {
+  torch::nn::ModuleList blocks{register_module("blocks", torch::nn::ModuleList())};
+  NestedTowerImpl() {
+    for (int i = 0; i < 4; ++i) blocks->push_back(ckpt::test::ResidualBlock());
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      x = ckpt::candidate(blocks->ptr<ckpt::test::ResidualBlockImpl>(i), x);
+    }
+    return x;
+  }
+};
+TORCH_MODULE(NestedTower);
+
+// Every block runs its parts as regions of their own, inside its own region, dropout included:
+// two steps, each the plain step's to the bit and at its prediction.
+TEST_P(PlannedModelDeviceTest, BlocksWithTheirPartsCheckpointedRunLikeThePlainStep) {
+  CKPT_SKIP_IF(missing_rng());
+  CKPT_SKIP_IF(missing_memory_statistics());
+  const at::Tensor x = torch::randn({128, 64}, on());
+  const auto make = [&] {
+    torch::manual_seed(0);
+    NestedTower tower;
+    tower->to(device());
+    return tower;
+  };
+  NestedTower plain_tower = make();
+  const Step plain = step(*plain_tower, [&] { return plain_tower->forward(x).pow(2).mean(); });
+  NestedTower tower = make();
+  const auto loss = [&] { return tower->forward(x).pow(2).mean(); };
+  ckpt::MeasuredModel measured = ckpt::profile_model(tower.ptr(), loss);
+  std::map<std::string, std::string> plan;
+  for (const auto& c : measured.profile.candidates) {
+    const bool block = std::any_of(c.options.begin(), c.options.end(),
+                                   [](const auto& o) { return o.run.parts_checkpointed; });
+    plan[c.name] = block ? "checkpointed, parts checkpointed" : "stored";
+  }
+  ASSERT_EQ(std::count_if(plan.begin(), plan.end(),
+                          [](const auto& entry) { return entry.second != "stored"; }),
+            4);
+  ckpt::test::only_plan(plan)(measured);
+  ckpt::PlannedModel planned(tower, ckpt::Budget::parse("100%"));
+  planned.plan(std::move(measured));
+  for (int i = 0; i < 2; ++i) expect_like_plain(*tower, planned, loss, plain);
 }
 
 // Issue 45, item 16: profiling holds no more host memory than the host budget (one step offloaded
@@ -154,7 +201,7 @@ TEST_P(PlannedModelDeviceTest, ProfilingOffloadsNoMoreThanTheHostBudget) {
   ckpt::reset_offload_peak();
   ckpt::PlannedModel planned(tower, ckpt::Budget::parse("min"),
                              ckpt::PlannedModelOptions().host_budget_bytes(budget));
-  expect_like_plain(tower, planned, loss, plain);
+  expect_like_plain(*tower, planned, loss, plain);
   EXPECT_LE(ckpt::offload_stats().peak_host_bytes, budget);
 }
 
