@@ -55,5 +55,5 @@ if [ "$mode" != asan ]; then
   cmake --build build-tsan -j "$(nproc)" --target ckpt_thread_tests
   TSAN_OPTIONS="suppressions=$here/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
     OMP_NUM_THREADS=1 build-tsan/tests/ckpt_thread_tests \
-    --gtest_filter='SharedParametersThreads*:*Concurrent*:MemoryTrackerTest.*Thread*'
+    --gtest_filter='SharedParametersThreads*:*Concurrent*:MemoryTrackerTest.*Thread*:*AnotherThread*'
 fi
