@@ -9,7 +9,9 @@
 #include "device/kernel_counter.h"
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace checkpoint_device_test {
@@ -206,6 +208,28 @@ TEST_P(CheckpointDeviceTest, SaveMatmulsKeepsTheDevicesMatrixProducts) {
   expect_exact(
       *block, input, [&](const at::Tensor& x) { return ckpt::checkpoint(selective, block, x); },
       plain);
+}
+
+// Another thread draws from the device's generator between the region's two dropouts, in its
+// forward only: the recompute (on the device's engine thread) can't draw the forward's masks, and
+// says so instead of taking the gradients through other ones.
+TEST_P(CheckpointDeviceTest, AnotherThreadsDrawsOnTheDeviceInsideTheRegionAreAnError) {
+  CKPT_SKIP_IF(missing_rng());
+  const c10::Device on_device = device();
+  auto x = (torch::rand({64, 64}, on()) + 0.5).requires_grad_();
+  auto calls = std::make_shared<int>(0);
+  auto y = ckpt::checkpoint(
+      [calls, on_device](const at::Tensor& t) {
+        auto h = torch::sin(torch::dropout(t, 0.5, true));
+        if ((*calls)++ == 0) {
+          std::thread([on_device] {
+            torch::rand({100}, torch::TensorOptions().device(on_device));
+          }).join();
+        }
+        return torch::dropout(h * 2, 0.5, true);
+      },
+      x);
+  CKPT_EXPECT_THROWS_WITH(y.sum().backward(), "drew other random numbers");
 }
 
 // ~~~ Two devices ~~~
