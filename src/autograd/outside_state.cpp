@@ -158,15 +158,6 @@ void OutsideStateWatch::note_read(const at::Tensor& tensor) {
   }
 }
 
-void OutsideStateWatch::note_draw(const torch::jit::Stack& stack, size_t results) {
-  for (size_t i = stack.size() - results; i < stack.size(); ++i) {
-    if (!stack[i].isTensor()) continue;
-    (stack[i].toTensor().device().is_cpu() ? draws_.cpu : draws_.device) = true;
-    return;
-  }
-  draws_.cpu = draws_.device = true;  // no tensor result to tell the device by
-}
-
 void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
@@ -199,7 +190,6 @@ void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
   // share an argument's data, which keeps its own standing.
   const auto& returns = schema.returns();
   const size_t results = std::min(returns.size(), stack->size());
-  if (generator) note_draw(*stack, results);
   bool fresh_results = false;
   for (size_t i = 0; i < results; ++i) {
     if (returns[i].alias_info() != nullptr) continue;

@@ -109,8 +109,6 @@ class OutsideStateWatch : public DispatchMode {
   // `Keep`: an operator reads `tensor`; where it is outside state, written before or after, the
   // recompute must find it as the forward did.
   void note_read(const at::Tensor& tensor);
-  // A random operator returned its `results` on top of `stack`: its device's generator drew.
-  void note_draw(const torch::jit::Stack& stack, size_t results);
 
   const Purpose purpose_;
   bool finished_ = false;

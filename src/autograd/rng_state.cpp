@@ -94,11 +94,6 @@ void warn_if_unreachable(const std::vector<at::Tensor>& inputs, c10::DeviceType 
              "type.)");
 }
 
-size_t state_hash(const at::Tensor& state) {
-  return std::hash<std::string_view>()(
-      std::string_view(static_cast<const char*>(state.data_ptr()), state.nbytes()));
-}
-
 }  // namespace
 
 size_t generator_state_hash(at::Generator generator) {
@@ -116,7 +111,9 @@ size_t generator_state_hash(at::Generator generator) {
                          double_sample.has_value() ? *double_sample : 0.0,
                          double_sample.has_value());
   }
-  return state_hash(read_state(generator));
+  const at::Tensor state = read_state(generator);
+  return std::hash<std::string_view>()(
+      std::string_view(static_cast<const char*>(state.data_ptr()), state.nbytes()));
 }
 
 RngStash::RngStash(const std::vector<at::Tensor>& inputs, c10::DeviceType device_type)
@@ -156,13 +153,13 @@ void RngStash::note_forward_end(const std::optional<RandomDraws>& draws) {
   const auto note = [](ForwardEnd& end, const at::Generator& generator, const at::Tensor& stash) {
     const at::Tensor now = read_state(generator);
     end.moved = !same_state(stash, now);
-    if (end.moved) end.state_hash = state_hash(now);  // unmoved, it is the stash
+    if (end.moved) end.state_hash = generator_state_hash(generator);  // unmoved: the stash
     end.beside_replay = write_counts().by_other_threads(generator) != end.replays_at_stash;
   };
   if (cpu_state_.defined()) {
     note(cpu_end_, cpu_generator(), cpu_state_);
     // Unmoved, and undisturbed or seen to draw nothing: the forward drew nothing here.
-    const bool seen_not_drawing = draws && !draws->cpu;
+    const bool seen_not_drawing = draws && !draws->drew_on_cpu();
     if (!cpu_end_.moved && (!cpu_end_.beside_replay || seen_not_drawing)) cpu_state_.reset();
   }
   for (size_t i = 0; i < device_generators_.size(); ++i) {
@@ -172,7 +169,7 @@ void RngStash::note_forward_end(const std::optional<RandomDraws>& draws) {
 }
 
 bool RngStash::ForwardEnd::fed(const std::optional<RandomDraws>& draws, bool cpu) const {
-  if (draws) return cpu ? draws->cpu : draws->device;
+  if (draws) return cpu ? draws->drew_on_cpu() : draws->drew_on_device();
   return moved;  // a replay that put the state back hides draws from this
 }
 
@@ -258,12 +255,12 @@ void RngFork::check_drew_as_forward(const std::optional<RandomDraws>& forward_dr
     const auto& [generator, stash, end, cpu] = written[i];
     const bool fed = end->fed(forward_draws, cpu);
     if (forward_draws && !fed) continue;  // seen to draw nothing from it: nothing to replay
-    const at::Tensor now = read_state(generator);
     // Unwatched, a recompute that drew nothing here stands where the stash was (another thread's
     // draws moved the generator during the forward).
+    const bool at_stash = same_state(read_state(generator), *stash);
     const bool where_forward_ended =
-        end->moved ? state_hash(now) == end->state_hash : same_state(now, *stash);
-    const bool as_forward = where_forward_ended || (!forward_draws && same_state(now, *stash));
+        end->moved ? generator_state_hash(generator) == end->state_hash : at_stash;
+    const bool as_forward = where_forward_ended || (!forward_draws && at_stash);
     const bool disturbed = fed && write_counts().by_other_threads(generator) != replays_at_fork_[i];
     check(as_forward && !disturbed, c10::str("the ", generator.device(), " generator"));
   }

@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -25,16 +26,18 @@ c10::DeviceType infer_device_type(const std::vector<at::Tensor>& tensors);
 /// Which default generators a function drew from, as a dispatch mode saw its random operators
 /// (those given a generator of their own don't count).
 struct RandomDraws {
-  bool cpu = false;
-  bool device = false;  // a generator of an accelerator
   /// Where each draw began and ended: hashes of its generator's state before and after it.
   std::vector<size_t> states;
   std::vector<c10::Device> devices;  // each draw's generator's
 
-  /// Whether two runs drew as often from the same generators (where they drew is `states`).
-  bool same_generators(const RandomDraws& other) const {
-    return cpu == other.cpu && device == other.device && states.size() == other.states.size();
+  bool drew_on_cpu() const {
+    return std::any_of(devices.begin(), devices.end(), [](c10::Device d) { return d.is_cpu(); });
   }
+  bool drew_on_device() const {  // a generator of an accelerator
+    return std::any_of(devices.begin(), devices.end(), [](c10::Device d) { return !d.is_cpu(); });
+  }
+  /// Whether two runs drew from the same generators in the same order (where: `states`).
+  bool same_generators(const RandomDraws& other) const { return devices == other.devices; }
 };
 
 /// A hash of `generator`'s state (a CPU generator's read without allocating).
