@@ -146,16 +146,29 @@ int64_t OutsideStateWatch::see(const at::Tensor& tensor) {
   return static_cast<int64_t>(entry);
 }
 
-void OutsideStateWatch::note_read(const at::Tensor& tensor) {
+void OutsideStateWatch::note_read(const at::Tensor& tensor, const c10::OperatorHandle& op) {
   const c10::StorageImpl* storage = storage_of(tensor);
   const auto found = written_.find(storage);
   if (found != written_.end()) read_again_[found->second] = true;
   const auto placed = placed_.find(tensor.unsafeGetTensorImpl());
   if (placed != placed_.end()) read_again_[placed->second] = true;
-  if (found == written_.end() && storage != nullptr && !tensor.requires_grad() &&
-      inside_.count(storage) == 0) {
-    read_before_.insert(storage);  // a later write makes it outside state the forward read
+  if (found != written_.end() || storage == nullptr || inside_.count(storage) != 0) return;
+  if (!tensor.requires_grad()) read_before_.insert(storage);  // a later write: outside state
+  if (tensor.is_inference() || !read_tensors_.insert(tensor.unsafeGetTensorImpl()).second) return;
+  reads_.push_back({tensor.unsafeGetTensorImpl()->version_counter(), storage, tensor.sizes().vec(),
+                    op.operator_name().name});
+}
+
+ReadVersions OutsideStateWatch::take_reads() {
+  ReadVersions snapshot;
+  for (Read& read : reads_) {
+    // Written by the function itself: outside state, which the recompute starts from as the
+    // forward found it (other regions' forwards may write it too).
+    if (written_.count(read.storage) == 0)
+      snapshot.add(read.counter, std::move(read.sizes), std::move(read.reader));
   }
+  reads_.clear();
+  return snapshot;
 }
 
 void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -172,7 +185,7 @@ void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
     for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) {
       // A write after the first reads what the first wrote (`mul_(0.5).add_(h)`); a first write
       // alone reads nothing the graph keeps (`copy_`), or its fresh results say so (below).
-      if (keep && (!written || written_.count(storage_of(t)) != 0)) note_read(t);
+      if (keep && (!written || written_.count(storage_of(t)) != 0)) note_read(t, op);
       if (!written) return;
       const size_t entries = read_again_.size();
       const int64_t entry = see(t);

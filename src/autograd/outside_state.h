@@ -8,6 +8,7 @@
 
 #include "dispatch_mode.h"
 #include "rng_state.h"
+#include "version_snapshot.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
@@ -97,6 +98,10 @@ class OutsideStateWatch : public DispatchMode {
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
   /// `Keep`: the forward returned. What it wrote and read again, as it was before the write.
   OutsideState finished();
+  /// `Keep`, once the forward returned (once): the tensors from outside the region (neither its
+  /// arguments, nor its modules', nor written by it) that its operators read, at their versions
+  /// now. A recompute reads them again: a write into one before it changes what it computes.
+  ReadVersions take_reads();
   /// Whether an operator wrote into outside state so far.
   bool saw_writes() const { return !written_.empty(); }
   /// The default generators that random operators under the mode drew from (a generator is
@@ -108,7 +113,7 @@ class OutsideStateWatch : public DispatchMode {
   int64_t see(const at::Tensor& tensor);
   // `Keep`: an operator reads `tensor`; where it is outside state, written before or after, the
   // recompute must find it as the forward did.
-  void note_read(const at::Tensor& tensor);
+  void note_read(const at::Tensor& tensor, const c10::OperatorHandle& op);
 
   const Purpose purpose_;
   bool finished_ = false;
@@ -120,6 +125,16 @@ class OutsideStateWatch : public DispatchMode {
   std::unordered_map<const c10::TensorImpl*, size_t> placed_;
   std::vector<bool> read_again_;
   std::unordered_set<const c10::StorageImpl*> read_before_;  // `Keep`: outside, read, not written
+  // `Keep`: every outside tensor an operator read, whether or not it requires grad (the reentrant
+  // variant finds no border in a graph to check those by), with its storage and how to name it.
+  struct Read {
+    c10::VariableVersion counter;
+    const c10::StorageImpl* storage;
+    std::vector<int64_t> sizes;
+    std::string reader;
+  };
+  std::vector<Read> reads_;
+  std::unordered_set<const c10::TensorImpl*> read_tensors_;
   RandomDraws draws_;
 };
 

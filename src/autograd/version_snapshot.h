@@ -44,6 +44,26 @@ class VersionSnapshot {
   std::vector<uint32_t> versions_;
 };
 
+/// Tensors read from outside a region, by their version counters alone (a counter holds no data),
+/// each named by its sizes and the operator that read it.
+class ReadVersions {
+ public:
+  /// Records a tensor by its version counter, at the counter's current version.
+  void add(const c10::VariableVersion& counter, std::vector<int64_t> sizes, std::string reader);
+  /// Raises a c10::Error as `VersionSnapshot::check` does, naming the first tensor written since.
+  void check(const char* api) const;
+  void clear() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    c10::VariableVersion counter;
+    uint32_t version = 0;
+    std::vector<int64_t> sizes;
+    std::string reader;
+  };
+  std::vector<Entry> entries_;
+};
+
 /// "a tensor of shape [2, 3]", for messages.
 std::string describe_shape(const at::Tensor& tensor);
 

@@ -73,6 +73,7 @@ void RegionState::check_unmodified() const {
     if (i < inputs.size()) return "tensor argument #" + std::to_string(i) + " of the region";
     return "a parameter of the region (" + describe_shape(versions.tensor(i)) + ")";
   });
+  outside_reads.check("ckpt::checkpoint");
 }
 
 void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) const {
@@ -296,6 +297,7 @@ void RegionState::release() {
   buffers_at_forward = BuffersAtForward();
   outside_at_forward = OutsideState();
   versions.clear();
+  outside_reads.clear();
   rng.reset();
   kept.reset();
   forward_ops.clear();
@@ -413,6 +415,7 @@ Region::ForwardScope::~ForwardScope() = default;
 void Region::ForwardScope::finished() {
   if (buffers_) buffers_->dismiss();
   region_.state_->outside_at_forward = outside_->finished();
+  region_.state_->outside_reads = outside_->take_reads();
   region_.state_->forward_draws = outside_->random_draws();
 }
 

@@ -59,6 +59,9 @@ struct RegionState {
   // The inputs (at the start of the forward), then the leaves at the region's border that the
   // recomputation reads again: parameters, captured or owned by modules (at its end).
   VersionSnapshot versions;
+  // Tensors from outside that the forward's operators read (`OutsideStateWatch::reads`): a
+  // recompute reads them again, as the forward's versions.
+  ReadVersions outside_reads;
   c10::optional<RngStash> rng;  // empty without preserve_rng_state
   AutocastState autocast;
   // Autocast's cast cache is off while the region's forward runs: from the Region's construction
@@ -90,8 +93,8 @@ struct RegionState {
   bool in_engine_call = false;
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> handed_out;
 
-  /// Raises an error when an input or a parameter the region reads was modified in place since
-  /// the forward pass.
+  /// Raises an error when an input, a parameter or a captured tensor the region reads was
+  /// modified in place since the forward pass.
   void check_unmodified() const;
   /// Raises an error when the recomputed outputs differ from the forward's (see
   /// `CheckpointOptions::determinism_check`).

@@ -202,7 +202,21 @@ TEST_F(PlannedSequentialTest, StagesThatCaptureModulesAreProfiledAndPlannedAsThe
     std::vector<torch::nn::Linear> registered, captured;
     auto [twin, twin_planned] = plan_at(true, budget, registered);
     auto [chain, planned] = plan_at(false, budget, captured);
-    EXPECT_EQ(planned->prediction().peak_bytes, twin_planned->prediction().peak_bytes);
+    // Each stage measured the same bytes as its twin. (Between plans that fit a budget the solver
+    // takes the faster, so at 70% two runs' timing noise may pick plans of other peaks.)
+    const auto& stages = planned->profile().stages;
+    const auto& twins = twin_planned->profile().stages;
+    ASSERT_EQ(stages.size(), twins.size());
+    for (size_t i = 0; i < stages.size(); ++i) {
+      EXPECT_EQ(stages[i].output_bytes, twins[i].output_bytes) << i;
+      EXPECT_EQ(stages[i].saved_bytes, twins[i].saved_bytes) << i;
+      EXPECT_EQ(stages[i].forward_tmp_bytes, twins[i].forward_tmp_bytes) << i;
+      EXPECT_EQ(stages[i].backward_tmp_bytes, twins[i].backward_tmp_bytes) << i;
+      EXPECT_EQ(stages[i].gradient_bytes, twins[i].gradient_bytes) << i;
+    }
+    if (budget != "70%") {
+      EXPECT_EQ(planned->prediction().peak_bytes, twin_planned->prediction().peak_bytes);
+    }
     if (budget == "min") {
       EXPECT_GT(planned->prediction().forward_count, 6);  // recomputes
     }

@@ -112,6 +112,74 @@ TEST(CheckpointInPlaceTest, CapturedParameterUpdatedBeforeTheBackwardIsAnError) 
   EXPECT_TRUE(bit_equal(w.grad(), expected));
 }
 
+// A hostile probe: a tensor the function captures and only reads (an addition saves nothing of
+// it), written in place between the forward and the backward. Plain autograd is right, as no
+// backward reads it; the recompute read its new values and gave other gradients, silently, in
+// both variants (PyTorch's checkpoint too). A write the dispatcher sees moves the tensor's
+// version counter: the region notes the counters of what its operators read from outside it and
+// checks them before it recomputes, as it does its arguments'.
+TEST_P(CheckpointErrorsTest, CapturedTensorWrittenBeforeTheBackwardIsAnError) {
+  const torch::Tensor shift = torch::ones({2, 3});
+  const torch::Tensor scale = torch::ones({2});
+  const auto fn = [&](const torch::Tensor& t) {
+    return (t + shift).sin() * scale[0].item<float>();  // item(): a value that may pick a branch
+  };
+  const auto x = torch::randn({2, 3}, torch::requires_grad());
+  auto out = ckpt::checkpoint(options(), fn, x).sum();
+  shift.add_(1);
+  CKPT_EXPECT_THROWS_WITH(out.backward(),
+                          "a tensor of shape [2, 3] that the region's function read (aten::add) "
+                          "but did not take as an argument");
+  out = ckpt::checkpoint(options(), fn, x).sum();
+  scale.narrow(0, 1, 1).mul_(2);  // through a view: the counter is its base's
+  CKPT_EXPECT_THROWS_WITH(out.backward(), "modified in place after the forward pass");
+  // A captured tensor that requires grad (the reentrant variant finds no border to check it by).
+  const torch::Tensor h = x * 2;
+  out = ckpt::checkpoint(
+            options(), [&](const torch::Tensor& t) { return (t + h).sin(); }, x)
+            .sum();
+  h.mul_(2);
+  CKPT_EXPECT_THROWS_WITH(out.backward(), "modified in place after the forward pass");
+  // Written after the backward, as a training loop does: no error, and the plain gradient.
+  x.mutable_grad().reset();
+  ckpt::checkpoint(options(), fn, x).sum().backward();
+  shift.add_(1);
+  const torch::Tensor checkpointed = x.grad().clone();
+  x.mutable_grad().reset();
+  shift.sub_(1);
+  fn(x).sum().backward();
+  EXPECT_TRUE(bit_equal(x.grad(), checkpointed));
+}
+
+// What the region writes itself, though it read it first, is state the recompute starts from as
+// the forward found it, not a read that another region's forward may not write: two regions that
+// share a captured counter, or a captured BatchNorm, run as the plain step.
+TEST_P(CheckpointErrorsTest, StateTwoRegionsWriteIsNotAWriteAfterTheForward) {
+  torch::nn::BatchNorm1d norm(3);
+  torch::Tensor calls;
+  const auto fn = [&](const torch::Tensor& t) {
+    const torch::Tensor y = norm(norm(t + calls + norm->running_mean).sin());
+    calls.add_(1);  // read, then written
+    return y;
+  };
+  const auto x = torch::randn({4, 3}, torch::requires_grad());
+  const auto step = [&](bool checkpointed) {
+    torch::nn::BatchNorm1d fresh(3);
+    norm = fresh;
+    calls = torch::ones({1});
+    x.mutable_grad().reset();
+    const auto run = [&](const torch::Tensor& t) {
+      return checkpointed ? ckpt::checkpoint(options(), fn, t) : fn(t);
+    };
+    (run(x) * run(x * 2)).sum().backward();
+    return std::make_pair(x.grad().clone(), norm->running_mean.clone());
+  };
+  const auto plain = step(false);
+  const auto checkpointed = step(true);
+  EXPECT_TRUE(bit_equal(plain.first, checkpointed.first));
+  EXPECT_TRUE(bit_equal(plain.second, checkpointed.second));
+}
+
 TEST_P(CheckpointErrorsTest, ExceptionInForwardLeavesStateAsItWas) {
   ckpt::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
   auto rng_before = at::detail::getDefaultCPUGenerator().get_state();
