@@ -102,7 +102,10 @@ OutsideStateWatch::OutsideStateWatch(const std::vector<at::Tensor>& known,
   for (const auto& tensor : known) inside_.insert(storage_of(tensor));
   for (const auto& module : modules) {
     for (const auto& tensor : module->parameters()) inside_.insert(storage_of(tensor));
-    for (const auto& tensor : module->buffers()) inside_.insert(storage_of(tensor));
+    for (const auto& tensor : module->buffers()) {
+      inside_.insert(storage_of(tensor));
+      buffers_.insert(storage_of(tensor));
+    }
   }
 }
 
@@ -152,8 +155,12 @@ void OutsideStateWatch::note_read(const at::Tensor& tensor, const c10::OperatorH
   if (found != written_.end()) read_again_[found->second] = true;
   const auto placed = placed_.find(tensor.unsafeGetTensorImpl());
   if (placed != placed_.end()) read_again_[placed->second] = true;
-  if (found != written_.end() || storage == nullptr || inside_.count(storage) != 0) return;
-  if (!tensor.requires_grad()) read_before_.insert(storage);  // a later write: outside state
+  if (found != written_.end() || storage == nullptr) return;
+  // A buffer of the region's modules is theirs to put back where the function writes it (a
+  // BatchNorm's statistics); one it only reads is read again by the recompute, as a captured one.
+  const bool buffer = buffers_.count(storage) != 0;
+  if (buffer ? written_buffers_.count(storage) != 0 : inside_.count(storage) != 0) return;
+  if (!buffer && !tensor.requires_grad()) read_before_.insert(storage);  // outside state
   if (tensor.is_inference() || !read_tensors_.insert(tensor.unsafeGetTensorImpl()).second) return;
   reads_.push_back({tensor.unsafeGetTensorImpl()->version_counter(), storage, tensor.sizes().vec(),
                     op.operator_name().name});
@@ -164,7 +171,7 @@ ReadVersions OutsideStateWatch::take_reads() {
   for (Read& read : reads_) {
     // Written by the function itself: outside state, which the recompute starts from as the
     // forward found it (other regions' forwards may write it too).
-    if (written_.count(read.storage) == 0)
+    if (written_.count(read.storage) == 0 && written_buffers_.count(read.storage) == 0)
       snapshot.add(read.counter, std::move(read.sizes), std::move(read.reader));
   }
   reads_.clear();
@@ -187,6 +194,7 @@ void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
       // alone reads nothing the graph keeps (`copy_`), or its fresh results say so (below).
       if (keep && (!written || written_.count(storage_of(t)) != 0)) note_read(t, op);
       if (!written) return;
+      if (keep && buffers_.count(storage_of(t)) != 0) written_buffers_.insert(storage_of(t));
       const size_t entries = read_again_.size();
       const int64_t entry = see(t);
       if (keep && read_again_.size() > entries) first_writes.push_back(static_cast<size_t>(entry));

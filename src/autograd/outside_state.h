@@ -99,8 +99,9 @@ class OutsideStateWatch : public DispatchMode {
   /// `Keep`: the forward returned. What it wrote and read again, as it was before the write.
   OutsideState finished();
   /// `Keep`, once the forward returned (once): the tensors from outside the region (neither its
-  /// arguments, nor its modules', nor written by it) that its operators read, at their versions
-  /// now. A recompute reads them again: a write into one before it changes what it computes.
+  /// arguments, nor its modules' parameters, nor written by it) and its modules' buffers it did
+  /// not write that its operators read, at their versions now. A recompute reads them again: a
+  /// write into one before it changes what it computes.
   ReadVersions take_reads();
   /// Whether an operator wrote into outside state so far.
   bool saw_writes() const { return !written_.empty(); }
@@ -134,6 +135,8 @@ class OutsideStateWatch : public DispatchMode {
     std::string reader;
   };
   std::vector<Read> reads_;
+  // The region's modules' buffers, and (`Keep`) those an operator wrote.
+  std::unordered_set<const c10::StorageImpl*> buffers_, written_buffers_;
   std::unordered_set<const c10::TensorImpl*> read_tensors_;
   RandomDraws draws_;
 };

@@ -48,7 +48,9 @@ void ReadVersions::check(const char* api) const {
     if (now == entry.version) continue;
     std::ostringstream what;
     what << "a tensor of shape " << c10::IntArrayRef(entry.sizes) << " that the region's function "
-         << "read (" << entry.reader << ") but did not take as an argument (one it captures, say)";
+         << "read (" << entry.reader
+         << ") besides its arguments (a tensor it captures, or a buffer of "
+         << "its modules)";
     raise_modified(api, what.str(), entry.version, now);
   }
 }

@@ -2,6 +2,7 @@
 // were before the call.
 
 #include <ckpt/checkpoint.h>
+#include <ckpt/sequential.h>
 
 #include "support/support.h"
 
@@ -129,7 +130,7 @@ TEST_P(CheckpointErrorsTest, CapturedTensorWrittenBeforeTheBackwardIsAnError) {
   shift.add_(1);
   CKPT_EXPECT_THROWS_WITH(out.backward(),
                           "a tensor of shape [2, 3] that the region's function read (aten::add) "
-                          "but did not take as an argument");
+                          "besides its arguments");
   out = ckpt::checkpoint(options(), fn, x).sum();
   scale.narrow(0, 1, 1).mul_(2);  // through a view: the counter is its base's
   CKPT_EXPECT_THROWS_WITH(out.backward(), "modified in place after the forward pass");
@@ -149,6 +150,37 @@ TEST_P(CheckpointErrorsTest, CapturedTensorWrittenBeforeTheBackwardIsAnError) {
   shift.sub_(1);
   fn(x).sum().backward();
   EXPECT_TRUE(bit_equal(x.grad(), checkpointed));
+}
+
+// The same probe through a module's buffer that its forward reads and does not write (a
+// positional table, a mask): checkpoint, its reentrant variant and checkpoint_sequential took
+// the new values silently. A buffer the forward writes (BatchNorm's statistics) stays the
+// region's to put back (the ResNet and BatchNorm tests).
+struct ShiftedLinearImpl : torch::nn::Module {
+  ShiftedLinearImpl() {
+    shift = register_buffer("shift", torch::ones({3}));
+    linear = register_module("linear", torch::nn::Linear(3, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return linear(x + shift).sin(); }
+  torch::Tensor shift;
+  torch::nn::Linear linear{nullptr};
+};
+TORCH_MODULE(ShiftedLinear);
+
+TEST_P(CheckpointErrorsTest, ModuleBufferWrittenBeforeTheBackwardIsAnError) {
+  const ShiftedLinear block;
+  const auto x = torch::randn({2, 3}, torch::requires_grad());
+  const auto write = [&] {
+    const torch::NoGradGuard no_grad;
+    block->shift.add_(1);
+  };
+  auto out = ckpt::checkpoint(options(), block, x).sum();
+  write();
+  CKPT_EXPECT_THROWS_WITH(out.backward(), "a tensor of shape [3] that the region's function read");
+  const torch::nn::Sequential chain(block, ShiftedLinear());
+  out = ckpt::checkpoint_sequential(chain, 2, x, options()).sum();
+  write();
+  CKPT_EXPECT_THROWS_WITH(out.backward(), "modified in place after the forward pass");
 }
 
 // What the region writes itself, though it read it first, is state the recompute starts from as
