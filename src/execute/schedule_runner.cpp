@@ -134,9 +134,12 @@ void ScheduleRunner::snapshot_read_again(const at::Tensor& input) {
   }
   for (size_t i = 0; i < stages_.size(); ++i) {
     if (!runs_again_[i]) continue;
-    const std::vector<at::Tensor> parameters = stages_[i].ptr()->parameters();
-    for (size_t j = 0; j < parameters.size(); ++j) {
-      read_again_.add(parameters[j]);
+    // Its parameters, then its buffers (as the forward left them: a positional table read again,
+    // or a BatchNorm's statistics, which the recompute puts back where it writes them).
+    std::vector<at::Tensor> tensors = stages_[i].ptr()->parameters();
+    for (auto& buffer : stages_[i].ptr()->buffers()) tensors.push_back(std::move(buffer));
+    for (size_t j = 0; j < tensors.size(); ++j) {
+      read_again_.add(tensors[j]);
       read_again_origin_.emplace_back(static_cast<int>(i), j);
     }
   }
@@ -145,8 +148,12 @@ void ScheduleRunner::snapshot_read_again(const at::Tensor& input) {
 std::string ScheduleRunner::describe_read_again(size_t i) const {
   const auto [stage, j] = read_again_origin_[i];
   if (stage < 0) return "the input of the chain";
-  const auto named = stages_[static_cast<size_t>(stage)].ptr()->named_parameters();
-  return "parameter '" + named[j].key() + "' of stage " + std::to_string(stage);
+  const torch::nn::Module& module = *stages_[static_cast<size_t>(stage)].ptr();
+  const auto parameters = module.named_parameters();
+  const bool parameter = j < parameters.size();
+  const std::string name =
+      parameter ? parameters[j].key() : module.named_buffers()[j - parameters.size()].key();
+  return (parameter ? "parameter '" : "buffer '") + name + "' of stage " + std::to_string(stage);
 }
 
 void ScheduleRunner::run_forward(const plan::Op& op) {

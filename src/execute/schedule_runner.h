@@ -99,8 +99,8 @@ class ScheduleRunner {
   std::vector<bool> runs_again_;                                    // stage i runs more than once
   std::unordered_set<const c10::TensorImpl*> single_stage_leaves_;  // once, not every backward
   at::Tensor delta_;  // the gradient at the current position
-  // x_0 and the parameters of the stages that run again, after the forward; (stage, parameter
-  // number) of each, stage -1 for x_0.
+  // x_0 and the parameters and buffers of the stages that run again, after the forward; (stage,
+  // number among its parameters, then buffers) of each, stage -1 for x_0.
   VersionSnapshot read_again_;
   std::vector<std::pair<int, size_t>> read_again_origin_;
 };

@@ -752,6 +752,34 @@ TEST_F(PlannedSequentialTest, SecondBackwardAndDoubleBackwardAreClearErrors) {
                           "double backward");
 }
 
+// A stage's buffer that its forward reads (a shift, a positional table), written in place
+// between the forward and the backward: a recomputed stage read its new values silently.
+struct ShiftedTanhStageImpl : torch::nn::Module {
+  explicit ShiftedTanhStageImpl(int64_t width) {
+    shift = register_buffer("shift", torch::ones({width}));
+    linear = register_module("linear", torch::nn::Linear(width, width));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(linear(x + shift)); }
+  torch::Tensor shift;
+  torch::nn::Linear linear{nullptr};
+};
+TORCH_MODULE(ShiftedTanhStage);
+
+TEST_F(PlannedSequentialTest, BufferWrittenBeforeTheBackwardIsAnError) {
+  torch::nn::Sequential chain;
+  for (int i = 0; i < 8; ++i) chain->push_back(ShiftedTanhStage(16));
+  ckpt::PlannedSequential planned(chain, ckpt::Budget::minimum(), activations_only());
+  const auto x = torch::randn({256, 16}, torch::requires_grad());
+  planned->plan(x);
+  auto out = planned(x).sum();
+  ASSERT_GT(planned->prediction().forward_count, static_cast<int>(chain->size()));  // recomputes
+  {
+    const torch::NoGradGuard no_grad;
+    for (auto& b : chain->buffers()) b.add_(1);
+  }
+  CKPT_EXPECT_THROWS_WITH(out.backward(), "ckpt::PlannedSequential: buffer 'shift' of stage");
+}
+
 // A recomputed stage would silently use weights updated between forward and backward.
 TEST_F(PlannedSequentialTest, ParameterUpdatedBeforeTheBackwardIsAnError) {
   auto chain = make_chain(8, 16);
