@@ -232,6 +232,24 @@ TEST_P(CheckpointDeviceTest, AnotherThreadsDrawsOnTheDeviceInsideTheRegionAreAnE
   CKPT_EXPECT_THROWS_WITH(y.sum().backward(), "drew other random numbers");
 }
 
+// A tensor on the device that the function captures and reads with an operator that saves
+// nothing of it, written on the device between the forward and the backward: the recompute (on
+// the device's engine thread) would read the new values; it is an error before it runs, and the
+// plain gradients once the write waits for the backward.
+TEST_P(CheckpointDeviceTest, ACapturedTensorWrittenOnTheDeviceBeforeTheBackwardIsAnError) {
+  const auto x = torch::randn({16, 16}, on()).requires_grad_();
+  const auto shift = torch::randn({16}, on());
+  const auto fn = [&shift](const at::Tensor& t) { return torch::sin(t + shift); };
+  auto y = ckpt::checkpoint(fn, x).sum();
+  shift.mul_(2);
+  CKPT_EXPECT_THROWS_WITH(y.backward(), "a tensor of shape [16] that the region's function read");
+  ckpt::checkpoint(fn, x).sum().backward();
+  const at::Tensor checkpointed = x.grad().cpu();
+  x.mutable_grad().reset();
+  fn(x).sum().backward();
+  EXPECT_TRUE(bit_equal(x.grad().cpu(), checkpointed));
+}
+
 // ~~~ Two devices ~~~
 
 TEST_P(CheckpointDeviceTest, BothArgumentDevicesRngIsStashedAndReplayed) {
