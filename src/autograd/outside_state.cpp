@@ -161,8 +161,12 @@ void OutsideStateWatch::note_read(const at::Tensor& tensor, const c10::OperatorH
   const bool buffer = buffers_.count(storage) != 0;
   if (buffer ? written_buffers_.count(storage) != 0 : inside_.count(storage) != 0) return;
   if (!buffer && !tensor.requires_grad()) read_before_.insert(storage);  // outside state
-  if (tensor.is_inference() || !read_tensors_.insert(tensor.unsafeGetTensorImpl()).second) return;
-  reads_.push_back({tensor.unsafeGetTensorImpl()->version_counter(), storage, tensor.sizes().vec(),
+  const c10::VariableVersion& counter = tensor.unsafeGetTensorImpl()->version_counter();
+  // An inference tensor has none, and can't be written outside InferenceMode.
+  if (!counter.enabled() || !read_tensors_.insert(tensor.unsafeGetTensorImpl()).second) return;
+  // (A nested tensor has no sizes of its own to name it by.)
+  reads_.push_back({counter, storage,
+                    tensor.is_nested() ? std::vector<int64_t>() : tensor.sizes().vec(),
                     op.operator_name().name});
 }
 
