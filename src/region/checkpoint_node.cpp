@@ -151,7 +151,7 @@ variable_list NonReentrantBackward::backward(variable_list&& grads) {
   std::lock_guard<std::mutex> lock(mutex_);
   state_->begin_backward(grads);
   if (forwarded_ != nullptr) {
-    state_->check_unmodified();
+    state_->check_unmodified(/*recomputes=*/false);  // the recomputed graph reads nothing again
     return std::move(grads);  // into the recomputed graph, whose nodes the engine runs itself
   }
   const size_t boundary_count = boundary_.edges.size();

@@ -68,12 +68,12 @@ bool TensorMeta::operator==(const TensorMeta& other) const {
          device == other.device;
 }
 
-void RegionState::check_unmodified() const {
+void RegionState::check_unmodified(bool recomputes) const {
   versions.check("ckpt::checkpoint", [&](size_t i) {
     if (i < inputs.size()) return "tensor argument #" + std::to_string(i) + " of the region";
     return "a parameter of the region (" + describe_shape(versions.tensor(i)) + ")";
   });
-  outside_reads.check("ckpt::checkpoint");
+  if (recomputes) outside_reads.check("ckpt::checkpoint");
 }
 
 void RegionState::check_recomputed(const std::vector<at::Tensor>& recomputed) const {
@@ -209,6 +209,7 @@ std::vector<at::Tensor> RegionState::recompute_values() const {
               "that returned it, but that region's backward already ran and freed what it "
               "needs. Run the backward through both regions in one call, or keep the argument "
               "(don't ask its region to drop it).");
+  check_unmodified();
   const std::vector<at::Tensor> args = arguments(/*with_history=*/false);
   const RecomputeScope scope(rng, autocast, training, modules, &buffers_at_forward);
   const LearnedAsAt sites_as_at_forward(learned_moment);

@@ -93,9 +93,9 @@ struct RegionState {
   bool in_engine_call = false;
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> handed_out;
 
-  /// Raises an error when an input, a parameter or a captured tensor the region reads was
-  /// modified in place since the forward pass.
-  void check_unmodified() const;
+  /// Raises an error when an input, a parameter or (where a recompute is to read them again:
+  /// `recomputes`) a captured tensor the region reads was modified in place since the forward.
+  void check_unmodified(bool recomputes = true) const;
   /// Raises an error when the recomputed outputs differ from the forward's (see
   /// `CheckpointOptions::determinism_check`).
   void check_recomputed(const std::vector<at::Tensor>& recomputed) const;

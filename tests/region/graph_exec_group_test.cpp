@@ -94,6 +94,35 @@ TEST_F(GraphExecGroupTest, SeveralLossesShareOneRecompute) {
   EXPECT_EQ(block->recomputes, 1);
 }
 
+// A tensor the region captures, written between two backward passes: without a group the second
+// pass recomputes and would read its new values (an error); in a group it runs through the first
+// pass's recomputed graph, which reads nothing again, so the write is no error and the gradients
+// are the plain ones (plain autograd saved nothing of it either).
+TEST_F(GraphExecGroupTest, ACapturedTensorWrittenBetweenBackwardsOfAGroupReadsNothingAgain) {
+  const at::Tensor shift = torch::ones({5});
+  const auto fn = [&](const at::Tensor& t) { return block->forward(t + shift); };
+  auto step = [&](bool checkpointed) {
+    shift.fill_(1);
+    const at::Tensor x = input.detach().requires_grad_();
+    const at::Tensor out = checkpointed ? ckpt::checkpoint(fn, x) : fn(x);
+    const ckpt::GraphExecGroup group;
+    out.sum().backward({}, /*retain_graph=*/true);
+    shift.fill_(2);
+    out.pow(2).sum().backward();
+    return Result{x.grad().clone(), take_grads(*block)};
+  };
+  const Result plain = step(false);
+  expect_same(step(true), plain);
+  // Without the group: the second pass's recompute would read the new values.
+  const at::Tensor x = input.detach().requires_grad_();
+  shift.fill_(1);
+  const at::Tensor out = ckpt::checkpoint(fn, x);
+  out.sum().backward({}, /*retain_graph=*/true);
+  shift.fill_(2);
+  CKPT_EXPECT_THROWS_WITH(out.pow(2).sum().backward(), "that the region's function read");
+  take_grads(*block);
+}
+
 // A group that ends while a backward runs (here, from a hook inside it): that backward finishes
 // on the graph it holds, a later one recomputes, and the gradients are the plain ones.
 TEST_F(GraphExecGroupTest, EndingDuringABackwardFinishesIt) {

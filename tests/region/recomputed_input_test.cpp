@@ -138,4 +138,26 @@ TEST(RecomputedInput, SourceFreedByAnEarlierBackwardIsAClearError) {
   CKPT_EXPECT_THROWS_WITH(b.sum().backward(), "that region's backward already ran");
 }
 
+// A dropped argument is computed again from its region's arguments and whatever else that region
+// read: a captured tensor written since is an error before the value is computed, so that no
+// gradient taken through other values reaches the taker's parameters first.
+TEST(RecomputedInput, ACapturedTensorWrittenBeforeTheRecomputeIsAnErrorFirst) {
+  std::vector<Block> blocks = make_blocks();
+  const torch::Tensor shift = torch::ones({8});
+  const auto x = torch::randn({6, 8}, torch::requires_grad());
+  RegionRequest request;
+  request.recomputable_outputs = true;
+  torch::Tensor a;
+  {
+    const ckpt::detail::RegionRequestScope requested(request);
+    a = ckpt::checkpoint([&](const torch::Tensor& t) { return torch::sin(t + shift); }, x);
+  }
+  ASSERT_EQ(request.output_sources.size(), 1u);
+  const torch::Tensor b = run(blocks[1], {a}, {request.output_sources[0]}).first;
+  a = torch::Tensor();
+  shift.add_(1);
+  CKPT_EXPECT_THROWS_WITH(b.sum().backward(), "that the region's function read (aten::add)");
+  EXPECT_FALSE(blocks[1]->linear->weight.grad().defined());
+}
+
 }  // namespace recomputed_input_test
