@@ -232,10 +232,10 @@ int64_t unet_skips_over_counted(const ckpt::PlannedModel& planned) {
   return bytes;
 }
 
-// The plans are those of times in the options' listed order: with measured times, a loaded
-// machine once got a halfway plan that recomputes the last decoder block, whose recomputing
-// options this model predicts 128 KiB below their measured peak (open, issue 48's note of
-// 2026-12-01).
+// The plans are those of times in the options' listed order (as in every test of this kind
+// here): with measured times, a loaded machine once got a halfway plan that recomputes the last
+// decoder block, whose recomputing options this model predicts 128 KiB below their measured peak
+// (open: docs/limits.md, "Predictions").
 TEST_F(PlannedModelTest, UNetRunsLikeThePlainStep) {
   unet_sample();  // made before any step is measured
   expect_planned_like_plain_at_every_budget<ckpt::models::UNet>(
@@ -545,7 +545,8 @@ TEST_F(PlannedModelTest, EncoderDecoderRunsLikeThePlainStep) {
   const auto [source, target] = ckpt::models::seq2seq_inputs(config);
   expect_planned_like_plain_at_every_budget<ckpt::models::Seq2Seq>(
       [&] { return ckpt::models::make_seq2seq(config); },
-      [&](ckpt::models::Seq2Seq& model) { return model->forward(source, target).pow(2).mean(); });
+      [&](ckpt::models::Seq2Seq& model) { return model->forward(source, target).pow(2).mean(); },
+      none_over_counted, times_in_listed_order);
 }
 
 // The bench ResNet, a chain of residual blocks, with candidates inside each block.
@@ -557,7 +558,8 @@ TEST_F(PlannedModelTest, ResNetCutInsideItsBlocksRunsLikeThePlainStep) {
   const torch::Tensor input = ckpt::models::make_input(config);
   expect_planned_like_plain_at_every_budget<torch::nn::Sequential>(
       [&] { return ckpt::models::build_model(config); },
-      [&](torch::nn::Sequential& model) { return model->forward(input).pow(2).mean(); });
+      [&](torch::nn::Sequential& model) { return model->forward(input).pow(2).mean(); },
+      none_over_counted, times_in_listed_order);
 }
 
 // "recomputed": the regions that take a candidate's outputs drop them and run it again in their
@@ -1444,7 +1446,8 @@ TEST_F(PlannedModelTest, BlocksWithDropoutRunLikeThePlainStepWithinTheirPredicti
       return model;
     };
     expect_planned_like_plain_at_every_budget<torch::nn::Sequential>(
-        make, [&](torch::nn::Sequential& m) { return m->forward(x).pow(2).mean(); });
+        make, [&](torch::nn::Sequential& m) { return m->forward(x).pow(2).mean(); },
+        none_over_counted, times_in_listed_order);
   }
 }
 
