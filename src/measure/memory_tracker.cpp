@@ -3,6 +3,7 @@
 #include <ckpt/memory_label.h>
 
 #include "compat/torch_compat.h"
+#include "measure/free_watch.h"
 #include "measure/meta_memory.h"
 
 #include <c10/core/Allocator.h>
@@ -14,6 +15,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <numeric>
@@ -180,7 +182,23 @@ class CountingAllocator final : public compat::AllocatorBase {
 
   static CountingAllocator& instance();
 
+  void add_free_watch(const std::function<void(const void*)>* on_free) {
+    const std::lock_guard<std::mutex> lock(watch_mutex_);
+    free_watches_.push_back(on_free);
+    watching_frees_.fetch_add(1);
+  }
+  void remove_free_watch(const std::function<void(const void*)>* on_free) {
+    const std::lock_guard<std::mutex> lock(watch_mutex_);
+    free_watches_.erase(std::find(free_watches_.begin(), free_watches_.end(), on_free));
+    watching_frees_.fetch_sub(1);
+  }
+
  private:
+  C10_NOINLINE void notify_free(const void* data) {
+    const std::lock_guard<std::mutex> lock(watch_mutex_);
+    for (const auto* on_free : free_watches_) (*on_free)(data);
+  }
+
   static void free_block(void* data) {
     if (data == nullptr) return;
     void* base = static_cast<char*>(data) - kHeaderBytes;
@@ -195,6 +213,7 @@ class CountingAllocator final : public compat::AllocatorBase {
       header.counter->current.fetch_sub(static_cast<int64_t>(header.bytes));
       header.counter->release();
     }
+    if (self.watching_frees_.load(std::memory_order_relaxed) > 0) self.notify_free(data);
     self.inner_->raw_deallocate(base);
   }
 
@@ -268,6 +287,10 @@ class CountingAllocator final : public compat::AllocatorBase {
   mutable uint64_t sequence_ = 0;
   mutable std::vector<int64_t> label_bytes_;
   mutable std::array<PeakRecord, kMaxTrackers> records_;
+  // detail::FreeWatch: how many watch, and under watch_mutex_, what they call.
+  std::atomic<int> watching_frees_{0};
+  std::mutex watch_mutex_;
+  std::vector<const std::function<void(const void*)>*> free_watches_;
 };
 
 CountingAllocator& CountingAllocator::instance() {
@@ -281,6 +304,15 @@ CountingAllocator& CountingAllocator::instance() {
 }
 
 }  // namespace
+
+detail::FreeWatch::FreeWatch(std::function<void(const void* data)> on_free)
+    : on_free_(std::move(on_free)) {
+  CountingAllocator::instance().add_free_watch(&on_free_);
+}
+
+detail::FreeWatch::~FreeWatch() {
+  CountingAllocator::instance().remove_free_watch(&on_free_);
+}
 
 MemoryTracker::MemoryTracker(c10::Device device, MemoryScope scope) : device_(device) {
   if (device_.is_cpu()) {

@@ -10,6 +10,7 @@
 #include "autograd/saved_tensor_hooks.h"
 #include "autograd/step_rollback.h"
 #include "compat/torch_compat.h"
+#include "measure/free_watch.h"
 #include "measure/step_measure.h"
 
 #include <ATen/core/grad_mode.h>
@@ -88,10 +89,11 @@ enum class EventKind { ForwardBegin, ForwardEnd, BackwardBegin, BackwardEnd, Ste
 // A boundary of a candidate's forward or backward, as a step reached it.
 struct Event {
   EventKind kind;
-  int candidate;  // -1 for StepEnd
-  int64_t live;   // bytes live on the device there
-  int64_t peak;   // the device's peak since the previous event (the segment that ends here)
-  int64_t host;   // offloaded bytes held in host memory there
+  int candidate;      // -1 for StepEnd
+  int64_t live;       // bytes live on the device there
+  int64_t peak;       // the device's peak since the previous event (the segment that ends here)
+  int64_t tail_peak;  // the peak since the last watched free in the segment (`peak`: none seen)
+  int64_t host;       // offloaded bytes held in host memory there
   Clock::time_point time;
 };
 
@@ -101,6 +103,7 @@ struct Event {
 struct WatchedStorage {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   const c10::StorageImpl* address = nullptr;  // identity while it lives
+  const void* data = nullptr;                 // its block, to find where it was freed
   int64_t bytes = 0;
   bool output = false;
   bool feeds_candidate = false;  // an output that a later candidate takes
@@ -132,12 +135,40 @@ struct StepRecord {
   std::vector<CandidateRecord> candidates;
   std::vector<Event> events;
 
+  // Where the watched blocks went inside their segments, in order, where the allocator tells
+  // (the CPU's): each splits its segment's peak. Under `free_mutex` (taken after `mutex`, and
+  // alone on the freeing path, which must not lock `mutex`: a free may come while it is held).
+  struct Free {
+    const void* data;
+    int segment;   // the segment it went in (that of the next event)
+    int64_t peak;  // the device's peak from the previous free or event up to it
+  };
+  std::mutex free_mutex;
+  std::vector<Free> frees;
+  std::unordered_set<const void*> watched_blocks;  // not freed yet
+  int64_t peak_before_frees = -1;                  // the segment's peak up to its last free
+  bool frees_noted = false;                        // the step ran under a detail::FreeWatch
+  size_t events_noted = 0;                         // `events.size()`, for the freeing path
+
+  void note_free(const void* data) {
+    const std::lock_guard<std::mutex> lock(free_mutex);
+    if (watched_blocks.erase(data) == 0) return;
+    const int64_t peak = tracker->peak_bytes();
+    frees.push_back({data, static_cast<int>(events_noted), peak});
+    peak_before_frees = std::max(peak_before_frees, peak);
+    tracker->reset_peak();
+  }
+
   void record(EventKind kind, int candidate) {
     const std::lock_guard<std::mutex> lock(mutex);
     if (!open) return;
-    events.push_back({kind, candidate, tracker->current_bytes(), tracker->peak_bytes(),
-                      offload_stats().host_bytes, detail::clock_now(device)});
+    const std::lock_guard<std::mutex> frees_lock(free_mutex);
+    const int64_t tail = tracker->peak_bytes();
+    events.push_back({kind, candidate, tracker->current_bytes(), std::max(tail, peak_before_frees),
+                      tail, offload_stats().host_bytes, detail::clock_now(device)});
     tracker->reset_peak();
+    peak_before_frees = -1;
+    events_noted = events.size();
     const int at = static_cast<int>(events.size()) - 1;
     for (auto& c : candidates) {
       for (auto& w : c.watched) {
@@ -155,8 +186,13 @@ struct StepRecord {
       bool seen = false;
       for (const auto& w : watched) seen = seen || w.address == address;
       if (seen) continue;
-      watched.push_back({t.storage().getWeakStorageImpl(), address,
+      const void* data = t.storage().data_ptr().get();
+      watched.push_back({t.storage().getWeakStorageImpl(), address, data,
                          static_cast<int64_t>(t.storage().nbytes()), output});
+      if (frees_noted && data != nullptr) {
+        const std::lock_guard<std::mutex> lock(free_mutex);
+        watched_blocks.insert(data);
+      }
       if (!output) watched.back().producer = mark_fed(address);
     }
   }
@@ -429,6 +465,11 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup, StepRun run) {
   record->tracker = setup.tracker;
   record->device = setup.device;
   StepRecorder recorder(*setup.names, std::move(run), record);
+  std::optional<detail::FreeWatch> frees;
+  if (setup.device.is_cpu()) {
+    record->frees_noted = true;
+    frees.emplace([step = record.get()](const void* data) { step->note_free(data); });
+  }
   record->start_time = detail::clock_now(setup.device);
   setup.tracker->reset_peak();
   record->start_bytes = setup.tracker->current_bytes();
@@ -480,13 +521,53 @@ struct CandidateCosts {
   int64_t forward_peak = 0;   // the forward's peak above the bytes live at its start
   int64_t forward_kept = 0;   // the bytes its forward left live
   int64_t backward_peak = 0;  // the backward's peak above the bytes live at its start
-  int64_t host = 0;           // the host bytes its forward left held
-  double seconds = 0;         // its forward's and its backward's
+  // The inputs (`watched` indices) its backward let go of, and that peak had they stayed live.
+  std::vector<size_t> released_inputs;
+  int64_t backward_peak_inputs_kept = 0;
+  int64_t host = 0;    // the host bytes its forward left held
+  double seconds = 0;  // its forward's and its backward's
   double forward_seconds = 0;
 };
 
 double seconds_between(const Event& from, const Event& to) {
   return std::chrono::duration<double>(to.time - from.time).count();
+}
+
+// The inputs of `candidate` that `step` let go of in segments (from, to] of its backward, and its
+// backward's peak there had they stayed live: each segment split where the watched blocks went
+// (where the step noted it), each released input counted from its free on. Where the step can't
+// tell when an input went, it counts as live through the whole backward, which only overstates.
+void keep_released_inputs(const StepRecord& step, int candidate, int from, int to,
+                          CandidateCosts& costs) {
+  const auto& watched = step.candidates[candidate].watched;
+  std::map<const void*, int64_t> released;
+  for (size_t i = 0; i < watched.size(); ++i) {
+    const WatchedStorage& w = watched[i];
+    if (w.output || w.freed_at <= from || w.freed_at > to) continue;
+    costs.released_inputs.push_back(i);
+    released[w.data] += w.bytes;
+  }
+  const auto first = std::find_if(step.frees.begin(), step.frees.end(),
+                                  [&](const StepRecord::Free& f) { return f.segment > from; });
+  int64_t kept = 0;  // from the start: those whose free the step did not see
+  for (const auto& [data, bytes] : released) {
+    const bool seen = step.frees_noted && std::any_of(first, step.frees.end(), [&](const auto& f) {
+                        return f.data == data && f.segment <= to;
+                      });
+    if (!seen) kept += bytes;
+  }
+  int64_t peak = 0;
+  auto free = first;
+  for (int k = from + 1; k <= to; ++k) {
+    const int64_t tail = step.frees_noted ? step.events[k].tail_peak : step.events[k].peak;
+    for (; free != step.frees.end() && free->segment == k; ++free) {
+      peak = std::max(peak, free->peak + kept - step.events[from].live);
+      const auto found = released.find(free->data);
+      if (found != released.end()) kept += found->second;
+    }
+    peak = std::max(peak, tail + kept - step.events[from].live);
+  }
+  costs.backward_peak_inputs_kept = peak;
 }
 
 CandidateCosts costs_of(const StepRecord& step, const Span& span, int candidate) {
@@ -503,10 +584,13 @@ CandidateCosts costs_of(const StepRecord& step, const Span& span, int candidate)
   // Its backward's peak, until its last input's gradient or another candidate's backward begins
   // (the engine may run another branch before it hands over the last input gradient).
   const Event& bb = ev[span.backward_begin];
-  for (int k = span.backward_begin + 1; k <= span.backward_end; ++k) {
-    costs.backward_peak = std::max(costs.backward_peak, ev[k].peak - bb.live);
-    if (ev[k].kind == EventKind::BackwardBegin && ev[k].candidate != candidate) break;
+  int last = span.backward_begin;
+  while (last < span.backward_end) {
+    ++last;
+    costs.backward_peak = std::max(costs.backward_peak, ev[last].peak - bb.live);
+    if (ev[last].kind == EventKind::BackwardBegin && ev[last].candidate != candidate) break;
   }
+  keep_released_inputs(step, candidate, span.backward_begin, last, costs);
   costs.seconds += seconds_between(bb, ev[span.backward_end]);
   return costs;
 }
@@ -643,11 +727,58 @@ int64_t held_over_plain_at(const CandidateInStep& plain, const CandidateInStep& 
          held_at_event(plain.record, mode.record, e, e_in_mode);
 }
 
+// The candidates that made the inputs the mode's step let go of inside its backward while the
+// plain step held them past it (-1: not a candidate's output). The plain step's holder was the
+// saved graph of the candidate that made them, and in the mode's step it ran in the mode too and
+// held nothing.
+std::set<int> releasing_producers(const CandidateInStep& plain, const CandidateInStep& mode) {
+  const auto& a = plain.record.watched;
+  std::set<int> producers;
+  for (size_t i : mode.costs.released_inputs) {
+    if (i < a.size() && (a[i].freed_at < 0 || a[i].freed_at > plain.span.backward_end))
+      producers.insert(a[i].producer);
+  }
+  return producers;
+}
+
+// Whether candidate `c`'s outputs that other candidates take went before its backward began in
+// `step`: its region's graph held none of them (a checkpointed region saves its inputs only).
+bool lets_go_of_outputs(const StepRecord& step, int c) {
+  const int backward_begin = span_of(step, c).backward_begin;
+  const auto& watched = step.candidates[c].watched;
+  return std::all_of(watched.begin(), watched.end(), [&](const WatchedStorage& w) {
+    return !w.output || !w.feeds_candidate || (w.freed_at >= 0 && w.freed_at <= backward_begin);
+  });
+}
+
+// Whether the plain step's input `i` of candidate `c` is taken by another candidate too.
+bool shared_input(const StepRecord& plain, int c, size_t i) {
+  const WatchedStorage& input = plain.candidates[c].watched[i];
+  for (int t = 0; t < static_cast<int>(plain.candidates.size()); ++t) {
+    if (t == c) continue;
+    for (const WatchedStorage& w : plain.candidates[t].watched) {
+      if (!w.output && w.producer == input.producer && w.address == input.address) return true;
+    }
+  }
+  return false;
+}
+
+// The mode's backward peak above what it held where it began. Beside producers kept, the inputs
+// its step let go of inside it (`releasing_producers`) stay: they count as live (on the test
+// U-Net, a decoder block checkpointed beside its encoder block stored peaked 128 KiB, the skip,
+// above a prediction that left them out). `producers_let_go`: as measured, for the option valid
+// only beside producers that hold none of them.
+int64_t backward_peak_of(const CandidateInStep& plain, const CandidateInStep& mode,
+                         bool producers_let_go) {
+  if (producers_let_go || releasing_producers(plain, mode).empty()) return mode.costs.backward_peak;
+  return mode.costs.backward_peak_inputs_kept;
+}
+
 // A mode's bytes over the plain step, in each segment of the candidate's window (the plain step's
 // segments from its forward to the end of its backward): its forward's peak, then what it keeps
 // less (or more) plus the inputs it keeps longer, then its backward's peak on top.
 std::vector<int64_t> peak_deltas(const CandidateInStep& plain, const CandidateInStep& mode,
-                                 const Matching& in_mode) {
+                                 const Matching& in_mode, bool producers_let_go = false) {
   const int64_t plateau = mode.costs.forward_kept - plain.costs.forward_kept;
   auto longer = [&](int k) { return held_in_segment(plain.record, mode.record, k, in_mode); };
   std::vector<int64_t> deltas;
@@ -659,7 +790,7 @@ std::vector<int64_t> peak_deltas(const CandidateInStep& plain, const CandidateIn
   // above).
   const int64_t in_backward =
       held_over_plain_at(plain, mode, plain.span.backward_begin, mode.span.backward_begin) +
-      mode.costs.backward_peak - plain.costs.backward_peak;
+      backward_peak_of(plain, mode, producers_let_go) - plain.costs.backward_peak;
   for (int k = plain.span.backward_begin + 1; k <= plain.span.backward_end; ++k) {
     deltas.push_back(in_backward);
   }
@@ -739,13 +870,27 @@ struct TrialRun {
   std::vector<std::map<int, int>> producers;
 };
 
-plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<ModeRun>& modes) {
+// A "<mode>, producers let go" option (`OptionRun::producers_let_go`): its backward let go of
+// outputs of `producers` that the plain step held past it, so it is valid only beside options
+// of theirs that hold none of their outputs.
+struct ProducersLetGoOption {
+  int candidate = 0;
+  int option = 0;
+  std::set<int> producers;
+};
+
+// Candidate `c`'s options measured in the mode steps; `lets_go` gets by option whether its
+// outputs went before its backward began where it was measured (`lets_go_of_outputs`).
+plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<ModeRun>& modes,
+                             std::vector<ProducersLetGoOption>& producers_let_go,
+                             std::vector<bool>& lets_go) {
   const Span span = span_of(plain, c);
   const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
   plan::Candidate candidate;
   candidate.name = plain.candidates[c].profiled.name;
   candidate.window_begin = span.forward_end;
   candidate.options.push_back(option_in(plan::OptionRun::stored(), kept.costs.seconds, 0, {}));
+  lets_go.push_back(lets_go_of_outputs(plain, c));
   if (span.backward_begin < 0) return candidate;  // no gradient reaches it: nothing to save
   for (const ModeRun& run : modes) {
     if (!run.measured.empty() && !run.measured[c]) continue;
@@ -754,12 +899,48 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     const CandidateInStep mode{run.step->candidates[c], mode_span,
                                costs_of(*run.step, mode_span, c)};
     if (mode.costs.forward_kept >= kept.costs.forward_kept && mode.costs.host == 0) continue;
+    const double seconds = at_least_plain_time(kept.costs, mode.costs, run);
     plan::CandidateOption option =
-        option_in(run.option(), at_least_plain_time(kept.costs, mode.costs, run), mode.costs.host,
-                  peak_deltas(kept, mode, run.matching));
-    if (!offered_already(candidate, option)) candidate.options.push_back(std::move(option));
+        option_in(run.option(), seconds, mode.costs.host, peak_deltas(kept, mode, run.matching));
+    if (!offered_already(candidate, option)) {
+      candidate.options.push_back(std::move(option));
+      lets_go.push_back(lets_go_of_outputs(*run.step, c));
+    }
+    // As measured, valid beside producers that hold none of what it let go of, where nothing
+    // else takes it (whose options would have to be told apart too).
+    const std::set<int> producers = releasing_producers(kept, mode);
+    const auto& released = mode.costs.released_inputs;
+    if (producers.empty() || producers.count(-1) > 0 ||
+        std::any_of(released.begin(), released.end(),
+                    [&](size_t i) { return shared_input(plain, c, i); })) {
+      continue;
+    }
+    plan::OptionRun beside = run.option();
+    beside.producers_let_go = true;
+    candidate.options.push_back(
+        option_in(beside, seconds, mode.costs.host, peak_deltas(kept, mode, run.matching, true)));
+    lets_go.push_back(lets_go.back());
+    producers_let_go.push_back({c, static_cast<int>(candidate.options.size()) - 1, producers});
   }
   return candidate;
+}
+
+// Each "producers let go" option excludes every option of its producers that holds its outputs
+// until its own backward (`lets_go`, by candidate and option; a "recomputed" one lets go of them).
+void exclude_producers_that_hold(plan::ModelProfile& profile,
+                                 const std::vector<ProducersLetGoOption>& added,
+                                 const std::vector<std::vector<bool>>& lets_go) {
+  for (const auto& [c, o, producers] : added) {
+    auto& excludes = profile.candidates[c].options[o].excludes;
+    for (int p : producers) {
+      const auto& options = profile.candidates[p].options;
+      for (int op = 0; op < static_cast<int>(options.size()); ++op) {
+        const bool lets_go_there = options[op].run.outputs_recomputed ||
+                                   (static_cast<size_t>(op) < lets_go[p].size() && lets_go[p][op]);
+        if (!lets_go_there) excludes.push_back({p, op});
+      }
+    }
+  }
 }
 
 // Seconds that running candidate `c` again costs in `trial`: its forward, and that of each
@@ -806,6 +987,8 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
   const CandidateCosts own = costs_of(*checkpointed.step, span_of(*checkpointed.step, c), c);
   if (!trial.producers[c].empty()) {
     mode.costs.backward_peak = own.backward_peak;
+    mode.costs.released_inputs = own.released_inputs;
+    mode.costs.backward_peak_inputs_kept = own.backward_peak_inputs_kept;
     mode.costs.seconds = own.seconds;
     mode.costs.forward_kept +=
         dropped_in_forward(plain.candidates[c], mode.record, span, trial_span, trial.producers[c]);
@@ -1111,7 +1294,9 @@ void measure_mode(const StepSetup& setup, const StepRecord& plain, const detail:
 }
 
 MeasuredModel measured_model(const StepRecord& plain, const std::vector<ModeRun>& modes,
-                             c10::Device device) {
+                             c10::Device device,
+                             std::vector<ProducersLetGoOption>& producers_let_go,
+                             std::vector<std::vector<bool>>& lets_go) {
   MeasuredModel measured;
   measured.device = device;
   plan::ModelProfile& profile = measured.profile;
@@ -1122,7 +1307,8 @@ MeasuredModel measured_model(const StepRecord& plain, const std::vector<ModeRun>
   profile.step_time =
       std::chrono::duration<double>(plain.events.back().time - plain.start_time).count();
   for (int c = 0; c < static_cast<int>(plain.candidates.size()); ++c) {
-    profile.candidates.push_back(candidate_of(plain, c, modes));
+    lets_go.emplace_back();
+    profile.candidates.push_back(candidate_of(plain, c, modes, producers_let_go, lets_go.back()));
     measured.candidates.push_back(plain.candidates[c].profiled);
   }
   return measured;
@@ -1213,12 +1399,15 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
       }
     }
   }
-  MeasuredModel measured = measured_model(*plain, modes, device);
+  std::vector<ProducersLetGoOption> producers_let_go;
+  std::vector<std::vector<bool>> lets_go;
+  MeasuredModel measured = measured_model(*plain, modes, device, producers_let_go, lets_go);
   const std::vector<KeptTakersOption> added =
       add_kept_takers_options(measured.profile, *plain, with_kept_takers, takers);
   if (!runs.empty())
     add_recomputed_options(measured.profile, *plain, *checkpointed, runs, consumers);
   exclude_all_but_kept(measured.profile, added, takers);
+  exclude_producers_that_hold(measured.profile, producers_let_go, lets_go);
   return measured;
 }
 

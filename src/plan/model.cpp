@@ -159,6 +159,7 @@ std::string OptionRun::name() const {
   }
   std::string base = mode.empty() ? "stored" : mode;
   if (parts_checkpointed) base += ", parts checkpointed";
+  if (producers_let_go) base += ", producers let go";
   return takers_kept ? base + ", takers kept" : base;
 }
 

@@ -39,6 +39,11 @@ struct OptionRun {
   /// and in its recompute: its backward holds one part's activations at a time ("parts
   /// checkpointed"). Default: false
   bool parts_checkpointed = false;
+  /// Measured in a step where the candidates whose outputs it takes held none of them, so that
+  /// its backward let go of them: valid only beside options of theirs that hold none of their
+  /// outputs ("checkpointed, producers let go"). Without it, an option counts such inputs as live
+  /// through its backward, as a stored producer's graph keeps them. Default: false
+  bool producers_let_go = false;
 
   /// Runs plainly, keeping everything (option 0 of every candidate).
   static OptionRun stored() { return {}; }
@@ -48,8 +53,8 @@ struct OptionRun {
   /// A checkpointed region that lets go of its outputs, ending a chain of `chain_length`.
   static OptionRun recomputed(int chain_length);
   /// How plans, reports and `PlannedModel::mode_of` name it: "stored", "checkpointed",
-  /// "selective, takers kept", "checkpointed, parts checkpointed", "recomputed", "recomputed,
-  /// chain of 2".
+  /// "selective, takers kept", "checkpointed, parts checkpointed", "checkpointed, producers
+  /// let go", "recomputed", "recomputed, chain of 2".
   std::string name() const;
 };
 
