@@ -602,7 +602,18 @@ CandidateCosts costs_of(const StepRecord& step, const Span& span, int candidate)
 struct Matching {
   std::vector<int> events;
   std::vector<bool> freed_before_peak;
+  std::vector<bool> split;  // by plain segment: cut in two in the profile (`SplitSegments`)
+  // By plain segment cut in two: the blocks that the step let go of there before the peak.
+  std::map<int, std::unordered_set<const void*>> gone_at_cut;
 };
+
+// The profile's index of plain segment k: after each segment cut in two, one more (k's part
+// after the cut; the part before it is one less).
+int profile_index(const std::vector<bool>& split, int k) {
+  int index = k;
+  for (int i = 0; i <= k && i < static_cast<int>(split.size()); ++i) index += split[i] ? 1 : 0;
+  return index;
+}
 
 // Where each event of the plain step is in another step: events are the same boundaries of the
 // same candidates, told apart by their kind, candidate and how many came before them; -1 where
@@ -655,7 +666,7 @@ int64_t freed_sooner_in(const StepRecord& plain, const StepRecord& other, int k,
 }
 
 Matching matching_events(const StepRecord& plain, const StepRecord& other) {
-  Matching matching{matching_events_of(plain, other), {}};
+  Matching matching{matching_events_of(plain, other), {}, {}, {}};
   const std::vector<bool> between = between_candidates(plain);
   matching.freed_before_peak.assign(plain.events.size(), false);
   for (size_t k = 1; k < plain.events.size(); ++k) {
@@ -667,6 +678,87 @@ Matching matching_events(const StepRecord& plain, const StepRecord& other) {
     matching.freed_before_peak[k] = freed > 0 && other_rise <= rise - freed;
   }
   return matching;
+}
+
+// Segments of the plain step cut in two where a measured step's own code (no candidate's) lets go
+// of watched tensors before the segment's peak: a U-Net's forward returning lets go of the skips
+// that checkpointed encoder blocks no longer hold, before the output convolution and the loss. One
+// number per segment can't tell how much that lowers its peak, which depends on how much goes
+// (on the bench U-Net, the first encoder block's skip alone lowers it by the skip, all four skips
+// by less than their sum), and counting them as held through the segment overstated plans by up
+// to 1 MiB (1.1%). Before the cut, everything counts as held, with the peak of the code up to the
+// last such free; after it, those tensors count as gone, with the segment's peak. Where the step
+// shows it (the CPU's frees of watched blocks, `StepRecord::frees`).
+struct SplitSegments {
+  std::vector<bool> split;          // by plain segment
+  std::vector<int64_t> before_cut;  // by plain segment: the peak before the cut (above the start)
+};
+
+// What `other`'s segment j shows of the watched blocks it let go of: those that went before its
+// peak (had each stayed, where the rest of the code would have peaked), and how far above the
+// bytes live at the segment's start it rose up to the last of them, counting them as held (-1:
+// none went before the peak).
+struct FreesBeforePeak {
+  int64_t rise = -1;
+  std::unordered_set<const void*> blocks;
+};
+
+FreesBeforePeak frees_before_peak(const StepRecord& other, int j) {
+  const auto bytes_of = [&](const void* data) -> int64_t {
+    for (const auto& c : other.candidates) {
+      for (const WatchedStorage& w : c.watched) {
+        if (w.data == data) return w.bytes;
+      }
+    }
+    return 0;
+  };
+  const int64_t live = other.events[j - 1].live;
+  std::vector<const StepRecord::Free*> frees;
+  std::vector<int64_t> held_rise;  // by part of the segment between frees, the blocks held
+  int64_t freed = 0;
+  for (const StepRecord::Free& f : other.frees) {
+    if (f.segment != j) continue;
+    frees.push_back(&f);
+    held_rise.push_back(f.peak + freed - live);
+    freed += bytes_of(f.data);
+  }
+  held_rise.push_back(other.events[j].tail_peak + freed - live);
+  // The peak's part: the last of the highest (the frees before it went before the peak).
+  size_t peak = 0;
+  for (size_t i = 0; i < held_rise.size(); ++i) {
+    if (held_rise[i] >= held_rise[peak]) peak = i;
+  }
+  FreesBeforePeak before;
+  for (size_t i = 0; i < peak; ++i) {
+    before.blocks.insert(frees[i]->data);
+    before.rise = std::max(before.rise, held_rise[i]);
+  }
+  return before;
+}
+
+SplitSegments split_segments(const StepRecord& plain,
+                             const std::vector<std::pair<const StepRecord*, Matching*>>& steps) {
+  const size_t count = plain.events.size();
+  SplitSegments cuts{std::vector<bool>(count, false), std::vector<int64_t>(count, -1)};
+  const std::vector<bool> between = between_candidates(plain);
+  for (size_t k = 1; k < count; ++k) {
+    if (!between[k]) continue;
+    int64_t before = -1;
+    for (const auto& [other, matching] : steps) {
+      const int j = matching->events[k];
+      if (j < 1 || matching->events[k - 1] != j - 1 || !other->frees_noted) continue;
+      FreesBeforePeak frees = frees_before_peak(*other, j);
+      if (frees.rise < 0) continue;
+      before = std::max(before, frees.rise);
+      matching->gone_at_cut[static_cast<int>(k)] = std::move(frees.blocks);
+    }
+    if (before < 0) continue;
+    cuts.split[k] = true;
+    cuts.before_cut[k] =
+        std::min(plain.events[k].peak, plain.events[k - 1].live + before) - plain.start_bytes;
+  }
+  for (const auto& [other, matching] : steps) matching->split = cuts.split;
+  return cuts;
 }
 
 // What the mode's step holds beyond the plain step of the storages a candidate took or returned:
@@ -690,14 +782,27 @@ int64_t held_difference(const CandidateRecord& plain, const CandidateRecord& mod
 // In segment `k` of the plain step (the mode's step's `in_mode.events[k]`, -1: none): a storage
 // counts as held in the segment it is freed in (unless the mode's step shows that what it freed
 // there went before the segment's peak), and as gone from the plain step only after it.
+enum class SegmentPart { Whole, BeforeCut, AfterCut };
+
 int64_t held_in_segment(const CandidateRecord& plain, const CandidateRecord& mode, int k,
-                        const Matching& in_mode) {
+                        const Matching& in_mode, SegmentPart part = SegmentPart::Whole) {
   const int k_in_mode = in_mode.events[k];
-  const bool gone_at_peak = in_mode.freed_before_peak[k];
+  const auto cut = in_mode.gone_at_cut.find(k);
+  const auto gone_at_peak = [&](const WatchedStorage& w) {
+    switch (part) {
+      case SegmentPart::Whole:
+        return static_cast<bool>(in_mode.freed_before_peak[k]);
+      case SegmentPart::BeforeCut:
+        return false;
+      case SegmentPart::AfterCut:
+        return cut != in_mode.gone_at_cut.end() && cut->second.count(w.data) > 0;
+    }
+    return false;
+  };
   return held_difference(plain, mode, [&](const WatchedStorage& w, bool in_mode_step) {
     if (in_mode_step) {
       return k_in_mode < 0 || w.freed_at < 0 || k_in_mode < w.freed_at ||
-             (k_in_mode == w.freed_at && !gone_at_peak);
+             (k_in_mode == w.freed_at && !gone_at_peak(w));
     }
     return w.freed_at < 0 || k < w.freed_at;
   });
@@ -784,7 +889,15 @@ std::vector<int64_t> peak_deltas(const CandidateInStep& plain, const CandidateIn
   std::vector<int64_t> deltas;
   deltas.push_back(mode.costs.forward_peak - plain.costs.forward_peak);
   for (int k = plain.span.forward_end + 1; k <= plain.span.backward_begin; ++k) {
-    deltas.push_back(plateau + longer(k));
+    const bool split = k < static_cast<int>(in_mode.split.size()) && in_mode.split[k];
+    if (split) {  // before the cut, what the segment frees counts as held; after it, as gone
+      deltas.push_back(
+          plateau + held_in_segment(plain.record, mode.record, k, in_mode, SegmentPart::BeforeCut));
+      deltas.push_back(
+          plateau + held_in_segment(plain.record, mode.record, k, in_mode, SegmentPart::AfterCut));
+    } else {
+      deltas.push_back(plateau + longer(k));
+    }
   }
   // From where its backward begins (held then, in both steps, is what the backward's peak is
   // above).
@@ -888,7 +1001,9 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
   const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
   plan::Candidate candidate;
   candidate.name = plain.candidates[c].profiled.name;
-  candidate.window_begin = span.forward_end;
+  candidate.window_begin = modes.empty()
+                               ? span.forward_end
+                               : profile_index(modes.front().matching.split, span.forward_end);
   candidate.options.push_back(option_in(plan::OptionRun::stored(), kept.costs.seconds, 0, {}));
   lets_go.push_back(lets_go_of_outputs(plain, c));
   if (span.backward_begin < 0) return candidate;  // no gradient reaches it: nothing to save
@@ -1007,7 +1122,8 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
     const int64_t at_taker =
         held_over_plain_at(kept, mode, taker.backward_begin, trial_taker.backward_begin);
     for (int k = taker.backward_begin + 1; k <= taker.backward_end; ++k) {
-      const int j = k - span.forward_end;
+      const int j = profile_index(trial.matching.split, k) -
+                    profile_index(trial.matching.split, span.forward_end);
       if (j >= 0 && j < static_cast<int>(deltas.size()))
         deltas[j] = at_taker + std::max<int64_t>(rerun, 0);
     }
@@ -1294,13 +1410,18 @@ void measure_mode(const StepSetup& setup, const StepRecord& plain, const detail:
 }
 
 MeasuredModel measured_model(const StepRecord& plain, const std::vector<ModeRun>& modes,
-                             c10::Device device,
+                             const SplitSegments& cuts, c10::Device device,
                              std::vector<ProducersLetGoOption>& producers_let_go,
                              std::vector<std::vector<bool>>& lets_go) {
   MeasuredModel measured;
   measured.device = device;
   plan::ModelProfile& profile = measured.profile;
-  for (const Event& e : plain.events) {
+  for (size_t k = 0; k < plain.events.size(); ++k) {
+    const Event& e = plain.events[k];
+    if (cuts.split[k]) {
+      profile.segment_peak_bytes.push_back(cuts.before_cut[k]);
+      profile.segment_labels.push_back(segment_label(plain, e) + ", until tensors are let go");
+    }
     profile.segment_peak_bytes.push_back(e.peak - plain.start_bytes);
     profile.segment_labels.push_back(segment_label(plain, e));
   }
@@ -1401,7 +1522,13 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   }
   std::vector<ProducersLetGoOption> producers_let_go;
   std::vector<std::vector<bool>> lets_go;
-  MeasuredModel measured = measured_model(*plain, modes, device, producers_let_go, lets_go);
+  std::vector<std::pair<const StepRecord*, Matching*>> steps;
+  for (auto* runs_of_mode : {&modes, &with_kept_takers}) {
+    for (ModeRun& run : *runs_of_mode) steps.emplace_back(run.step.get(), &run.matching);
+  }
+  for (TrialRun& run : runs) steps.emplace_back(run.step.get(), &run.matching);
+  const SplitSegments cuts = split_segments(*plain, steps);
+  MeasuredModel measured = measured_model(*plain, modes, cuts, device, producers_let_go, lets_go);
   const std::vector<KeptTakersOption> added =
       add_kept_takers_options(measured.profile, *plain, with_kept_takers, takers);
   if (!runs.empty())

@@ -1800,4 +1800,30 @@ TEST_F(PlannedModelTest, UNetDecoderBlockIsPredictedToItsPeakBesideStoredOrCheck
   }
 }
 
+// A U-Net whose skips outweigh what the loss's code allocates (16 channels at full resolution, a
+// two-channel output): with its encoder blocks checkpointed and its decoder blocks kept, its
+// forward lets go of every skip as it returns, before the output convolution, and that code then
+// peaks below where it began; with one encoder block so, the skip goes and the code's peak comes
+// after. Counted as held through that segment, the first encoder block's skip put the prediction
+// 0.43% above the step; the segment is now cut where the skips go, each counted as gone after the
+// cut (docs/memory-model.md, "Segments cut where tensors are let go").
+TEST_F(PlannedModelTest, UNetEncoderBlockBesideKeptDecodersIsPredictedToItsPeak) {
+  unet_sample();
+  ckpt::models::UNetConfig wide = small_unet();
+  wide.base = 16;
+  for (int64_t i = 0; i < wide.levels; ++i) {
+    const std::string down = "downs." + std::to_string(i);
+    SCOPED_TRACE(down);
+    std::map<std::string, std::string> plan{{"bottom", "stored"}};
+    for (int64_t level = 0; level < wide.levels; ++level) {
+      plan["downs." + std::to_string(level)] = "stored";
+      plan["ups." + std::to_string(level)] = "stored";
+    }
+    plan[down] = "checkpointed, takers kept";
+    expect_planned_like_plain<ckpt::models::UNet>(
+        ckpt::models::make_unet(wide), ckpt::models::make_unet(wide), unet_loss,
+        ckpt::Budget::minimum(), 0.001, none_over_counted, ckpt::test::only_plan(plan));
+  }
+}
+
 }  // namespace planned_model_test
