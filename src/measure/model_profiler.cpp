@@ -551,15 +551,15 @@ void keep_released_inputs(const StepRecord& step, int candidate, int from, int t
                                   [&](const StepRecord::Free& f) { return f.segment > from; });
   int64_t kept = 0;  // from the start: those whose free the step did not see
   for (const auto& [data, bytes] : released) {
-    const bool seen = step.frees_noted && std::any_of(first, step.frees.end(), [&](const auto& f) {
-                        return f.data == data && f.segment <= to;
-                      });
+    const bool seen = std::any_of(first, step.frees.end(), [&](const StepRecord::Free& f) {
+      return f.data == data && f.segment <= to;
+    });
     if (!seen) kept += bytes;
   }
   int64_t peak = 0;
   auto free = first;
   for (int k = from + 1; k <= to; ++k) {
-    const int64_t tail = step.frees_noted ? step.events[k].tail_peak : step.events[k].peak;
+    const int64_t tail = step.events[k].tail_peak;  // `peak` where no free was noted
     for (; free != step.frees.end() && free->segment == k; ++free) {
       peak = std::max(peak, free->peak + kept - step.events[from].live);
       const auto found = released.find(free->data);
@@ -995,15 +995,14 @@ struct ProducersLetGoOption {
 // Candidate `c`'s options measured in the mode steps; `lets_go` gets by option whether its
 // outputs went before its backward began where it was measured (`lets_go_of_outputs`).
 plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<ModeRun>& modes,
+                             const std::vector<bool>& split,
                              std::vector<ProducersLetGoOption>& producers_let_go,
                              std::vector<bool>& lets_go) {
   const Span span = span_of(plain, c);
   const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
   plan::Candidate candidate;
   candidate.name = plain.candidates[c].profiled.name;
-  candidate.window_begin = modes.empty()
-                               ? span.forward_end
-                               : profile_index(modes.front().matching.split, span.forward_end);
+  candidate.window_begin = profile_index(split, span.forward_end);
   candidate.options.push_back(option_in(plan::OptionRun::stored(), kept.costs.seconds, 0, {}));
   lets_go.push_back(lets_go_of_outputs(plain, c));
   if (span.backward_begin < 0) return candidate;  // no gradient reaches it: nothing to save
@@ -1017,9 +1016,10 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     const double seconds = at_least_plain_time(kept.costs, mode.costs, run);
     plan::CandidateOption option =
         option_in(run.option(), seconds, mode.costs.host, peak_deltas(kept, mode, run.matching));
+    const bool lets_go_here = lets_go_of_outputs(*run.step, c);
     if (!offered_already(candidate, option)) {
       candidate.options.push_back(std::move(option));
-      lets_go.push_back(lets_go_of_outputs(*run.step, c));
+      lets_go.push_back(lets_go_here);
     }
     // As measured, valid beside producers that hold none of what it let go of, where nothing
     // else takes it (whose options would have to be told apart too).
@@ -1034,7 +1034,7 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     beside.producers_let_go = true;
     candidate.options.push_back(
         option_in(beside, seconds, mode.costs.host, peak_deltas(kept, mode, run.matching, true)));
-    lets_go.push_back(lets_go.back());
+    lets_go.push_back(lets_go_here);
     producers_let_go.push_back({c, static_cast<int>(candidate.options.size()) - 1, producers});
   }
   return candidate;
@@ -1429,7 +1429,8 @@ MeasuredModel measured_model(const StepRecord& plain, const std::vector<ModeRun>
       std::chrono::duration<double>(plain.events.back().time - plain.start_time).count();
   for (int c = 0; c < static_cast<int>(plain.candidates.size()); ++c) {
     lets_go.emplace_back();
-    profile.candidates.push_back(candidate_of(plain, c, modes, producers_let_go, lets_go.back()));
+    profile.candidates.push_back(
+        candidate_of(plain, c, modes, cuts.split, producers_let_go, lets_go.back()));
     measured.candidates.push_back(plain.candidates[c].profiled);
   }
   return measured;

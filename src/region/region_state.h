@@ -59,7 +59,7 @@ struct RegionState {
   // The inputs (at the start of the forward), then the leaves at the region's border that the
   // recomputation reads again: parameters, captured or owned by modules (at its end).
   VersionSnapshot versions;
-  // Tensors from outside that the forward's operators read (`OutsideStateWatch::reads`): a
+  // Tensors from outside that the forward's operators read (`OutsideStateWatch::take_reads`): a
   // recompute reads them again, as the forward's versions.
   ReadVersions outside_reads;
   c10::optional<RngStash> rng;  // empty without preserve_rng_state

@@ -1893,4 +1893,44 @@ TEST_F(PlannedModelTest, RandomValidPlansOfTheUNetRunLikeThePlainStepWithinTheir
   }
 }
 
+// The profiler learns where inside a segment each watched block went from the CPU allocator, whose
+// frees every profiling thread hears about: two U-Nets profiled on two threads at once get the
+// profile of one profiled alone (its timeline, its options and each option's deltas). Without
+// the random state kept: the threads share the default CPU generator, and a region that finds it
+// moved by the other thread keeps its 5 KB state where one alone does not (docs/limits.md,
+// "Random numbers and other threads").
+TEST_F(PlannedModelTest, UNetProfilesMeasuredOnTwoThreadsAtOnceAreTheOneMeasuredAlone) {
+  unet_sample();
+  const auto profile_one = [] {
+    auto model = ckpt::models::make_unet(small_unet());
+    return ckpt::profile_model(
+               model.ptr(), [&] { return unet_loss(model); },
+               ckpt::ModelProfileOptions().preserve_rng_state(false))
+        .profile;
+  };
+  const auto expect_same_profile = [](const ckpt::plan::ModelProfile& alone,
+                                      const ckpt::plan::ModelProfile& other) {
+    EXPECT_EQ(other.segment_peak_bytes, alone.segment_peak_bytes);
+    ASSERT_EQ(other.candidates.size(), alone.candidates.size());
+    for (size_t c = 0; c < alone.candidates.size(); ++c) {
+      const auto& a = alone.candidates[c].options;
+      const auto& b = other.candidates[c].options;
+      ASSERT_EQ(b.size(), a.size()) << alone.candidates[c].name;
+      for (size_t o = 0; o < a.size(); ++o) {
+        EXPECT_EQ(b[o].name, a[o].name);
+        EXPECT_EQ(b[o].peak_delta, a[o].peak_delta) << alone.candidates[c].name << " " << a[o].name;
+      }
+    }
+  };
+  const ckpt::plan::ModelProfile alone = profile_one();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::array<ckpt::plan::ModelProfile, 2> profiles;
+    std::thread first([&] { profiles[0] = profile_one(); });
+    std::thread second([&] { profiles[1] = profile_one(); });
+    first.join();
+    second.join();
+    for (const auto& profile : profiles) expect_same_profile(alone, profile);
+  }
+}
+
 }  // namespace planned_model_test
