@@ -434,10 +434,11 @@ PlannedModel::Plan PlannedModel::make_plan(MeasuredModel measured, const Budget&
     const plan::OptionRun& run = candidates[c].options[next.solution.choice[c]].run;
     std::optional<CheckpointOptions> region;
     if (!run.mode.empty()) {
-      region = options_.storage_modes().at(run.mode, "ckpt::PlannedModel").region(settings);
+      region =
+          detail::candidate_region(options_.storage_modes().at(run.mode, "ckpt::PlannedModel"),
+                                   settings, next.measured.device, options_.preserve_rng_state());
       TORCH_CHECK(region.has_value(), "ckpt::PlannedModel: the storage mode \"", run.mode,
                   "\" is off with these options; the measurement offers it.");
-      region->preserve_rng_state(options_.preserve_rng_state());
     }
     next.regions.push_back(region);
     next.recomputable.push_back(run.outputs_recomputed);  // a checkpointed region, outputs dropped

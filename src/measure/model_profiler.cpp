@@ -413,6 +413,19 @@ void detail::check_step_loss(const at::Tensor& loss) {
               loss.defined() && !loss.requires_grad() ? " that doesn't require grad" : "", ").");
 }
 
+std::optional<CheckpointOptions> detail::candidate_region(const StorageMode& mode,
+                                                          const StorageSettings& settings,
+                                                          c10::Device device,
+                                                          bool preserve_rng_state) {
+  std::optional<CheckpointOptions> region = mode.region_on(settings, device);
+  if (!region) return std::nullopt;
+  region->preserve_rng_state(preserve_rng_state);
+  if (region->offload()) {
+    region->offload_options(OffloadOptions(region->offload_options()).look_ahead(0));
+  }
+  return region;
+}
+
 namespace {
 
 // The leaves a backward from `loss` accumulates into that are not parameters of `model`.
@@ -1486,9 +1499,9 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
     }
   }
   for (const StorageMode& mode : options.storage_modes().all()) {
-    std::optional<CheckpointOptions> region = mode.region_on(settings, device);
+    std::optional<CheckpointOptions> region =
+        detail::candidate_region(mode, settings, device, options.preserve_rng_state());
     if (!region) continue;
-    region->preserve_rng_state(options.preserve_rng_state());
     const std::vector<std::vector<bool>> groups =
         measured_together(*plain, region->offload(), options.host_budget_bytes());
     for (const std::vector<bool>& group : groups) {
@@ -1510,9 +1523,9 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   std::vector<TrialRun> runs;
   std::vector<std::set<int>> consumers(plain->candidates.size());
   if (options.recompute_outputs() && checkpointed != modes.end()) {
-    std::optional<CheckpointOptions> region =
-        options.storage_modes().at(kCheckpointedMode, "ckpt::profile_model").region(settings);
-    region->preserve_rng_state(options.preserve_rng_state());
+    const std::optional<CheckpointOptions> region = detail::candidate_region(
+        options.storage_modes().at(kCheckpointedMode, "ckpt::profile_model"), settings, device,
+        options.preserve_rng_state());
     for (int length = 1; length <= options.max_recompute_chain(); ++length) {
       RecomputeTrial trial(copies_inputs, length);
       run_trials(setup, *plain, *region, rng, trial, runs);

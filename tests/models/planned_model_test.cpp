@@ -1827,31 +1827,6 @@ TEST_F(PlannedModelTest, UNetEncoderBlockBesideKeptDecodersIsPredictedToItsPeak)
   }
 }
 
-// A choice of one option per candidate, at random among those that no option chosen before
-// excludes or is excluded by (empty where a candidate is left none).
-std::vector<int> random_valid_choice(const ckpt::plan::ModelProfile& profile,
-                                     std::mt19937& random) {
-  std::vector<int> choice;
-  const auto excludes = [&](size_t c, int o, size_t d, int p) {
-    const auto& listed = profile.candidates[c].options[static_cast<size_t>(o)].excludes;
-    return std::any_of(listed.begin(), listed.end(), [&](const ckpt::plan::OptionRef& ref) {
-      return ref.candidate == static_cast<int>(d) && ref.option == p;
-    });
-  };
-  for (size_t c = 0; c < profile.candidates.size(); ++c) {
-    std::vector<int> allowed;
-    for (int o = 0; o < static_cast<int>(profile.candidates[c].options.size()); ++o) {
-      bool fits = true;
-      for (size_t d = 0; d < c; ++d)
-        fits = fits && !excludes(c, o, d, choice[d]) && !excludes(d, choice[d], c, o);
-      if (fits) allowed.push_back(o);
-    }
-    if (allowed.empty()) return {};
-    choice.push_back(allowed[random() % allowed.size()]);
-  }
-  return choice;
-}
-
 // Plans of the quick U-Net at random, each a valid choice of its measured options (every
 // exclusion respected), forced and run: each step is the plain step to the bit and peaks at or
 // below its prediction, whatever modes its neighbours run in. (A probe of 313 such plans on two
@@ -1873,16 +1848,10 @@ TEST_F(PlannedModelTest, RandomValidPlansOfTheUNetRunLikeThePlainStepWithinTheir
   const auto& profile = measured.profile;
   std::mt19937 random(5);
   for (int run = 0; run < 40;) {
-    const std::vector<int> choice = random_valid_choice(profile, random);
+    const std::vector<int> choice = ckpt::test::random_valid_choice(profile, random);
     if (choice.empty()) continue;
-    ckpt::MeasuredModel forced = measured;
-    for (size_t c = 0; c < choice.size(); ++c) {
-      auto& options = forced.profile.candidates[c].options;
-      for (size_t o = 0; o < options.size(); ++o)
-        options[o].time = static_cast<int>(o) == choice[c] ? 0.0 : 1e6;
-    }
     ckpt::PlannedModel planned(model.ptr(), ckpt::Budget::bytes(2 * profile.plain_peak_bytes()));
-    planned.plan(std::move(forced));
+    planned.plan(ckpt::test::forced_choice(measured, choice));
     ASSERT_EQ(planned.solution().choice, choice);
     reset_buffers();
     const StepResult step = measured_step(*model, [&] { return planned.run(loss_fn); });
