@@ -22,11 +22,17 @@ namespace {
 std::atomic<int64_t> host_bytes_now{0};
 std::atomic<int64_t> host_bytes_peak{0};
 
+// The live HostHighWater watchers; the count lets the copies skip the lock while there are none.
+std::mutex high_water_mutex;
+std::vector<HostHighWater*> high_water_watchers;
+std::atomic<int> high_water_count{0};
+
 void count_host_bytes(int64_t delta) {
   const int64_t now = host_bytes_now.fetch_add(delta) + delta;
   int64_t peak = host_bytes_peak.load();
   while (now > peak && !host_bytes_peak.compare_exchange_weak(peak, now)) {
   }
+  if (high_water_count.load(std::memory_order_relaxed) > 0) HostHighWater::note(now);
 }
 
 c10::Stream current_stream(c10::Device device) {
@@ -57,6 +63,34 @@ int64_t offloaded_host_peak_bytes() {
 }
 void reset_offloaded_host_peak() {
   host_bytes_peak.store(host_bytes_now.load());
+}
+
+HostHighWater::HostHighWater() {
+  const std::lock_guard<std::mutex> lock(high_water_mutex);
+  high_ = host_bytes_now.load();
+  high_water_watchers.push_back(this);
+  high_water_count.fetch_add(1);
+}
+
+HostHighWater::~HostHighWater() {
+  const std::lock_guard<std::mutex> lock(high_water_mutex);
+  high_water_watchers.erase(
+      std::find(high_water_watchers.begin(), high_water_watchers.end(), this));
+  high_water_count.fetch_sub(1);
+}
+
+int64_t HostHighWater::restart() {
+  const std::lock_guard<std::mutex> lock(high_water_mutex);
+  const int64_t now = host_bytes_now.load();
+  const int64_t high = std::max(high_, now);
+  high_ = now;
+  return high;
+}
+
+void HostHighWater::note(int64_t held) {
+  const std::lock_guard<std::mutex> lock(high_water_mutex);
+  for (HostHighWater* watcher : high_water_watchers)
+    watcher->high_ = std::max(watcher->high_, held);
 }
 
 StorageView::StorageView(const at::Tensor& tensor)

@@ -31,6 +31,29 @@ c10::Stream offload_stream(c10::Device device);
 int64_t offloaded_host_bytes();
 int64_t offloaded_host_peak_bytes();
 void reset_offloaded_host_peak();
+
+/// While it lives, keeps the most host memory offloaded data held at once in this process (as
+/// `offloaded_host_bytes` counts it, whichever thread offloads) since it began or since the last
+/// `restart()`, without moving the process's high-water mark, which a user may be reading. An
+/// offloaded region's copies of its results are held until its forward ends, so the host memory
+/// its forward reaches is more than what it leaves held.
+class HostHighWater {
+ public:
+  HostHighWater();
+  ~HostHighWater();
+  HostHighWater(const HostHighWater&) = delete;
+  HostHighWater& operator=(const HostHighWater&) = delete;
+
+  /// The most held at once since the last restart (or construction); starts again from what is
+  /// held now.
+  int64_t restart();
+
+  /// Called with the bytes held after each change while some watcher lives.
+  static void note(int64_t held);
+
+ private:
+  int64_t high_;  // under the watchers' mutex
+};
 /// For tests: host copies of every device's data ask for pinned memory, as CUDA's do. Where there
 /// is no CUDA that fails, as pinning may on a GPU machine, and the fall-back runs.
 void pin_every_device_for_testing(bool pin);

@@ -5,6 +5,7 @@
 
 #include "autograd/buffer_guard.h"
 #include "autograd/graph.h"
+#include "autograd/host_offload.h"
 #include "autograd/outside_state.h"
 #include "autograd/rng_state.h"
 #include "autograd/saved_tensor_hooks.h"
@@ -94,6 +95,7 @@ struct Event {
   int64_t peak;       // the device's peak since the previous event (the segment that ends here)
   int64_t tail_peak;  // the peak since the last watched free in the segment (`peak`: none seen)
   int64_t host;       // offloaded bytes held in host memory there
+  int64_t host_peak;  // the most held at once since the previous event (`host` on the CPU)
   Clock::time_point time;
 };
 
@@ -148,6 +150,7 @@ struct StepRecord {
   std::unordered_set<const void*> watched_blocks;  // not freed yet
   int64_t peak_before_frees = -1;                  // the segment's peak up to its last free
   bool frees_noted = false;                        // the step ran under a detail::FreeWatch
+  detail::HostHighWater* host_high = nullptr;      // while the step runs, where it may offload
   size_t events_noted = 0;                         // `events.size()`, for the freeing path
 
   void note_free(const void* data) {
@@ -164,8 +167,10 @@ struct StepRecord {
     if (!open) return;
     const std::lock_guard<std::mutex> frees_lock(free_mutex);
     const int64_t tail = tracker->peak_bytes();
+    const int64_t host = offload_stats().host_bytes;
     events.push_back({kind, candidate, tracker->current_bytes(), std::max(tail, peak_before_frees),
-                      tail, offload_stats().host_bytes, detail::clock_now(device)});
+                      tail, host, host_high != nullptr ? host_high->restart() : host,
+                      detail::clock_now(device)});
     tracker->reset_peak();
     peak_before_frees = -1;
     events_noted = events.size();
@@ -479,9 +484,12 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup, StepRun run) {
   record->device = setup.device;
   StepRecorder recorder(*setup.names, std::move(run), record);
   std::optional<detail::FreeWatch> frees;
+  std::optional<detail::HostHighWater> host_high;
   if (setup.device.is_cpu()) {
     record->frees_noted = true;
     frees.emplace([step = record.get()](const void* data) { step->note_free(data); });
+  } else {
+    record->host_high = &host_high.emplace();
   }
   record->start_time = detail::clock_now(setup.device);
   setup.tracker->reset_peak();
@@ -491,6 +499,7 @@ std::shared_ptr<StepRecord> record_step(const StepSetup& setup, StepRun run) {
   record->wrote_outside = outside && outside->saw_writes();
   const std::lock_guard<std::mutex> lock(record->mutex);
   record->open = false;
+  record->host_high = nullptr;
   return record;
 }
 
@@ -537,7 +546,7 @@ struct CandidateCosts {
   // The inputs (`watched` indices) its backward let go of, and that peak had they stayed live.
   std::vector<size_t> released_inputs;
   int64_t backward_peak_inputs_kept = 0;
-  int64_t host = 0;    // the host bytes its forward left held
+  int64_t host = 0;    // the most host bytes its forward held at once
   double seconds = 0;  // its forward's and its backward's
   double forward_seconds = 0;
 };
@@ -590,7 +599,11 @@ CandidateCosts costs_of(const StepRecord& step, const Span& span, int candidate)
   CandidateCosts costs;
   costs.forward_peak = fe.peak - fb.live;
   costs.forward_kept = fe.live - fb.live;
-  costs.host = fe.host - fb.host;
+  // The most its forward held: an offloaded region copies its results too, and lets go of those
+  // copies when its forward ends (they stay on the device).
+  for (int k = span.forward_begin + 1; k <= span.forward_end; ++k) {
+    costs.host = std::max(costs.host, ev[k].host_peak - fb.host);
+  }
   costs.forward_seconds = seconds_between(fb, fe);
   costs.seconds = costs.forward_seconds;
   if (span.backward_begin < 0) return costs;

@@ -77,10 +77,11 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
     tracker.reset_peak();
     const int64_t before = tracker.current_bytes();
     const int64_t host_before = offload_stats().host_bytes;
+    detail::HostHighWater host_high;  // what the forward holds at most
     auto start = detail::clock_now(device);
     detail::StageGraph graph(forward, x, input_grad);
     const double forward_time = seconds_since(start, device);
-    offloaded = std::max(offloaded, offload_stats().host_bytes - host_before);
+    offloaded = std::max(offloaded, host_high.restart() - host_before);
     saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
     forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
 

@@ -268,49 +268,67 @@ TEST_P(PlannedModelDeviceTest, OffloadingPlansOfATransformerPeakWithinTheirPredi
 }
 
 // Plans of small models at random, each a valid choice of their measured options (every
-// exclusion respected), forced and run: each step is the plain step to the bit and peaks at or
-// below its prediction, whatever the other candidates run in. With offloaded candidates bringing
-// back each other's data (the offload look-ahead), which another plan's choice decides, 16 of 60
-// such plans peaked up to 23.6% above their predictions (docs/offloading.md, "In a plan").
+// exclusion respected), forced and run: each step is the plain step to the bit, peaks at or below
+// its prediction, and holds no more host memory than predicted, whatever the other candidates run
+// in. With offloaded candidates bringing back each other's data (the offload look-ahead), which
+// another plan's choice decides, 14 of these 80 plans peaked up to 23.6% above their predictions
+// (docs/offloading.md, "In a plan"); counting what an offloaded forward leaves held rather than
+// the most it held (its results' copies go when it ends), 20 of the ResNet's and the U-Net's 40
+// held up to twice the host memory predicted.
 TEST_P(PlannedModelDeviceTest, RandomValidPlansOfSmallModelsPeakWithinTheirPredictions) {
   CKPT_SKIP_IF(missing_rng());
   CKPT_SKIP_IF(missing_memory_statistics());
-  const ckpt::models::ModelConfig config = ckpt::models::model_config("transformer", true);
-  torch::nn::Sequential transformer = ckpt::models::build_model(config);
-  transformer->to(device());
-  const at::Tensor x = ckpt::models::make_input(config).to(device());
+  using Loss = std::function<at::Tensor()>;
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, Loss>> subjects;
+  std::vector<at::Tensor> inputs;  // kept alive for the losses
+  for (const char* name : {"transformer", "resnet"}) {
+    const ckpt::models::ModelConfig config = ckpt::models::model_config(name, true);
+    torch::nn::Sequential chain = ckpt::models::build_model(config);
+    chain->to(device());
+    const at::Tensor x = ckpt::models::make_input(config).to(device());
+    subjects.emplace_back(chain.ptr(),
+                          [chain, x]() mutable { return chain->forward(x).pow(2).mean(); });
+  }
   const ckpt::models::Seq2SeqConfig seq2seq_config = ckpt::models::seq2seq_config(true);
   ckpt::models::Seq2Seq seq2seq = ckpt::models::make_seq2seq(seq2seq_config);
   seq2seq->to(device());
   const auto [source, target] = ckpt::models::seq2seq_inputs(seq2seq_config);
-  const at::Tensor on_source = source.to(device()), on_target = target.to(device());
-  const std::vector<std::pair<std::shared_ptr<torch::nn::Module>, std::function<at::Tensor()>>>
-      subjects{
-          {transformer.ptr(), [&] { return transformer->forward(x).pow(2).mean(); }},
-          {seq2seq.ptr(), [&] { return seq2seq->forward(on_source, on_target).pow(2).mean(); }}};
+  subjects.emplace_back(seq2seq.ptr(),
+                        [seq2seq, s = source.to(device()), t = target.to(device())]() mutable {
+                          return seq2seq->forward(s, t).pow(2).mean();
+                        });
+  const ckpt::models::UNetConfig unet_config = ckpt::models::unet_config(true);
+  ckpt::models::UNet unet = ckpt::models::make_unet(unet_config);
+  unet->to(device());
+  subjects.emplace_back(unet.ptr(),
+                        [unet, x = ckpt::models::unet_input(unet_config).to(device())]() mutable {
+                          return unet->forward(x).pow(2).mean();
+                        });
   for (const auto& [model, loss] : subjects) {
     const Step plain = step(*model, loss);
     const ckpt::MeasuredModel measured = ckpt::profile_model(model, loss);
     const auto& profile = measured.profile;
     std::mt19937 random(1);
     int offloading = 0;
-    for (int run = 0; run < 30;) {
+    for (int run = 0; run < 20;) {
       const std::vector<int> choice = ckpt::test::random_valid_choice(profile, random);
       if (choice.empty()) continue;
       ckpt::PlannedModel planned(model, ckpt::Budget::bytes(2 * profile.plain_peak_bytes()));
       planned.plan(ckpt::test::forced_choice(measured, choice));
+      ckpt::reset_offload_peak();
       const Step planned_step = step(*model, [&] { return planned.run(loss); });
       SCOPED_TRACE(planned.summary());
       for (size_t i = 0; i < plain.grads.size(); ++i) {
         EXPECT_TRUE(bit_equal(planned_step.grads[i], plain.grads[i])) << "gradient " << i;
       }
       EXPECT_LE(planned_step.peak_bytes, planned.solution().prediction.peak_bytes);
+      EXPECT_LE(ckpt::offload_stats().peak_host_bytes, planned.solution().prediction.host_bytes);
       for (size_t c = 0; c < choice.size(); ++c) {
         offloading += profile.candidates[c].options[choice[c]].run.mode == "offloaded";
       }
       ++run;
     }
-    EXPECT_GE(offloading, 20) << "few plans offload: the test checks little";
+    EXPECT_GE(offloading, 10) << "few plans offload: the test checks little";
   }
 }
 
