@@ -280,7 +280,6 @@ TEST_P(PlannedModelDeviceTest, RandomValidPlansOfSmallModelsPeakWithinTheirPredi
   CKPT_SKIP_IF(missing_memory_statistics());
   using Loss = std::function<at::Tensor()>;
   std::vector<std::pair<std::shared_ptr<torch::nn::Module>, Loss>> subjects;
-  std::vector<at::Tensor> inputs;  // kept alive for the losses
   for (const char* name : {"transformer", "resnet"}) {
     const ckpt::models::ModelConfig config = ckpt::models::model_config(name, true);
     torch::nn::Sequential chain = ckpt::models::build_model(config);
