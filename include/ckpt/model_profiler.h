@@ -137,12 +137,12 @@ void check_step_loss(const at::Tensor& loss);
 
 /// The region a candidate runs as in `mode` on `device`, both while profiled and under a plan
 /// (std::nullopt where `settings` or the device turn the mode off): the mode's region, replaying
-/// the random state as `preserve_rng_state` says, and, where it offloads, bringing the candidate's
-/// data back at its own backward (`OffloadOptions::look_ahead(0)`). A look-ahead brings it back
-/// during the backward of the candidate offloaded after it, which depends on what the plan
-/// offloads there, while the planner's model counts each option's memory inside its own
-/// candidate's window (with it, random plans of a small transformer on the emulated device peaked
-/// up to 23% above their predictions).
+/// the random state as `preserve_rng_state` says, and, where it offloads, without the region's
+/// own look-ahead (`OffloadOptions::look_ahead(0)`), which would bring back the data of whichever
+/// region the plan offloads before it (random plans of a small transformer on the emulated device
+/// peaked up to 23% above their predictions). The profiler and `PlannedModel` bring a candidate's
+/// data back themselves, when its backward begins, and the plan's look-ahead earlier
+/// (`plan::ModelPlan::look_ahead`).
 std::optional<CheckpointOptions> candidate_region(const StorageMode& mode,
                                                   const StorageSettings& settings,
                                                   c10::Device device, bool preserve_rng_state);

@@ -149,7 +149,8 @@ class PlannedModel {
   int64_t budget_bytes() const;
   /// The plain step's peak that percentages are of.
   int64_t plain_peak_bytes() const;
-  /// A table of the candidates and their modes, the predicted time and peak.
+  /// A table of the candidates and their modes (and whose offloaded data each brings back
+  /// ahead), the predicted time and peak.
   std::string summary() const;
 
  private:

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <typeinfo>
 #include <unordered_set>
 
@@ -436,6 +438,17 @@ std::vector<at::Tensor> leaves_reached(const at::Tensor& root) {
     for (const Edge& next : edge.function->next_edges()) pending.push_back(next);
   }
   return leaves;
+}
+
+void at_first_gradient(const std::vector<at::Tensor>& outputs, std::function<void()> fn) {
+  auto once = std::make_shared<std::once_flag>();
+  auto call = std::make_shared<std::function<void()>>(std::move(fn));
+  for (const at::Tensor& output : outputs) {
+    if (!output.defined() || !output.requires_grad()) continue;
+    output.register_hook([once, call](const at::Tensor& /*gradient*/) {
+      std::call_once(*once, [&] { (*call)(); });
+    });
+  }
 }
 
 }  // namespace detail

@@ -256,5 +256,9 @@ at::Tensor leaf_variable(const Edge& edge);
 /// Every leaf tensor whose gradient a backward from `root` would accumulate, once each.
 std::vector<at::Tensor> leaves_reached(const at::Tensor& root);
 
+/// Calls `fn` once, when the first of `outputs` that requires grad gets its gradient: where the
+/// backward of the code that returned them begins. Nothing where none requires grad.
+void at_first_gradient(const std::vector<at::Tensor>& outputs, std::function<void()> fn);
+
 }  // namespace detail
 }  // namespace ckpt

@@ -133,7 +133,12 @@ std::string proven(const plan::ModelPlan& solution) {
 // candidates the plan was profiled with, in that order, with inputs no larger.
 class PlannedModel::Runner final : public detail::CandidateRunner {
  public:
-  Runner(const Plan& plan, const detail::CandidateNames& names) : plan_(plan), names_(names) {}
+  Runner(const Plan& plan, const detail::CandidateNames& names,
+         detail::ManualOffloadScope& offloads)
+      : plan_(plan),
+        names_(names),
+        offloads_(offloads),
+        groups_(std::make_shared<Groups>(plan.regions.size())) {}
 
   std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
                                          std::vector<at::Tensor>& inputs,
@@ -147,6 +152,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
     const std::string mismatch = first_mismatch(expected[next_], resolved, inputs);
     if (!mismatch.empty()) throw PlanMismatch(mismatch);
     const size_t c = next_++;
+    offloads_.take_last();  // a group that finished before it is not its own
     // Its region's memory and report are named after it: "blocks.3/region 1".
     label_.emplace(resolved);
     if (plan_.regions[c]) {  // a region drops the outputs of "recomputed" candidates it takes
@@ -169,6 +175,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
     if (detail::active_report() != nullptr) report_candidate(outputs);
     label_.reset();
     recomputable_.add(static_cast<int>(next_) - 1, outputs, request);
+    bring_back_at_backward(next_ - 1, outputs);
   }
   void abandon() noexcept override {
     kept_.reset();
@@ -209,6 +216,22 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
     }
   }
 
+  // Where candidate c's backward begins, its offloaded data comes back (where the profile
+  // measured it), and behind it that of the candidate it looks ahead to (where the plan counted
+  // it): those copies run beside this backward.
+  void bring_back_at_backward(size_t c, const std::vector<at::Tensor>& outputs) {
+    const bool offloaded = plan_.regions[c] && plan_.regions[c]->offload();
+    if (offloaded) (*groups_)[c] = offloads_.take_last();
+    const auto& look_ahead = plan_.solution.look_ahead;
+    const int ahead = look_ahead.empty() ? -1 : look_ahead[c];
+    if (!offloaded && ahead < 0) return;
+    detail::at_first_gradient(outputs, [groups = groups_, c, ahead] {
+      if (const std::shared_ptr<detail::OffloadGroup> own = (*groups)[c].lock()) own->prefetch();
+      if (ahead < 0) return;
+      if (const auto next = (*groups)[static_cast<size_t>(ahead)].lock()) next->prefetch_ahead();
+    });
+  }
+
   void report_held_outputs() {
     KeptReport* report = detail::active_report();
     for (const CandidateOutput& output : outputs_) {
@@ -221,8 +244,12 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
     outputs_.clear();
   }
 
+  using Groups = std::vector<std::weak_ptr<detail::OffloadGroup>>;  // by candidate
+
   const Plan& plan_;
   const detail::CandidateNames& names_;
+  detail::ManualOffloadScope& offloads_;
+  std::shared_ptr<Groups> groups_;  // the step's offloaded candidates' data, for its backward
   // Under a report: the running candidate's first region, and if it runs plainly, what it holds.
   size_t first_region_ = 0;
   std::optional<detail::HeldSince> kept_;
@@ -246,9 +273,6 @@ PlannedModel::PlannedModel(std::shared_ptr<torch::nn::Module> model, Budget budg
 
 at::Tensor PlannedModel::run(const std::function<at::Tensor()>& loss_fn) {
   if (!at::GradMode::is_enabled()) return loss_fn();  // nothing is saved: candidates run plainly
-  // The plan counts each offloaded candidate's data as it measured it: brought back at its own
-  // backward, never ahead.
-  const detail::ManualOffloadScope offloads;
   if (!plan_) plan(loss_fn);
   if (options_.on_out_of_memory() == OutOfMemory::Replan) return run_surviving(loss_fn);
   return run_checked(loss_fn);
@@ -375,7 +399,10 @@ void PlannedModel::replan_for_less(c10::OutOfMemoryError& error, std::optional<i
 }
 
 at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn) {
-  Runner runner(*plan_, *plan_->names);
+  // The plan brings each offloaded candidate's data back where it counted it (the runner does),
+  // never ahead by itself.
+  detail::ManualOffloadScope offloads;
+  Runner runner(*plan_, *plan_->names, offloads);
   at::Tensor loss;
   {
     const detail::CandidateRunnerScope scope(&runner);
@@ -417,6 +444,7 @@ PlannedModel::Plan PlannedModel::make_plan(MeasuredModel measured, const Budget&
     plan::ModelPlan plain = plain_plan(profile);
     if (solution.prediction.time >= plain.prediction.time) solution = std::move(plain);
   }
+  solution = plan::add_look_ahead(profile, std::move(solution), resolved.solved_for);
   TORCH_CHECK(solution.feasible, "ckpt::PlannedModel: the solver found no choice within ",
               resolved.solved_for, " bytes although its smallest feasible budget is ",
               resolved.smallest, "; please report this with the model.");
@@ -488,9 +516,14 @@ std::string PlannedModel::summary() const {
       << mib(prediction.peak_bytes) << " MiB, step " << prediction.time * 1e3 << " ms (plain "
       << plan.measured.profile.step_time * 1e3 << " ms); " << proven(plan.solution) << "\n";
   const auto& candidates = plan.measured.profile.candidates;
+  const auto& look_ahead = plan.solution.look_ahead;
   for (size_t c = 0; c < candidates.size(); ++c) {
     out << "  " << std::left << std::setw(24) << candidates[c].name << " "
-        << candidates[c].options[plan.solution.choice[c]].name << "\n";
+        << candidates[c].options[plan.solution.choice[c]].name;
+    if (!look_ahead.empty() && look_ahead[c] >= 0) {
+      out << " (brings back " << candidates[static_cast<size_t>(look_ahead[c])].name << ")";
+    }
+    out << "\n";
   }
   return out.str();
 }

@@ -122,6 +122,8 @@ struct CandidateRecord {
   bool writes_into_inputs = false;
   /// Markers its forward reached inside it (its parts).
   int inner_markers = 0;
+  /// Run offloaded: the device bytes its data took coming back, at its backward's start.
+  int64_t fetched_bytes = 0;
 };
 
 // One profiled step. Shared with the hooks the step leaves on tensors, which may fire on the
@@ -302,6 +304,9 @@ class StepRecorder final : public detail::CandidateRunner {
   StepRecorder(const detail::CandidateNames& names, StepRun run, std::shared_ptr<StepRecord> record)
       : names_(names), run_(std::move(run)), record_(std::move(record)) {}
 
+  // The groups of the step's offloaded regions, while its forward runs (none: after it).
+  void take_groups_from(detail::ManualOffloadScope* offloads) { offloads_ = offloads; }
+
   std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
                                          std::vector<at::Tensor>& inputs,
                                          detail::RegionRequest& request) override {
@@ -330,6 +335,8 @@ class StepRecorder final : public detail::CandidateRunner {
       }
     }
     const bool kept = static_cast<size_t>(index) < run_.kept.size() && run_.kept[index];
+    offloaded_ = !kept && run_.mode && run_.mode->offload();
+    if (offloads_ != nullptr) offloads_->take_last();  // a group that finished before it
     if (kept) return std::nullopt;
     request.inner_candidates = run_.parts;
     return run_.mode;
@@ -360,6 +367,7 @@ class StepRecorder final : public detail::CandidateRunner {
         record->record(EventKind::BackwardBegin, index);
       });
     }
+    if (offloaded_ && offloads_ != nullptr) bring_back_at_backward(index, outputs);
   }
 
   void abandon() noexcept override { saving_.reset(); }
@@ -371,6 +379,23 @@ class StepRecorder final : public detail::CandidateRunner {
     for (auto& w : record_->candidates[index].watched) {
       if (!w.output) w.saved = saved_->count(w.address) > 0;
     }
+  }
+
+  // Its offloaded data comes back where its backward begins, as `PlannedModel` brings it back
+  // (after the event, in the backward's first segment); the bytes that takes are its
+  // `fetched_bytes`.
+  void bring_back_at_backward(int index, const std::vector<at::Tensor>& outputs) {
+    const std::weak_ptr<detail::OffloadGroup> group = offloads_->take_last();
+    detail::at_first_gradient(outputs, [record = record_, group, index] {
+      const std::shared_ptr<detail::OffloadGroup> data = group.lock();
+      if (!data) return;
+      const std::lock_guard<std::mutex> lock(record->mutex);
+      const int64_t before = record->tracker->current_bytes();
+      data->prefetch();
+      if (!record->open) return;
+      int64_t& fetched = record->candidates[index].fetched_bytes;
+      fetched = std::max(fetched, record->tracker->current_bytes() - before);
+    });
   }
 
   int add_candidate(const std::string& name, const std::vector<at::Tensor>& inputs) {
@@ -389,6 +414,8 @@ class StepRecorder final : public detail::CandidateRunner {
   std::shared_ptr<StepRecord> record_;
   std::unordered_set<std::string> seen_;
   int current_ = -1;
+  bool offloaded_ = false;  // the current candidate runs as an offloaded region
+  detail::ManualOffloadScope* offloads_ = nullptr;
   std::shared_ptr<StorageSet> saved_ = std::make_shared<StorageSet>();
   // In the `find_saved` step: the current candidate's tensor arguments' versions at its begin.
   std::vector<std::pair<int64_t, c10::VariableVersion>> input_versions_;
@@ -452,12 +479,17 @@ void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder,
   {
     const detail::CandidateRunnerScope scope(&recorder);
     const at::AutoGradMode grad_mode(true);
+    // As PlannedModel::run forwards: each offloaded candidate's data comes back where its
+    // runner says, never ahead by itself.
+    detail::ManualOffloadScope offloads;
+    recorder.take_groups_from(&offloads);
     // What PlannedModel::run holds through the forward, held here too: the plan counts it.
     detail::StepRollback as_run(setup.model);
     std::optional<detail::DispatchModeGuard> watching;
     if (watch) watching.emplace(*watch);
     loss = setup.loss_fn();
     as_run.dismiss();
+    recorder.take_groups_from(nullptr);
   }
   detail::check_step_loss(loss);
   // A profiled step's backward must leave no gradient behind: the model's are swapped by the
@@ -639,6 +671,12 @@ int profile_index(const std::vector<bool>& split, int k) {
   int index = k;
   for (int i = 0; i <= k && i < static_cast<int>(split.size()); ++i) index += split[i] ? 1 : 0;
   return index;
+}
+
+// The profile's index of the first part of plain segment k (the one before the cut, where cut).
+int first_part(const std::vector<bool>& split, int k) {
+  const bool cut = k < static_cast<int>(split.size()) && split[k];
+  return profile_index(split, k) - (cut ? 1 : 0);
 }
 
 // Where each event of the plain step is in another step: events are the same boundaries of the
@@ -978,6 +1016,16 @@ plan::CandidateOption option_in(plan::OptionRun run, double seconds, int64_t hos
   return option;
 }
 
+// An option measured in a mode's step: its host memory, and the bytes its data took coming back.
+plan::CandidateOption measured_option(plan::OptionRun run, double seconds,
+                                      const CandidateInStep& mode,
+                                      std::vector<int64_t> peak_delta) {
+  plan::CandidateOption option =
+      option_in(std::move(run), seconds, mode.costs.host, std::move(peak_delta));
+  option.fetched_bytes = mode.record.fetched_bytes;
+  return option;
+}
+
 // Whether `options` already has an option with these bytes kept and peaks: a selective policy
 // that saves nothing of a candidate is its checkpointed mode again.
 bool offered_already(const plan::Candidate& candidate, const plan::CandidateOption& option) {
@@ -1029,6 +1077,8 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
   plan::Candidate candidate;
   candidate.name = plain.candidates[c].profiled.name;
   candidate.window_begin = profile_index(split, span.forward_end);
+  if (span.backward_begin >= 0)
+    candidate.backward_segment = first_part(split, span.backward_begin + 1);
   candidate.options.push_back(option_in(plan::OptionRun::stored(), kept.costs.seconds, 0, {}));
   lets_go.push_back(lets_go_of_outputs(plain, c));
   if (span.backward_begin < 0) return candidate;  // no gradient reaches it: nothing to save
@@ -1041,7 +1091,7 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     if (mode.costs.forward_kept >= kept.costs.forward_kept && mode.costs.host == 0) continue;
     const double seconds = at_least_plain_time(kept.costs, mode.costs, run);
     plan::CandidateOption option =
-        option_in(run.option(), seconds, mode.costs.host, peak_deltas(kept, mode, run.matching));
+        measured_option(run.option(), seconds, mode, peak_deltas(kept, mode, run.matching));
     const bool lets_go_here = lets_go_of_outputs(*run.step, c);
     if (!offered_already(candidate, option)) {
       candidate.options.push_back(std::move(option));
@@ -1059,7 +1109,7 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     plan::OptionRun beside = run.option();
     beside.producers_let_go = true;
     candidate.options.push_back(
-        option_in(beside, seconds, mode.costs.host, peak_deltas(kept, mode, run.matching, true)));
+        measured_option(beside, seconds, mode, peak_deltas(kept, mode, run.matching, true)));
     lets_go.push_back(lets_go_here);
     producers_let_go.push_back({c, static_cast<int>(candidate.options.size()) - 1, producers});
   }
@@ -1308,8 +1358,8 @@ std::vector<KeptTakersOption> add_kept_takers_options(plan::ModelProfile& profil
       const CandidateInStep mode{run.step->candidates[c], mode_span,
                                  costs_of(*run.step, mode_span, c)};
       plan::CandidateOption option =
-          option_in(run.option(/*takers_kept=*/true), same_mode->time, mode.costs.host,
-                    peak_deltas(stored, mode, run.matching));
+          measured_option(run.option(/*takers_kept=*/true), same_mode->time, mode,
+                          peak_deltas(stored, mode, run.matching));
       if (!lower_somewhere(option.peak_delta, same_mode->peak_delta) ||
           offered_already(candidate, option)) {
         continue;

@@ -47,12 +47,17 @@ void validate_option(const Candidate& candidate, size_t index, size_t o, int seg
                                 " but the timeline has " + std::to_string(segments) +
                                 " segments; shorten peak_delta or move window_begin");
   }
+  if (option.fetched_bytes < 0) {
+    throw std::invalid_argument("ckpt::plan::ModelProfile: " + what() +
+                                " has negative fetched_bytes");
+  }
   const bool changes = std::any_of(option.peak_delta.begin(), option.peak_delta.end(),
                                    [](int64_t delta) { return delta != 0; });
-  if (o == 0 && (changes || option.host_bytes != 0)) {
+  if (o == 0 && (changes || option.host_bytes != 0 || option.fetched_bytes != 0)) {
     throw std::invalid_argument("ckpt::plan::ModelProfile: " + what() +
-                                " is option 0, the stored mode: its deltas and host_bytes must "
-                                "be zero (the other options are measured relative to it)");
+                                " is option 0, the stored mode: its deltas, host_bytes and "
+                                "fetched_bytes must be zero (the other options are measured "
+                                "relative to it)");
   }
 }
 
@@ -103,6 +108,12 @@ void validate_candidate(const Candidate& candidate, size_t index, int segments) 
                                 " outside the timeline's " + std::to_string(segments) +
                                 " segments");
   }
+  if (candidate.backward_segment < -1 || candidate.backward_segment >= segments) {
+    throw std::invalid_argument("ckpt::plan::ModelProfile: " + where(candidate, index) +
+                                " has backward_segment " +
+                                std::to_string(candidate.backward_segment) + " outside the " +
+                                "timeline's " + std::to_string(segments) + " segments (-1: none)");
+  }
   for (size_t o = 0; o < candidate.options.size(); ++o) {
     validate_option(candidate, index, o, segments);
   }
@@ -133,6 +144,64 @@ void check_choice(const ModelProfile& profile, const std::vector<int>& choice) {
         where(profile.candidates[d], d, static_cast<size_t>(conflict->excluded.option)) +
         ", but the choice picks both; choose another option for one of them");
   }
+}
+
+// The option `choice` picks for candidate c.
+const CandidateOption& chosen(const ModelProfile& profile, const std::vector<int>& choice,
+                              size_t c) {
+  return profile.candidates[c].options[static_cast<size_t>(choice[c])];
+}
+
+// Each entry of `look_ahead` is -1 or another candidate whose chosen option fetches data, and
+// whose backward begins after this one's.
+void check_look_ahead(const ModelProfile& profile, const std::vector<int>& choice,
+                      const std::vector<int>& look_ahead) {
+  if (look_ahead.empty()) return;
+  const auto fail = [](const std::string& what) {
+    throw std::invalid_argument("ckpt::plan::simulate_model: " + what);
+  };
+  if (look_ahead.size() != choice.size()) {
+    fail("the look-ahead has " + std::to_string(look_ahead.size()) + " entries for " +
+         std::to_string(choice.size()) + " candidates; give one per candidate (-1: none)");
+  }
+  const int candidates = static_cast<int>(choice.size());
+  for (size_t c = 0; c < look_ahead.size(); ++c) {
+    const int ahead = look_ahead[c];
+    if (ahead == -1) continue;
+    const Candidate& lead = profile.candidates[c];
+    if (ahead < 0 || ahead >= candidates || static_cast<size_t>(ahead) == c) {
+      fail(where(lead, c) + " brings back candidate " + std::to_string(ahead) +
+           "; name another candidate in [0, " + std::to_string(candidates) + "), or -1");
+    }
+    const Candidate& back = profile.candidates[static_cast<size_t>(ahead)];
+    if (chosen(profile, choice, static_cast<size_t>(ahead)).fetched_bytes == 0) {
+      fail(where(lead, c) + " brings back " + where(back, static_cast<size_t>(ahead)) +
+           ", whose chosen option fetches nothing");
+    }
+    if (lead.backward_segment < 0 || back.backward_segment <= lead.backward_segment) {
+      fail(where(lead, c) + " brings back " + where(back, static_cast<size_t>(ahead)) +
+           ", whose backward does not begin after its own");
+    }
+  }
+}
+
+// The bytes of each segment under `choice` (and `look_ahead`, checked).
+std::vector<int64_t> segment_bytes(const ModelProfile& profile, const std::vector<int>& choice,
+                                   const std::vector<int>& look_ahead) {
+  std::vector<int64_t> bytes = profile.segment_peak_bytes;
+  for (size_t c = 0; c < choice.size(); ++c) {
+    const Candidate& candidate = profile.candidates[c];
+    const CandidateOption& option = chosen(profile, choice, c);
+    for (size_t i = 0; i < option.peak_delta.size(); ++i) {
+      bytes[static_cast<size_t>(candidate.window_begin) + i] += option.peak_delta[i];
+    }
+    if (look_ahead.empty() || look_ahead[c] < 0) continue;
+    const auto ahead = static_cast<size_t>(look_ahead[c]);
+    for (int k = candidate.backward_segment; k < profile.candidates[ahead].backward_segment; ++k) {
+      bytes[static_cast<size_t>(k)] += chosen(profile, choice, ahead).fetched_bytes;
+    }
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -204,27 +273,58 @@ void ModelProfile::validate() const {
   }
 }
 
-ModelPrediction simulate_model(const ModelProfile& profile, const std::vector<int>& choice) {
+ModelPrediction simulate_model(const ModelProfile& profile, const std::vector<int>& choice,
+                               const std::vector<int>& look_ahead) {
   profile.validate();
   check_choice(profile, choice);
-  std::vector<int64_t> peak = profile.segment_peak_bytes;
+  check_look_ahead(profile, choice, look_ahead);
   ModelPrediction prediction;
   prediction.time = profile.step_time;
   for (size_t c = 0; c < choice.size(); ++c) {
-    const Candidate& candidate = profile.candidates[c];
-    const CandidateOption& option = candidate.options[static_cast<size_t>(choice[c])];
-    prediction.time += option.time - candidate.options[0].time;
+    const CandidateOption& option = chosen(profile, choice, c);
+    prediction.time += option.time - profile.candidates[c].options[0].time;
     prediction.host_bytes += option.host_bytes;
-    for (size_t i = 0; i < option.peak_delta.size(); ++i) {
-      peak[static_cast<size_t>(candidate.window_begin) + i] += option.peak_delta[i];
-    }
   }
+  const std::vector<int64_t> peak = segment_bytes(profile, choice, look_ahead);
   if (!peak.empty()) {
     const auto highest = std::max_element(peak.begin(), peak.end());  // the first such
     prediction.peak_bytes = *highest;
     prediction.peak_segment = static_cast<int>(highest - peak.begin());
   }
   return prediction;
+}
+
+ModelPlan add_look_ahead(const ModelProfile& profile, ModelPlan plan, int64_t budget_bytes) {
+  if (!plan.feasible) return plan;
+  const std::vector<int>& choice = plan.choice;
+  const int64_t limit = std::max(budget_bytes, plan.prediction.peak_bytes);
+  // Candidates by where their backward begins: each brings back the one after it.
+  std::vector<int> by_backward;
+  for (size_t c = 0; c < choice.size(); ++c) {
+    if (profile.candidates[c].backward_segment >= 0) by_backward.push_back(static_cast<int>(c));
+  }
+  std::stable_sort(by_backward.begin(), by_backward.end(), [&](int a, int b) {
+    return profile.candidates[static_cast<size_t>(a)].backward_segment <
+           profile.candidates[static_cast<size_t>(b)].backward_segment;
+  });
+  std::vector<int> look_ahead(choice.size(), -1);
+  std::vector<int64_t> bytes = segment_bytes(profile, choice, {});
+  for (size_t i = 0; i + 1 < by_backward.size(); ++i) {
+    const Candidate& lead = profile.candidates[static_cast<size_t>(by_backward[i])];
+    const Candidate& back = profile.candidates[static_cast<size_t>(by_backward[i + 1])];
+    const int64_t fetched =
+        chosen(profile, choice, static_cast<size_t>(by_backward[i + 1])).fetched_bytes;
+    if (fetched == 0 || back.backward_segment <= lead.backward_segment) continue;
+    const auto from = bytes.begin() + lead.backward_segment;
+    const auto to = bytes.begin() + back.backward_segment;
+    if (std::any_of(from, to, [&](int64_t held) { return held + fetched > limit; })) continue;
+    std::for_each(from, to, [&](int64_t& held) { held += fetched; });
+    look_ahead[static_cast<size_t>(by_backward[i])] = by_backward[i + 1];
+  }
+  if (std::all_of(look_ahead.begin(), look_ahead.end(), [](int c) { return c < 0; })) return plan;
+  plan.prediction = simulate_model(profile, choice, look_ahead);
+  plan.look_ahead = std::move(look_ahead);
+  return plan;
 }
 
 }  // namespace plan

@@ -118,6 +118,64 @@ TEST(ModelSimulateTest, RejectsABadChoice) {
   EXPECT_EQ(empty.peak_segment, -1);
 }
 
+// The hand profile's backwards: b's in segment 3, a's in segment 4; a offloaded fetches 40 bytes.
+ModelProfile with_backwards(ModelProfile p) {
+  p.candidates[0].backward_segment = 4;
+  p.candidates[1].backward_segment = 3;
+  p.candidates[0].options[2].fetched_bytes = 40;
+  return p;
+}
+
+TEST(ModelLookAheadTest, BringsOffloadedDataBackWhereTheBudgetHasRoomAndCountsIt) {
+  const ModelProfile p = with_backwards(hand_profile());
+  // a offloaded, b checkpointed: 100 165 160 190 100; a's data back from b's backward: +40 in 3.
+  ModelPlan plan;
+  plan.feasible = true;
+  plan.choice = {2, 1};
+  plan.prediction = simulate_model(p, plan.choice);
+  ASSERT_EQ(plan.prediction.peak_bytes, 190);
+  const ModelPlan tight = add_look_ahead(p, plan, 200);
+  EXPECT_TRUE(tight.look_ahead.empty());
+  EXPECT_EQ(tight.prediction.peak_bytes, 190);
+  const ModelPlan roomy = add_look_ahead(p, plan, 250);
+  EXPECT_EQ(roomy.look_ahead, (std::vector<int>{-1, 0}));
+  EXPECT_EQ(roomy.prediction.peak_bytes, 230);
+  EXPECT_EQ(roomy.prediction.peak_segment, 3);
+  EXPECT_EQ(roomy.prediction.time, plan.prediction.time);
+  EXPECT_EQ(simulate_model(p, plan.choice, roomy.look_ahead).peak_bytes, 230);
+  // Below the plan's own peak, the limit is that peak: a offloaded, b stored peaks at 260 in
+  // segment 2, and 160 + 40 in segment 3 stays under it.
+  plan.choice = {2, 0};
+  plan.prediction = simulate_model(p, plan.choice);
+  EXPECT_EQ(add_look_ahead(p, plan, 0).look_ahead, (std::vector<int>{-1, 0}));
+  // Nothing offloaded, nothing to bring back.
+  plan.choice = {1, 1};
+  plan.prediction = simulate_model(p, plan.choice);
+  EXPECT_TRUE(add_look_ahead(p, plan, 1000).look_ahead.empty());
+  plan.feasible = false;
+  EXPECT_TRUE(add_look_ahead(p, plan, 1000).look_ahead.empty());
+}
+
+TEST(ModelLookAheadTest, BadLookAheadsAndBackwardsSayWhatIsWrong) {
+  ModelProfile p = with_backwards(hand_profile());
+  EXPECT_THROWS_WITH(simulate_model(p, {2, 0}, {0}), "the look-ahead has 1 entries for 2");
+  EXPECT_THROWS_WITH(simulate_model(p, {2, 0}, {-1, 5}), "brings back candidate 5");
+  EXPECT_THROWS_WITH(simulate_model(p, {2, 0}, {-1, 1}), "brings back candidate 1");
+  EXPECT_THROWS_WITH(simulate_model(p, {1, 0}, {-1, 0}), "whose chosen option fetches nothing");
+  p.candidates[1].options[1].fetched_bytes = 10;
+  EXPECT_THROWS_WITH(simulate_model(p, {2, 1}, {1, -1}),
+                     "whose backward does not begin after its own");
+  p = with_backwards(hand_profile());
+  p.candidates[0].backward_segment = 5;
+  EXPECT_THROWS_WITH(p.validate(), "backward_segment 5 outside the timeline's 5 segments");
+  p = with_backwards(hand_profile());
+  p.candidates[0].options[2].fetched_bytes = -1;
+  EXPECT_THROWS_WITH(p.validate(), "negative fetched_bytes");
+  p = with_backwards(hand_profile());
+  p.candidates[0].options[0].fetched_bytes = 1;
+  EXPECT_THROWS_WITH(p.validate(), "option 0, the stored mode");
+}
+
 TEST(ModelSolverTest, HandExample) {
   const ModelProfile p = hand_profile();
   // a offloaded (260 bytes, 0.5 s) beats b checkpointed (230 bytes, 0.75 s).

@@ -77,6 +77,10 @@ struct CandidateOption {
   std::vector<OptionRef> excludes{};  // {}: no warning where a brace list stops before it
   /// How the executor runs it. Default: plainly (`OptionRun::stored()`)
   OptionRun run{};
+  /// Of an option that offloads: the device bytes its data takes once it is back, from the
+  /// start of the candidate's backward on (where its deltas count it). A look-ahead
+  /// (`ModelPlan::look_ahead`) holds them from an earlier segment. Default: 0
+  int64_t fetched_bytes = 0;
 };
 
 /// A marked region of the model (`ckpt::candidate`) and its storage options.
@@ -87,6 +91,10 @@ struct Candidate {
   int window_begin = 0;
   /// Option 0 is "stored"; the others are the storage modes it may run in.
   std::vector<CandidateOption> options;
+  /// The first segment of its backward (after its outputs' first gradient), where the look-ahead
+  /// starts bringing back the data of the offloaded candidate whose backward begins next; -1
+  /// where no gradient reaches it, or the profile does not say. Default: -1
+  int backward_segment = -1;
 };
 
 /// One measured training step: the plain step's peak in each segment of its timeline (a segment
@@ -122,10 +130,14 @@ struct ModelPrediction {
   int peak_segment = -1;
 };
 
-/// Predicts a choice's step time, peak and host memory. Throws std::invalid_argument when the
-/// choice has the wrong length, an index out of range, or picks two options that exclude each
-/// other (naming the first such pair).
-ModelPrediction simulate_model(const ModelProfile& profile, const std::vector<int>& choice);
+/// Predicts a choice's step time, peak and host memory; with `look_ahead` (one entry per
+/// candidate, as `ModelPlan::look_ahead`; empty: none), each offloaded option brought back ahead
+/// holds its `fetched_bytes` from the backward segment of the candidate that brings it back to its
+/// own. Throws std::invalid_argument when the choice has the wrong length, an index out of range,
+/// or picks two options that exclude each other (naming the first such pair), or when a
+/// look-ahead brings back an option that fetches nothing or from no earlier segment.
+ModelPrediction simulate_model(const ModelProfile& profile, const std::vector<int>& choice,
+                               const std::vector<int>& look_ahead = {});
 
 /// Options of `solve_model`.
 struct ModelSolverOptions {
@@ -153,6 +165,10 @@ struct ModelPlan {
   /// Proven: the choice's step time is at most (1 + gap) times the fastest that fits. 0 where
   /// exact; infinity where no search bounded it (`max_exact_nodes` 0, or nothing fits).
   double gap = std::numeric_limits<double>::infinity();
+  /// Per candidate: the candidate whose offloaded data comes back when this one's backward
+  /// begins, so that its copies run beside this backward; -1: none. Empty: no look-ahead.
+  /// `add_look_ahead` fills it, and `prediction` counts it.
+  std::vector<int> look_ahead{};
 };
 
 /// The fastest valid choice (no two options that exclude each other) whose predicted peak is at
@@ -167,6 +183,12 @@ ModelPlan solve_model(const ModelProfile& profile, int64_t budget_bytes,
 /// choices.
 ModelPlan solve_model_brute_force(const ModelProfile& profile, int64_t budget_bytes,
                                   int64_t host_budget_bytes = std::numeric_limits<int64_t>::max());
+
+/// `plan` with a look-ahead for each offloaded option whose data can come back from the start of
+/// the backward that begins last before its own, where holding it from there keeps every
+/// segment within `budget_bytes` (or the plan's peak, if higher); the prediction counts them
+/// (its time does not: the copies it hides were charged). A look-ahead needs no host memory.
+ModelPlan add_look_ahead(const ModelProfile& profile, ModelPlan plan, int64_t budget_bytes);
 
 /// The smallest predicted peak of any valid choice within the host budget: the smallest feasible
 /// budget.
