@@ -473,9 +473,9 @@ bool OffloadGroup::all_fetched_locked() const {
   return next_fetch_ == slots_.size() || backward_started_;
 }
 
-void OffloadGroup::prefetch() {
+int64_t OffloadGroup::prefetch() {
   const std::lock_guard<std::mutex> lock(mutex_);
-  fetch_in_order_locked(-1);
+  return fetch_in_order_locked(-1);
 }
 
 int64_t OffloadGroup::prefetch_ahead(int64_t allowance) {

@@ -122,8 +122,8 @@ class OffloadGroup : public std::enable_shared_from_this<OffloadGroup> {
   /// comes next) is used where it is: its host copy goes. The group joins its thread's chain.
   void finish_forward(const std::vector<at::Tensor>& resident = {});
   /// Starts bringing every slot back to its device (once; later calls do nothing). Does not
-  /// look ahead.
-  void prefetch();
+  /// look ahead. Returns the bytes it brings back.
+  int64_t prefetch();
   /// Starts bringing slots back ahead of the group's backward, in the order it reads them, as many
   /// as fit `allowance` bytes (-1: all). They count in `offloaded_ahead_bytes` until its first
   /// fetch. Returns the bytes.

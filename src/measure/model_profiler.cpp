@@ -391,10 +391,13 @@ class StepRecorder final : public detail::CandidateRunner {
       if (!data) return;
       const std::lock_guard<std::mutex> lock(record->mutex);
       const int64_t before = record->tracker->current_bytes();
-      data->prefetch();
+      const int64_t bytes = data->prefetch();
       if (!record->open) return;
+      // The device's count, with its blocks' rounding; at least the data's own bytes, where the
+      // allocator let go of blocks it held for other streams in the same call.
+      const int64_t rise = record->tracker->current_bytes() - before;
       int64_t& fetched = record->candidates[index].fetched_bytes;
-      fetched = std::max(fetched, record->tracker->current_bytes() - before);
+      fetched = std::max({fetched, rise, bytes});
     });
   }
 
