@@ -308,17 +308,17 @@ ModelPlan add_look_ahead(const ModelProfile& profile, ModelPlan plan, int64_t bu
            profile.candidates[static_cast<size_t>(b)].backward_segment;
   });
   std::vector<int> look_ahead(choice.size(), -1);
-  std::vector<int64_t> bytes = segment_bytes(profile, choice, {});
+  const std::vector<int64_t> loads = segment_bytes(profile, choice, {});
   for (size_t i = 0; i + 1 < by_backward.size(); ++i) {
     const Candidate& lead = profile.candidates[static_cast<size_t>(by_backward[i])];
     const Candidate& back = profile.candidates[static_cast<size_t>(by_backward[i + 1])];
     const int64_t fetched =
         chosen(profile, choice, static_cast<size_t>(by_backward[i + 1])).fetched_bytes;
     if (fetched == 0 || back.backward_segment <= lead.backward_segment) continue;
-    const auto from = bytes.begin() + lead.backward_segment;
-    const auto to = bytes.begin() + back.backward_segment;
+    const auto from = loads.begin() + lead.backward_segment;
+    const auto to = loads.begin() + back.backward_segment;
+    // The windows of consecutive pairs don't overlap: each is checked against the plan's loads.
     if (std::any_of(from, to, [&](int64_t held) { return held + fetched > limit; })) continue;
-    std::for_each(from, to, [&](int64_t& held) { held += fetched; });
     look_ahead[static_cast<size_t>(by_backward[i])] = by_backward[i + 1];
   }
   if (std::all_of(look_ahead.begin(), look_ahead.end(), [](int c) { return c < 0; })) return plan;

@@ -176,6 +176,63 @@ TEST(ModelLookAheadTest, BadLookAheadsAndBackwardsSayWhatIsWrong) {
   EXPECT_THROWS_WITH(p.validate(), "option 0, the stored mode");
 }
 
+// On arbitrary profiles with backwards anywhere: every look-ahead added is valid, brings back the
+// candidate whose backward begins next, and the prediction is the plain loads plus its held bytes
+// (summed here on their own), within the budget or the plan's own peak; time and host unchanged.
+TEST(ModelLookAheadTest, AddedLookAheadsAreValidAndCountedOnArbitraryProfiles) {
+  std::mt19937 rng(11);
+  int added = 0;
+  for (int round = 0; round < 300; ++round) {
+    ModelProfile p = arbitrary_profile(rng, 1 + static_cast<int>(rng() % 6), 4);
+    const int segments = static_cast<int>(p.segment_peak_bytes.size());
+    for (Candidate& c : p.candidates) {
+      c.backward_segment = static_cast<int>(rng() % static_cast<unsigned>(segments + 1)) - 1;
+      for (size_t o = 1; o < c.options.size(); ++o) {
+        if (c.options[o].host_bytes > 0) c.options[o].fetched_bytes = c.options[o].host_bytes;
+      }
+    }
+    ModelPlan plan;
+    plan.feasible = true;
+    for (const Candidate& c : p.candidates)
+      plan.choice.push_back(static_cast<int>(rng() % c.options.size()));
+    plan.prediction = simulate_model(p, plan.choice);
+    const int64_t budget = plan.prediction.peak_bytes + static_cast<int64_t>(rng() % 8000) - 2000;
+    const ModelPlan with = add_look_ahead(p, plan, budget);
+    EXPECT_EQ(with.prediction.time, plan.prediction.time);
+    EXPECT_EQ(with.prediction.host_bytes, plan.prediction.host_bytes);
+    EXPECT_LE(with.prediction.peak_bytes, std::max(budget, plan.prediction.peak_bytes));
+    if (with.look_ahead.empty()) continue;
+    std::vector<int64_t> load = p.segment_peak_bytes;
+    for (size_t c = 0; c < p.candidates.size(); ++c) {
+      const CandidateOption& option = p.candidates[c].options[static_cast<size_t>(plan.choice[c])];
+      for (size_t i = 0; i < option.peak_delta.size(); ++i)
+        load[static_cast<size_t>(p.candidates[c].window_begin) + i] += option.peak_delta[i];
+    }
+    for (size_t c = 0; c < with.look_ahead.size(); ++c) {
+      const int back = with.look_ahead[c];
+      if (back < 0) continue;
+      ++added;
+      const Candidate& lead = p.candidates[c];
+      const Candidate& brought = p.candidates[static_cast<size_t>(back)];
+      // No candidate's backward begins between the two.
+      for (const Candidate& other : p.candidates) {
+        EXPECT_FALSE(other.backward_segment > lead.backward_segment &&
+                     other.backward_segment < brought.backward_segment);
+      }
+      const int64_t fetched =
+          brought.options[static_cast<size_t>(plan.choice[static_cast<size_t>(back)])]
+              .fetched_bytes;
+      ASSERT_GT(fetched, 0);
+      for (int k = lead.backward_segment; k < brought.backward_segment; ++k)
+        load[static_cast<size_t>(k)] += fetched;
+    }
+    EXPECT_EQ(with.prediction.peak_bytes, *std::max_element(load.begin(), load.end()));
+    EXPECT_EQ(simulate_model(p, plan.choice, with.look_ahead).peak_bytes,
+              with.prediction.peak_bytes);
+  }
+  EXPECT_GT(added, 50) << "few look-aheads: the test checks little";
+}
+
 TEST(ModelSolverTest, HandExample) {
   const ModelProfile p = hand_profile();
   // a offloaded (260 bytes, 0.5 s) beats b checkpointed (230 bytes, 0.75 s).
