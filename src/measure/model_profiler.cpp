@@ -372,6 +372,14 @@ class StepRecorder final : public detail::CandidateRunner {
 
   void abandon() noexcept override { saving_.reset(); }
 
+  // A step of a "recomputed" trial whose forward ended no chain: its backward would measure
+  // nothing (`run_trials` drops such a step).
+  bool ends_no_chain() const {
+    const RecomputeTrial* trial = run_.trial;
+    return trial != nullptr &&
+           std::find(trial->depth.begin(), trial->depth.end(), trial->length) == trial->depth.end();
+  }
+
  private:
   void note_saved_inputs(int index) {
     saving_.reset();
@@ -495,6 +503,7 @@ void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder,
     recorder.take_groups_from(nullptr);
   }
   detail::check_step_loss(loss);
+  if (recorder.ends_no_chain()) return;  // a trial step that measures nothing: no backward
   // A profiled step's backward must leave no gradient behind: the model's are swapped by the
   // caller; those of leaves outside it (an input that requires grad, a loss's own parameters)
   // are found in the graph and put back here.
