@@ -107,7 +107,7 @@ DeviceProfile DeviceProfile::measure(c10::Device device) {
   DeviceProfile profile;
   profile.name = device.str();
   profile.memory_bytes = device.is_cpu() ? host_memory_bytes() : 0;
-  profile.allocation_granularity = device.is_cpu() ? 1 : 512;
+  profile.allocation_granularity = detail::allocation_granularity(device);
   profile.count_cpu_scratch = device.is_cpu();
   profile.random_state_bytes = device.is_cpu() ? detail::cpu_random_state_bytes() : 0;
 

@@ -14,6 +14,9 @@ int64_t meta_allocated_bytes();
 /// The high-water mark of `meta_allocated_bytes()` since the last `reset_meta_peak()`.
 int64_t meta_peak_bytes();
 void reset_meta_peak();
+/// The granularity the meta device's allocations are counted in (the modeled device's; 1 without
+/// one).
+int64_t meta_granularity();
 /// Whether a `ModeledDevice` is active on this thread.
 bool modeling_on_this_thread();
 /// Seconds the cost model has charged to this thread's operators on meta tensors since its

@@ -439,6 +439,9 @@ int64_t meta_peak_bytes() {
 void reset_meta_peak() {
   g_peak.store(g_current.load());
 }
+int64_t meta_granularity() {
+  return g_granularity.load();
+}
 bool modeling_on_this_thread() {
   return t_modeling;
 }

@@ -36,15 +36,16 @@ using detail::seconds_since;
 using detail::storage_bytes;
 using detail::SwappedGradients;
 
-// The bytes of the parameter gradients each stage's backward creates (Stage::gradient_bytes): a
-// parameter shared by several stages counts in the last, whose backward runs first.
+// The bytes of the parameter gradients each stage's backward creates (Stage::gradient_bytes), as
+// the device allocates them (on an accelerator a LayerNorm's 64-byte bias takes 512): a parameter
+// shared by several stages counts in the last, whose backward runs first.
 std::vector<int64_t> gradient_bytes_per_stage(const std::vector<torch::nn::AnyModule>& stages) {
   std::vector<int64_t> bytes(stages.size(), 0);
   std::unordered_set<const c10::TensorImpl*> seen;
   for (size_t i = stages.size(); i-- > 0;) {
     for (const auto& p : stages[i].ptr()->parameters()) {
       if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-      bytes[i] += static_cast<int64_t>(p.numel()) * static_cast<int64_t>(p.element_size());
+      bytes[i] += detail::allocated_bytes_of(p);
     }
   }
   return bytes;
@@ -280,7 +281,7 @@ OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
   }
   for (const at::Tensor& leaf : reach.captured_leaves) {
     reach.gradient_bytes[last_stage.at(leaf.unsafeGetTensorImpl())] +=
-        static_cast<int64_t>(leaf.numel()) * static_cast<int64_t>(leaf.element_size());
+        detail::allocated_bytes_of(leaf);
   }
   return reach;
 }

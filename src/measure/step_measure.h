@@ -45,6 +45,21 @@ inline int64_t storage_bytes(const at::Tensor& t) {
   return t.defined() && t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
 
+// What one allocation on `device` is counted in multiples of: the CPU's counting allocator counts
+// the bytes asked for; CUDA's caching allocator hands out 512-byte blocks (the emulated device
+// counts as it does); the meta device as the modeled device's allocator rounds.
+inline int64_t allocation_granularity(c10::Device device) {
+  if (device.is_cpu()) return 1;
+  return device.is_meta() ? meta_granularity() : 512;
+}
+
+// The bytes a new tensor like `t` (its gradient, say) takes on its device.
+inline int64_t allocated_bytes_of(const at::Tensor& t) {
+  const int64_t bytes = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+  const int64_t unit = allocation_granularity(t.device());
+  return (bytes + unit - 1) / unit * unit;
+}
+
 // Swaps every parameter's `.grad` for the state a step starts from, for its lifetime, and puts
 // the original gradients back afterwards. `ZeroBuffers`: the steady state of a loop that keeps
 // its buffers (backward accumulates in place). `None`: as `zero_grad()` leaves them (backward
