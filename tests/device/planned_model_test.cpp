@@ -380,6 +380,8 @@ TEST_P(PlannedModelDeviceTest, AnOffloadedCandidatesDataComesBackDuringTheBackwa
   ckpt::PlannedModel planned(model.ptr(), ckpt::Budget::bytes(2 * plain.peak_bytes));
   planned.plan(std::move(measured));
   EXPECT_EQ(planned.solution().look_ahead, (std::vector<int>{-1, 0})) << planned.summary();
+  EXPECT_NE(planned.summary().find("stored (brings back first)"), std::string::npos)
+      << planned.summary();
 
   const Step planned_step = step(*model, [&] { return planned.run(loss); });
   for (size_t i = 0; i < plain.grads.size(); ++i) {
