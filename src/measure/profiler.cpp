@@ -30,10 +30,10 @@
 namespace ckpt {
 namespace {
 
+using detail::allocated_storage_bytes;
 using detail::Clock;
 using detail::median;
 using detail::seconds_since;
-using detail::storage_bytes;
 using detail::SwappedGradients;
 
 // The bytes of the parameter gradients each stage's backward creates (Stage::gradient_bytes), as
@@ -83,7 +83,8 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
     detail::StageGraph graph(forward, x, input_grad);
     const double forward_time = seconds_since(start, device);
     offloaded = std::max(offloaded, host_high.restart() - host_before);
-    saved = std::max<int64_t>(tracker.current_bytes() - before, storage_bytes(graph.output()));
+    saved = std::max<int64_t>(tracker.current_bytes() - before,
+                              allocated_storage_bytes(graph.output()));
     forward_tmp = std::max(forward_tmp, tracker.peak_bytes() - before - saved);
 
     at::Tensor grad_output = at::ones_like(graph.output());
@@ -100,8 +101,8 @@ plan::StorageOption measure_full_storage(torch::nn::AnyModule& stage,
     detail::LeafGradients leaves(single_stage_leaves);
     at::Tensor input_grad_value = graph.backward(std::move(grad_output), leaves);
     const double backward_time = seconds_since(start, device);
-    backward_tmp = std::max(
-        backward_tmp, tracker.peak_bytes() - before_backward - storage_bytes(input_grad_value));
+    backward_tmp = std::max(backward_tmp, tracker.peak_bytes() - before_backward -
+                                              allocated_storage_bytes(input_grad_value));
     leaves.accumulate_rest();  // where the chain's backward ends
     if (r >= options.warmup()) {
       forward_times.push_back(forward_time);
@@ -178,8 +179,8 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
     const auto start = detail::clock_now(device);
     result.output = stage.forward<at::Tensor>(x);
     const double time = seconds_since(start, device);
-    result.tmp_bytes =
-        std::max(result.tmp_bytes, tracker.peak_bytes() - before - storage_bytes(result.output));
+    result.tmp_bytes = std::max(
+        result.tmp_bytes, tracker.peak_bytes() - before - allocated_storage_bytes(result.output));
     if (stash) {
       stash->note_forward_end();
       result.draws_random =
@@ -394,7 +395,7 @@ at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   measured.forward_time = no_grad.time;
   measured.forward_all_time = full.forward_time;
   measured.backward_time = full.backward_time;
-  measured.output_bytes = storage_bytes(no_grad.output);
+  measured.output_bytes = allocated_storage_bytes(no_grad.output);
   measured.saved_bytes = std::max(full.saved_bytes, measured.output_bytes);
   measured.forward_tmp_bytes = std::max<int64_t>(no_grad.tmp_bytes, 0);
   measured.forward_all_tmp_bytes = full.forward_tmp_bytes;
@@ -443,7 +444,7 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
   const SwappedGradients captured_gradients(reach.captured_leaves);
 
   plan::Chain chain;
-  chain.input_bytes = storage_bytes(sample_input);
+  chain.input_bytes = allocated_storage_bytes(sample_input);
   chain.random_state_bytes = random_state_bytes(sample_input);
   std::vector<int64_t> gradient_bytes = gradient_bytes_per_stage(stages);
   for (size_t i = 0; i < stages.size(); ++i) gradient_bytes[i] += reach.gradient_bytes[i];

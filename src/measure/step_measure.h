@@ -53,6 +53,13 @@ inline int64_t allocation_granularity(c10::Device device) {
   return device.is_meta() ? meta_granularity() : 512;
 }
 
+// The bytes `t`'s storage takes on its device, as its allocator counts them.
+inline int64_t allocated_storage_bytes(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return 0;
+  const int64_t unit = allocation_granularity(t.device());
+  return (static_cast<int64_t>(t.storage().nbytes()) + unit - 1) / unit * unit;
+}
+
 // The bytes a new tensor like `t` (its gradient, say) takes on its device.
 inline int64_t allocated_bytes_of(const at::Tensor& t) {
   const int64_t bytes = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());

@@ -51,10 +51,11 @@ TEST_P(ProfilerDeviceTest, StagesAreTimedAfterTheirFirstCall) {
   }
 }
 
-// A stage's parameter gradients as the device holds them: on the quick bench transformer on the
-// emulated device, counting a LayerNorm's 64-byte bias as 64 bytes where its gradient takes a
-// 512-byte block put the smallest plan 5.9 KB (16%) above its prediction.
-TEST_P(ProfilerDeviceTest, GradientBytesAreWhatTheDeviceHoldsForTheGradients) {
+// A stage's parameter gradients (and the chain's activations) as the device holds them: on the
+// quick bench transformer on the emulated device, counting a LayerNorm's 64-byte bias as 64 bytes
+// where its gradient takes a 512-byte block put the smallest plan 5.9 KB (16%) above its
+// prediction.
+TEST_P(ProfilerDeviceTest, SizesAreWhatTheDeviceHolds) {
   torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({16}));
   torch::nn::Linear linear(16, 24);
   norm->to(device());
@@ -76,6 +77,15 @@ TEST_P(ProfilerDeviceTest, GradientBytesAreWhatTheDeviceHoldsForTheGradients) {
   };
   EXPECT_EQ(chain.stages[0].gradient_bytes, held_by_gradients(*norm, x));
   EXPECT_EQ(chain.stages[1].gradient_bytes, held_by_gradients(*linear, norm(x).detach()));
+  // The input and the outputs (a 4x24 output: 384 bytes in a 512-byte block) likewise.
+  ckpt::MemoryTracker tracker(device());
+  const int64_t before = tracker.current_bytes();
+  const torch::NoGradGuard no_grad;
+  const at::Tensor copy = x.clone();
+  const int64_t input_block = tracker.current_bytes() - before;
+  const at::Tensor output = linear(copy);
+  EXPECT_EQ(chain.input_bytes, input_block);
+  EXPECT_EQ(chain.stages[1].output_bytes, tracker.current_bytes() - before - input_block);
 }
 
 CKPT_INSTANTIATE_DEVICE_SUITE(ProfilerDeviceTest);
