@@ -41,10 +41,6 @@ inline double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-inline int64_t storage_bytes(const at::Tensor& t) {
-  return t.defined() && t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
-}
-
 // What one allocation on `device` is counted in multiples of: the CPU's counting allocator counts
 // the bytes asked for; CUDA's caching allocator hands out 512-byte blocks (the emulated device
 // counts as it does); the meta device as the modeled device's allocator rounds.
@@ -53,18 +49,22 @@ inline int64_t allocation_granularity(c10::Device device) {
   return device.is_meta() ? meta_granularity() : 512;
 }
 
-// The bytes `t`'s storage takes on its device, as its allocator counts them.
+// The bytes an allocation of `bytes` takes on `device`, as its allocator counts them.
+inline int64_t allocated_bytes(int64_t bytes, c10::Device device) {
+  const int64_t unit = allocation_granularity(device);
+  return (bytes + unit - 1) / unit * unit;
+}
+
+// The bytes `t`'s storage takes on its device.
 inline int64_t allocated_storage_bytes(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return 0;
-  const int64_t unit = allocation_granularity(t.device());
-  return (static_cast<int64_t>(t.storage().nbytes()) + unit - 1) / unit * unit;
+  return allocated_bytes(static_cast<int64_t>(t.storage().nbytes()), t.device());
 }
 
 // The bytes a new tensor like `t` (its gradient, say) takes on its device.
 inline int64_t allocated_bytes_of(const at::Tensor& t) {
-  const int64_t bytes = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
-  const int64_t unit = allocation_granularity(t.device());
-  return (bytes + unit - 1) / unit * unit;
+  return allocated_bytes(static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()),
+                         t.device());
 }
 
 // Swaps every parameter's `.grad` for the state a step starts from, for its lifetime, and puts
