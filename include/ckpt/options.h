@@ -115,6 +115,21 @@ struct CheckpointOptions {
   /// kernels' time; elsewhere it gives wrong gradients or errors (docs/mechanism.md). Non-reentrant
   /// variant only. `set_checkpoint_early_stop` overrides it. Default: false
   TORCH_ARG(bool, early_stop) = false;
+  /// The backward's recompute in two passes, for a lower peak: the first keeps only what the
+  /// function's last operators save for the backward (where to cut is estimated from the sizes
+  /// the call site's last recompute saved); the first time the
+  /// backward reads what an earlier operator saved, the function runs again, from the same
+  /// arguments and random state, until it has saved those, and stops there (by an exception
+  /// thrown through it, as PyTorch's early stop does). So the backward never holds both halves:
+  /// an attention block's backward peaks in its softmax, while its projections' inputs wait for
+  /// their own backward. Costs up to one more forward of the region. Gradients are those of one
+  /// pass, to the bit; a function that saves other tensors the second time (by shape, dtype or
+  /// device) is an error. Not for a function that must run to its end once started (state set
+  /// and reset without RAII). Non-reentrant variant without a `policy` only; a region whose
+  /// graph is kept (`GraphExecGroup`) or differentiated again, that a planner let drop an
+  /// argument, or in a process running Python's autograd engine recomputes in one pass;
+  /// `early_stop` has no effect on it. Default: false
+  TORCH_ARG(bool, two_pass_recompute) = false;
   /// Offloading instead of checkpointing: the region runs once, and what autograd saves for its
   /// backward goes to host memory during its forward and comes back, ahead of use, when its
   /// backward starts, as inside a `ckpt::OffloadGuard` (see there for what moves and how). Nothing

@@ -451,5 +451,10 @@ void at_first_gradient(const std::vector<at::Tensor>& outputs, std::function<voi
   }
 }
 
+bool of_parameter(const at::Tensor& tensor) {
+  const at::Tensor base = tensor.is_view() ? at::Tensor(tensor._base()) : tensor;
+  return base.is_leaf() && base.requires_grad();
+}
+
 }  // namespace detail
 }  // namespace ckpt

@@ -256,6 +256,10 @@ at::Tensor leaf_variable(const Edge& edge);
 /// Every leaf tensor whose gradient a backward from `root` would accumulate, once each.
 std::vector<at::Tensor> leaves_reached(const at::Tensor& root);
 
+/// Whether `tensor` is a leaf that requires grad (a parameter), or a view of one (Linear saves its
+/// weight transposed): data that lives on whatever the backward holds of it.
+bool of_parameter(const at::Tensor& tensor);
+
 /// Calls `fn` once, when the first of `outputs` that requires grad gets its gradient: where the
 /// backward of the code that returned them begins. Nothing where none requires grad.
 void at_first_gradient(const std::vector<at::Tensor>& outputs, std::function<void()> fn);

@@ -1,6 +1,7 @@
 #include "host_offload.h"
 
 #include "dispatch_mode.h"
+#include "graph.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/core/StreamGuard.h>
@@ -566,13 +567,6 @@ std::vector<OffloadGroup::SlotState> OffloadGroup::slot_states() const {
 }
 
 namespace {
-
-// A leaf that requires grad (a parameter), or a view of one (Linear saves its weight
-// transposed): it stays on the device anyway.
-bool of_parameter(const at::Tensor& tensor) {
-  const at::Tensor base = tensor.is_view() ? at::Tensor(tensor._base()) : tensor;
-  return base.is_leaf() && base.requires_grad();
-}
 
 class OffloadHooks final : public torch::autograd::SavedVariableHooks {
  public:

@@ -16,6 +16,12 @@ StorageModes StorageModes::standard() {
              [](const StorageSettings&) -> std::optional<CheckpointOptions> {
                return CheckpointOptions();
              }});
+  modes.add({"two_pass",
+             "keeps the stage's output; its backward recomputes the rest in two passes, "
+             "never holding the first operators' saved tensors beside the last ones'",
+             [](const StorageSettings&) -> std::optional<CheckpointOptions> {
+               return CheckpointOptions().two_pass_recompute(true);
+             }});
   modes.add({"selective",
              "keeps the output and what the selective policy saves; recomputes the rest",
              [](const StorageSettings& settings) -> std::optional<CheckpointOptions> {

@@ -337,7 +337,9 @@ plan::Chain calibrated_to_step(plan::Chain chain, const std::vector<torch::nn::A
 }
 
 // Measures the stage in each storage mode the options turn on, and offers the planner those that
-// keep less than the plain stage (`full_saved` bytes) and differ from every mode offered before.
+// keep less than the plain stage (`full_saved` bytes) and that no mode offered before matches
+// with a backward that holds no more ("two_pass" keeps what "checkpointed" keeps, and is offered
+// where its backward holds less).
 void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool input_grad,
                          const Leaves& single_stage_leaves, const ProfileOptions& options,
                          MemoryTracker& tracker, int64_t full_saved, plan::Stage& measured) {
@@ -351,7 +353,8 @@ void offer_storage_modes(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
     bool useful = option.saved_bytes < full_saved;
     for (const auto& offered : measured.alternatives) {
       useful = useful && (option.saved_bytes != offered.saved_bytes ||
-                          option.offloaded_bytes != offered.offloaded_bytes);
+                          option.offloaded_bytes != offered.offloaded_bytes ||
+                          option.backward_tmp_bytes < offered.backward_tmp_bytes);
     }
     if (useful) measured.alternatives.push_back(std::move(option));
   }

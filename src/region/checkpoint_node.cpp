@@ -2,6 +2,7 @@
 
 #include "compat/torch_compat.h"
 #include "early_stop.h"
+#include "two_pass_recompute.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
@@ -83,24 +84,38 @@ void NonReentrantBackward::release_variables() {
   }
 }
 
+// The gradient edges of the recomputed outputs that feed the node's inputs.
+void NonReentrantBackward::take_edges(RecomputedGraph& graph, variable_list& outputs) const {
+  for (size_t slot : state_->connected) {
+    const at::Tensor& output = outputs[slot];
+    graph.edges.push_back(output.requires_grad() ? torch::autograd::impl::gradient_edge(output)
+                                                 : Edge());
+  }
+  // Past their gradient edges the recomputed outputs are not needed; the region's backward
+  // should not hold them (PyTorch's recompute keeps only what the graph saved).
+  outputs.clear();
+}
+
 // The recomputed graph: the gradient edges of the recomputed outputs. With early stop, a
 // recompute that read data it skipped runs again in full; the check comes once the outputs are
-// dropped, when only the graph (or something unknown) can hold that data.
-std::shared_ptr<const RecomputedGraph> NonReentrantBackward::recompute() const {
+// dropped, when only the graph (or something unknown) can hold that data. In two passes, the
+// graph reads what its first operators saved from a second run of the function.
+std::shared_ptr<const RecomputedGraph> NonReentrantBackward::recompute(bool two_passes,
+                                                                       bool last) const {
+  if (two_passes) {
+    auto graph = std::make_shared<RecomputedGraph>();
+    variable_list outputs = TwoPassRecompute(state_, /*let_go_after=*/last).first_pass();
+    state_->check_recomputed(outputs);
+    take_edges(*graph, outputs);
+    return graph;
+  }
   for (bool early = state_->options.early_stop();; early = false) {
     auto graph = std::make_shared<RecomputedGraph>();
     // Every kernel must run for its values to be checked.
     EarlyStopRun early_stop(*state_->site, early, /*forbidden=*/state_->options.check_values());
     variable_list outputs = state_->run_recompute(/*replacement=*/nullptr, early_stop.mode());
     state_->check_recomputed(outputs);
-    for (size_t slot : state_->connected) {
-      const at::Tensor& output = outputs[slot];
-      graph->edges.push_back(output.requires_grad() ? torch::autograd::impl::gradient_edge(output)
-                                                    : Edge());
-    }
-    // Past their gradient edges the recomputed outputs are not needed; the region's backward
-    // should not hold them (PyTorch's recompute keeps only what the graph saved).
-    outputs.clear();
+    take_edges(*graph, outputs);
     if (early_stop.finish()) return graph;
   }
 }
@@ -164,10 +179,13 @@ variable_list NonReentrantBackward::backward(variable_list&& grads) {
   if (needed.empty() || !any_defined(grads)) return result;
 
   state_->check_unmodified();
-  const std::shared_ptr<const RecomputedGraph> graph = recompute();
   const std::shared_ptr<GroupState> group = this->group();
   const bool keep = group != nullptr;
-  if (state_->backward_is_last(keep)) state_->let_go_of_arguments();
+  const bool last = state_->backward_is_last(keep);
+  // A graph kept for later backward passes, or differentiated again, holds all it saved anyway.
+  const bool two_passes = state_->recompute_twice && !keep && !at::GradMode::is_enabled();
+  const std::shared_ptr<const RecomputedGraph> graph = recompute(two_passes, last);
+  if (last && !two_passes) state_->let_go_of_arguments();
   run_recomputed(*graph, grads, needed, keep, result);
   if (keep) forward_after_this_backward(graph, *group);
   return result;

@@ -35,7 +35,8 @@ class NonReentrantBackward final : public BorderNode {
     forwarded_.reset();
   }
   long sole_holders(size_t k) const;
-  std::shared_ptr<const RecomputedGraph> recompute() const;
+  std::shared_ptr<const RecomputedGraph> recompute(bool two_passes, bool last) const;
+  void take_edges(RecomputedGraph& graph, variable_list& outputs) const;
   std::pair<edge_list, variable_list> roots(const RecomputedGraph& graph, variable_list& grads,
                                             variable_list& result) const;
   std::shared_ptr<GroupState> group() const;

@@ -12,6 +12,7 @@
 #include "region_state.h"
 #include "report_record.h"
 #include "selective.h"
+#include "two_pass_recompute.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -131,13 +132,16 @@ void RegionState::check_same_graph(const GraphShape& forward, const GraphShape& 
 }
 
 std::vector<at::Tensor> RegionState::run_recompute(const std::vector<at::Tensor>* replacement,
-                                                   DispatchMode* early_stop) const {
+                                                   DispatchMode* early_stop,
+                                                   const SavedHooksFactory& saving) const {
   std::vector<at::Tensor> held;  // the arguments, where no replacement is given
   if (replacement == nullptr) {
     held = arguments(/*with_history=*/true);
     replacement = &held;
   }
   const RecomputeScope scope(rng, autocast, training, modules, &buffers_at_forward);
+  std::optional<SavedTensorHooksScope> saved_hooks;
+  if (saving) saved_hooks.emplace(saving);
   const LearnedAsAt sites_as_at_forward(learned_moment);  // regions inside are made as then
   const RegionContext context = recompute_context ? recompute_context() : nullptr;
   const LabelScope label(child_label(memory_label, "recompute"));
@@ -583,6 +587,11 @@ std::vector<at::Tensor> Region::finish(std::vector<at::Tensor> outputs, Recomput
   outputs = state.options.use_reentrant() ? finish_reentrant(std::move(outputs))
                                           : finish_non_reentrant(std::move(outputs));
   if (request_ != nullptr && !state.options.use_reentrant() && !state.kept) apply_request();
+  // Each pass would compute a dropped argument again: such regions recompute once.
+  if (state.options.two_pass_recompute() && !state.options.use_reentrant() && !state.kept &&
+      !state.options.offload() && state.dropped.empty() && !state.connected.empty()) {
+    state.recompute_twice = prepare_two_pass_recompute();
+  }
   // Its state lives on until the backward only where outputs were handed to its node.
   if (report_) report_->finish(state, !state.handed_out.empty());
   return outputs;

@@ -10,6 +10,7 @@
 #include "autograd/outside_state.h"
 #include "autograd/recompute_scope.h"
 #include "autograd/rng_state.h"
+#include "autograd/saved_tensor_hooks.h"
 #include "autograd/training_modes.h"
 #include "autograd/version_snapshot.h"
 #include "graph_exec_group.h"
@@ -73,6 +74,7 @@ struct RegionState {
   std::shared_ptr<CallSite> site;    // where the region was made: what early stop learned there
   uint64_t learned_moment = 0;       // when its forward began (`learning_moment`)
   bool keeps_forward_graph = false;  // a selective forward run again keeping its graph
+  bool recompute_twice = false;      // the backward recomputes in two passes (two_pass_recompute)
   std::weak_ptr<GroupState> forward_group;  // the GraphExecGroup current when the forward ran
   // From `context_fn`: what each recompute runs in (empty without).
   std::function<RegionContext()> recompute_context;
@@ -108,9 +110,12 @@ struct RegionState {
                          const std::string& parted) const;
   /// Runs the recompute with the forward's RNG and autocast state and grad mode on, and puts the
   /// modules' buffers back as they were. `early_stop`, when given, is the outermost mode around
-  /// the function (it sees only the calls that reach the kernels).
+  /// the function (it sees only the calls that reach the kernels). `saving`, when given, makes
+  /// the hooks of the tensors the recomputed graph saves (none otherwise: the graph is the
+  /// backward's own, and an OffloadGuard around the backward leaves it).
   std::vector<at::Tensor> run_recompute(const std::vector<at::Tensor>* replacement,
-                                        DispatchMode* early_stop = nullptr) const;
+                                        DispatchMode* early_stop = nullptr,
+                                        const SavedHooksFactory& saving = nullptr) const;
   /// The outputs' values as the forward computed them, without history: the function run again
   /// under no-grad, as `run_recompute` runs it (what a `RecomputeSource` hands out).
   std::vector<at::Tensor> recompute_values() const;

@@ -15,10 +15,13 @@ std::optional<ckpt::CheckpointOptions> plain_region(const ckpt::StorageSettings&
   return ckpt::CheckpointOptions();
 }
 
-TEST(StorageModes, StandardHasCheckpointedSelectiveAndOffloaded) {
+TEST(StorageModes, StandardHasCheckpointedTwoPassSelectiveAndOffloaded) {
   const auto modes = ckpt::StorageModes::standard();
-  ASSERT_EQ(modes.all().size(), 3u);
-  EXPECT_EQ(modes.names(), "checkpointed, selective, offloaded");
+  ASSERT_EQ(modes.all().size(), 4u);
+  EXPECT_EQ(modes.names(), "checkpointed, two_pass, selective, offloaded");
+  const auto two_pass = modes.at("two_pass", "test").region(ckpt::StorageSettings{});
+  ASSERT_TRUE(two_pass.has_value());
+  EXPECT_TRUE(two_pass->two_pass_recompute());
   const auto offloaded = modes.at("offloaded", "test").region(ckpt::StorageSettings{});
   ASSERT_TRUE(offloaded.has_value());
   EXPECT_TRUE(offloaded->offload());
@@ -40,13 +43,15 @@ TEST(StorageModes, AddRefusesBadEntries) {
   CKPT_EXPECT_THROWS_WITH(modes.add({"two words", "", plain_region}), "letters, digits and '_'");
   CKPT_EXPECT_THROWS_WITH(modes.add({"", "", plain_region}), "letters, digits and '_'");
   CKPT_EXPECT_THROWS_WITH(modes.add({"no_region", "", {}}), "mode 'no_region' has no `region`");
-  EXPECT_EQ(modes.names(), "checkpointed, selective, offloaded");  // nothing added by failures
+  // Nothing added by failures.
+  EXPECT_EQ(modes.names(), "checkpointed, two_pass, selective, offloaded");
   modes.add({"compressed", "a new entry", plain_region});
-  EXPECT_EQ(modes.names(), "checkpointed, selective, offloaded, compressed");
+  EXPECT_EQ(modes.names(), "checkpointed, two_pass, selective, offloaded, compressed");
 }
 
 TEST(StorageModes, RemoveAndLookUp) {
-  auto modes = ckpt::StorageModes::standard().remove("selective").remove("offloaded");
+  auto modes =
+      ckpt::StorageModes::standard().remove("selective").remove("offloaded").remove("two_pass");
   EXPECT_EQ(modes.names(), "checkpointed");
   EXPECT_EQ(modes.find("selective"), nullptr);
   CKPT_EXPECT_THROWS_WITH(modes.remove("selective"),
@@ -70,7 +75,7 @@ TEST(StorageModes, SelectTakesNamesInTheirOrder) {
   } catch (const std::invalid_argument& error) {
     EXPECT_STREQ(error.what(),
                  "unknown storage mode 'offload' in 'checkpointed,offload'; the modes are: "
-                 "checkpointed, selective, offloaded (or none)");
+                 "checkpointed, two_pass, selective, offloaded (or none)");
   }
 }
 

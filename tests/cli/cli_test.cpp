@@ -610,7 +610,7 @@ TEST(Cli, TrainStorageModesComeFromTheTable) {
   EXPECT_TRUE(option_names(json::parse(read_text(none_path))).empty());
   expect_refused(kTiny + "--storage-modes checkpointed,offload", 2,
                  "--storage-modes: unknown storage mode 'offload' in 'checkpointed,offload'; the "
-                 "modes are: checkpointed, selective, offloaded (or none)");
+                 "modes are: checkpointed, two_pass, selective, offloaded (or none)");
   expect_refused("bench --quick --storage-modes selective,selective", 2,
                  "storage mode named twice: 'selective'");
 }

@@ -442,16 +442,20 @@ void expect_option_runs_exactly(ckpt::plan::Chain profile, const std::string& na
 }
 
 // Each Block keeps Linear, BatchNorm and dropout activations. As the storage option
-// "checkpointed" it keeps only its output, and its backward recomputes it; as "selective"
-// (save_matmuls) it also keeps the Linear's output, and its backward recomputes the rest.
+// "checkpointed" it keeps only its output, and its backward recomputes it; as "two_pass" it keeps
+// as much, and its backward holds less; as "selective" (save_matmuls) it also keeps the Linear's
+// output, and its backward recomputes the rest.
 TEST_F(PlannedSequentialTest, StageOptionsAreMeasuredBetweenKeepingAllAndNothing) {
   torch::manual_seed(4);
   auto chain = make_blocks(6, 64);
   ckpt::PlannedSequential probe(chain, ckpt::Budget::fraction(1.0));
   probe->plan(torch::randn({32, 64}));
   for (const auto& stage : probe->profile().stages) {
-    ASSERT_EQ(stage.option_count(), 3);
+    ASSERT_EQ(stage.option_count(), 4);
     const auto& checkpointed = stage.option(option_named(stage, "checkpointed"));
+    const auto& two_pass = stage.option(option_named(stage, "two_pass"));
+    EXPECT_EQ(two_pass.saved_bytes, checkpointed.saved_bytes);
+    EXPECT_LT(two_pass.backward_tmp_bytes, checkpointed.backward_tmp_bytes);
     const auto& selective = stage.option(option_named(stage, "selective"));
     // The selective region keeps the Linear's 32 x 64 output on top of what the other keeps.
     EXPECT_EQ(selective.saved_bytes - checkpointed.saved_bytes, 32 * 64 * 4);
@@ -559,7 +563,8 @@ TEST_F(PlannedSequentialTest, AnOptionOfUnknownNameIsAClearError) {
     EXPECT_NE(message.find("storage option 1 of stage 1 is named \"compressed\""),
               std::string::npos)
         << message;
-    EXPECT_NE(message.find("the table has: checkpointed, selective, offloaded"), std::string::npos)
+    EXPECT_NE(message.find("the table has: checkpointed, two_pass, selective, offloaded"),
+              std::string::npos)
         << message;
   }
 }

@@ -73,6 +73,11 @@ struct CallSite {
   /// A recompute here read data that early stop had not computed (and ran again in full): the
   /// function's behaviour changes between recomputes, so recomputes here run in full from now on.
   std::atomic<bool> early_stop_failed{false};
+  /// A backward's recompute in two passes here (`CheckpointOptions::two_pass_recompute`): how many
+  /// of the tensors the function saves for the backward the first pass lets go of as they are
+  /// saved, as the last recompute here found (`kUnknownHead` until one ran).
+  static constexpr size_t kUnknownHead = SIZE_MAX;
+  std::atomic<size_t> two_pass_head{kUnknownHead};
 
  private:
   std::atomic<bool> learned_any_{false};
