@@ -16,21 +16,20 @@ struct BenchOptions {
   int steps = 15;                   // timed steps per method (after warm-up)
   int warmup = 3;
   int threads = 1;
-  bool python = true;             // also run torch.utils.checkpoint (skipped if unavailable)
-  bool planned = true;            // also run PlannedSequential and PlannedModel at the peaks of
-                                  // checkpoint_sequential
-  bool quick = false;             // small sizes, few steps: for tests
-  std::string python_executable;  // empty: CKPT_PYTHON at build time, else /usr/bin/python3
-  std::string python_script;      // empty: bench/compare/torch_checkpoint.py of the source tree
-  bool rss = true;                // also measure each step's RSS high-water mark (Linux)
-  bool resnet_batch_norm = true;  // false: the ResNet-like chain without BatchNorm layers
-  std::string device = "cpu";     // where the C++ methods run ("cuda", "cuda:1", ...); peaks on
-                                  // an accelerator come from its caching allocator's statistics
-  bool every_segment_count = false;
+  bool python = true;                // also run torch.utils.checkpoint (skipped if unavailable)
+  bool planned = true;               // also run PlannedSequential and PlannedModel at the peaks of
+                                     // checkpoint_sequential
+  bool quick = false;                // small sizes, few steps: for tests
+  std::string python_executable;     // empty: CKPT_PYTHON at build time, else /usr/bin/python3
+  std::string python_script;         // empty: bench/compare/torch_checkpoint.py of the source tree
+  bool rss = true;                   // also measure each step's RSS high-water mark (Linux)
+  bool resnet_batch_norm = true;     // false: the ResNet-like chain without BatchNorm layers
+  std::string device = "cpu";        // where the C++ methods run ("cuda", "cuda:1", ...); peaks on
+                                     // an accelerator come from its caching allocator's statistics
+  bool every_segment_count = false;  // ckpt_sequential at every count 2..L, not only 2, 4, √L, L
   // The storage modes the planned rows' profile measures and their plans may use, as
   // `--storage-modes` spells them (models::parse_storage_modes).
-  std::string storage_modes =
-      "checkpointed,selective";  // ckpt_sequential at every count 2..L, not only 2, 4, √L, L
+  std::string storage_modes = "checkpointed,two_pass,selective";
 };
 
 struct BenchRow {

@@ -33,7 +33,8 @@ struct StepConditions;
 /// Options of `PlannedModel`.
 struct PlannedModelOptions {
   /// The storage modes a candidate may run in, beside keeping everything. Default:
-  /// `StorageModes::standard()` ("checkpointed", "selective", and "offloaded" on accelerators)
+  /// `StorageModes::standard()` ("checkpointed", "two_pass", "selective", and "offloaded" on
+  /// accelerators)
   TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
   /// The policy of the "selective" mode; an empty one turns it off. Default: `save_matmuls()`
   TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();

@@ -65,7 +65,9 @@ class StorageModes {
   /// No mode: stages keep everything, or what the schedule keeps of the chain's activations.
   StorageModes() = default;
   /// ckpt's modes: "checkpointed" (a checkpointed region: keeps the stage's output, recomputes
-  /// the rest in its backward), "selective" (a region under the selective policy: keeps the
+  /// the rest in its backward), "two_pass" (the same, its recompute in two passes,
+  /// `CheckpointOptions::two_pass_recompute`: its backward holds less), "selective" (a region
+  /// under the selective policy: keeps the
   /// output and what the policy saves, recomputes the rest) and "offloaded" (an offloaded region,
   /// `CheckpointOptions().offload(true)`: keeps the output, and what the backward needs in host
   /// memory; offered by the profiler on accelerators only).

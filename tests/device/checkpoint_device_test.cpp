@@ -113,6 +113,24 @@ TEST_P(CheckpointDeviceTest, BlocksAndNestedRegionsGiveThePlainGradients) {
   }
 }
 
+// A recompute in two passes (issue 48): both passes replay the device's random state, the first
+// recompute at the call site (which sizes the function first) and the later ones alike.
+TEST_P(CheckpointDeviceTest, TwoPassRecomputesGiveThePlainGradients) {
+  CKPT_SKIP_IF(missing_rng());
+  Block first, second, third;
+  torch::nn::Sequential blocks(first, second, third);
+  blocks->to(device());
+  const auto input = torch::randn({16, 32}, on());
+  const auto plain = [&](const at::Tensor& x) { return third(second(first(x))); };
+  const auto two_passes = ckpt::CheckpointOptions().two_pass_recompute(true);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(step);
+    expect_exact(
+        *blocks, input, [&](const at::Tensor& x) { return ckpt::checkpoint(two_passes, plain, x); },
+        plain);
+  }
+}
+
 TEST_P(CheckpointDeviceTest, ChainsGiveThePlainGradients) {
   CKPT_SKIP_IF(missing_rng());
   torch::nn::Sequential chain;

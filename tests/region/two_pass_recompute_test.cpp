@@ -166,6 +166,31 @@ TEST(TwoPassRecomputeTest, NestedRegionsGiveThePlainGradients) {
   }
 }
 
+// Sizes that follow from values (masked_select) in the head: both passes see the same values.
+TEST(TwoPassRecomputeTest, SizesThatFollowFromValuesAreTheSameInBothPasses) {
+  torch::nn::Linear first(32, 32), second(32, 32);
+  auto fn = [&](const at::Tensor& x) {
+    const at::Tensor h = first(x);
+    const at::Tensor picked = h.masked_select(h > 0).sin();  // sin saves its argument
+    return second(torch::tanh(h)).sum() + picked.exp().sum() + torch::dropout(h, 0.5, true).sum();
+  };
+  const at::Tensor input = torch::randn({64, 32});
+  auto run = [&](bool checkpointed) {
+    torch::manual_seed(3);
+    const at::Tensor x = input.detach().requires_grad_();
+    (checkpointed ? ckpt::checkpoint(two_passes(), fn, x) : fn(x)).backward();
+    std::vector<at::Tensor> seen = take_grads(*first);
+    for (const auto& g : take_grads(*second)) seen.push_back(g);
+    seen.push_back(x.grad());
+    return seen;
+  };
+  const auto plain = run(false);
+  for (int step = 0; step < 2; ++step) {
+    const auto two = run(true);
+    for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(plain[i], two[i])) << i;
+  }
+}
+
 // Its first operator's saved tensor (the head) has other strides when the function runs a fourth
 // time: after the forward, the call site's sizing run and the first pass, in the second pass.
 TEST(TwoPassRecomputeTest, AFunctionThatSavesOtherTensorsTheSecondTimeIsAnError) {

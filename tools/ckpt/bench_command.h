@@ -24,7 +24,8 @@ struct BenchArgs {
   std::string python;
   std::string script;  // --script: torch_checkpoint.py (empty: the installed or source tree's)
   std::string device = "cpu";
-  std::string storage_modes = "checkpointed,selective";  // --storage-modes of the planned rows
+  std::string storage_modes =
+      "checkpointed,two_pass,selective";  // --storage-modes of the planned rows
   std::string markdown_path;
   std::string json_path;
   std::string plot_path;

@@ -19,7 +19,8 @@ struct TrainArgs {
   int64_t steps = 60;
   int64_t threads = 1;
   std::string strategy = "budget:35%";
-  std::string storage_modes = "checkpointed,selective";  // --storage-modes (budget strategies)
+  std::string storage_modes =
+      "checkpointed,two_pass,selective";  // --storage-modes (budget strategies)
   uint64_t seed = 1234;
   double lr = 6e-4;  // GPT-2's and nanoGPT's, with the same betas and weight decay
   double dropout = 0.1;

@@ -27,10 +27,11 @@ struct StorageOption {
   int64_t forward_tmp_bytes = 0;
   /// Transient bytes during the backward, above its inputs, the saved bytes and its output.
   int64_t backward_tmp_bytes = 0;
-  /// How an executor runs the stage in this mode. `ckpt::PlannedSequential` knows "checkpointed"
-  /// (a checkpointed region: keeps its output, recomputes everything in the backward) and
-  /// "selective" (a region under a selective policy: keeps its output and what the policy saves,
-  /// recomputes the rest). The solvers and the simulator ignore it.
+  /// How an executor runs the stage in this mode: the name of a storage mode
+  /// (`ckpt::StorageModes`), such as "checkpointed" (a checkpointed region: keeps its output,
+  /// recomputes everything in the backward) or "selective" (a region under a selective policy:
+  /// keeps its output and what the policy saves, recomputes the rest). The solvers and the
+  /// simulator ignore it.
   std::string name;
   /// Bytes this option keeps in host memory for the backward (docs/memory-model.md,
   /// "Offloading"): copied out during the forward, back at the start of the backward (which
