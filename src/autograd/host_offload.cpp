@@ -2,6 +2,7 @@
 
 #include "dispatch_mode.h"
 #include "graph.h"
+#include "saved_tensor_hooks.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/core/StreamGuard.h>
@@ -576,8 +577,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
   }
 
   void call_pack_hook(const at::Tensor& tensor) override {
-    counter_ = tensor.unsafeGetTensorImpl()->version_counter();
-    if (counter_.enabled()) version_ = counter_.current_version();
+    version_.note(tensor);
     if (!group_->takes(tensor) || of_parameter(tensor)) {
       kept_ = tensor.detach();  // no reference cycle through an output's own node
       return;
@@ -588,19 +588,14 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
   }
 
   at::Tensor call_unpack_hook() override {
-    TORCH_CHECK(!counter_.enabled() || counter_.current_version() == version_,
-                "one of the variables needed for gradient computation has been modified by an "
-                "inplace operation after ckpt offloaded it: it is at version ",
-                counter_.current_version(), "; expected version ", version_,
-                " instead. Don't modify a tensor in place after the forward saved it.");
+    version_.check(" after ckpt offloaded it");
     if (!slot_) return kept_;
     return view_->on(group_->fetch(*slot_));
   }
 
  private:
   std::shared_ptr<OffloadGroup> group_;
-  c10::VariableVersion counter_{c10::VariableVersion::DISABLED};
-  uint32_t version_ = 0;
+  SavedVersion version_;
   at::Tensor kept_;
   c10::optional<StorageView> view_;
   c10::optional<size_t> slot_;

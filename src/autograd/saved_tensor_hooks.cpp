@@ -158,6 +158,19 @@ long SavedLeafTally::holders_of(const torch::autograd::Node* accumulator) const 
   return counts_->of(accumulator);
 }
 
+void SavedVersion::note(const at::Tensor& tensor) {
+  counter_ = tensor.unsafeGetTensorImpl()->version_counter();
+  if (counter_.enabled()) version_ = counter_.current_version();
+}
+
+void SavedVersion::check(const char* by) const {
+  TORCH_CHECK(!counter_.enabled() || counter_.current_version() == version_,
+              "one of the variables needed for gradient computation has been modified by an "
+              "inplace operation",
+              by, ": it is at version ", counter_.current_version(), "; expected version ",
+              version_, " instead. Don't modify a tensor in place after an operator saved it.");
+}
+
 bool saved_tensor_hooks_active() {
   return static_cast<bool>(current_factory);
 }

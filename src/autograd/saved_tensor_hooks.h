@@ -5,7 +5,11 @@
 // has hooks (torch.autograd.graph.saved_tensors_hooks). ckpt installs, once and only when asked,
 // an engine of its own that answers with the hooks of the calling thread's innermost scope below.
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <cstdint>
 
 #include <functional>
 #include <memory>
@@ -70,6 +74,21 @@ class SavedLeafTally {
 
  private:
   std::shared_ptr<Counts> counts_;
+};
+
+/// The version of a tensor that saved-tensor hooks packed, checked when the backward unpacks it:
+/// autograd's own check, which it leaves to the hooks of a saved variable that has them.
+class SavedVersion {
+ public:
+  /// At pack time.
+  void note(const at::Tensor& tensor);
+  /// At unpack time: autograd's error where the tensor was written in place since `note`; `by`
+  /// names what let go of it (" after ckpt offloaded it").
+  void check(const char* by = "") const;
+
+ private:
+  c10::VariableVersion counter_;
+  uint32_t version_ = 0;
 };
 
 /// Whether a scope with a non-empty factory is the innermost one on this thread.

@@ -59,8 +59,7 @@ class FirstPassHooks final : public torch::autograd::SavedVariableHooks {
   }
 
   void call_pack_hook(const at::Tensor& tensor) override {
-    counter_ = tensor.unsafeGetTensorImpl()->version_counter();
-    if (counter_.enabled()) version_ = counter_.current_version();
+    version_.note(tensor);
     parameter_ = of_parameter(tensor);
     kept_ = tensor.detach();  // no reference cycle through an output's own node
     index_ = passes_->add(tensor, this);
@@ -68,11 +67,7 @@ class FirstPassHooks final : public torch::autograd::SavedVariableHooks {
   }
 
   at::Tensor call_unpack_hook() override {
-    TORCH_CHECK(!counter_.enabled() || counter_.current_version() == version_,
-                "one of the variables needed for gradient computation has been modified by an "
-                "inplace operation: it is at version ",
-                counter_.current_version(), "; expected version ", version_,
-                " instead. Don't modify a tensor in place after an operator saved it.");
+    version_.check();
     if (dropped_) passes_->run_second_pass();
     TORCH_CHECK(kept_.defined(),
                 "ckpt::checkpoint: the recompute's second pass did not save "
@@ -101,8 +96,7 @@ class FirstPassHooks final : public torch::autograd::SavedVariableHooks {
   at::Tensor kept_;
   bool parameter_ = false;
   bool dropped_ = false;
-  c10::VariableVersion counter_;
-  uint32_t version_ = 0;
+  SavedVersion version_;
 };
 
 // What a call site's first recompute in two passes saves, sized in a run of its own that keeps
