@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,32 @@ TEST(TwoPassRecomputeTest, DoubleBackwardRunsInOnePass) {
   const auto one = penalty(ckpt::CheckpointOptions());
   const auto two = penalty(two_passes());
   for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(bit_equal(one[i], two[i])) << i;
+}
+
+// Several backward passes through one region (retain_graph): outside a group each recomputes in
+// two passes (none of them lets go of the arguments but the last); in a group the kept graph is
+// recomputed once, in one pass.
+TEST(TwoPassRecomputeTest, SeveralBackwardPassesGiveThePlainGradients) {
+  auto model = std::make_shared<Attention>();
+  model->eval();
+  const at::Tensor input = torch::randn({2, 16, Attention::kWidth});
+  auto run = [&](bool checkpointed, bool grouped) {
+    const at::Tensor x = input.detach().requires_grad_();
+    const at::Tensor out =
+        checkpointed ? ckpt::checkpoint(two_passes(), model, x) : model->forward(x);
+    std::optional<ckpt::GraphExecGroup> group;
+    if (grouped) group.emplace();
+    for (int i = 0; i < 3; ++i) out.pow(i + 1).sum().backward({}, /*retain_graph=*/i < 2);
+    std::vector<at::Tensor> seen = take_grads(*model);
+    seen.push_back(x.grad());
+    return seen;
+  };
+  const auto plain = run(false, false);
+  for (const bool grouped : {false, true}) {
+    SCOPED_TRACE(grouped);
+    const auto two = run(true, grouped);
+    for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(plain[i], two[i])) << i;
+  }
 }
 
 // Regions inside run again in each pass, and their own recomputes run in their backward.
