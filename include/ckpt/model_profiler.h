@@ -53,8 +53,8 @@ struct ProfiledCandidate {
 struct ModelProfileOptions {
   /// The storage modes to measure each candidate in, beside keeping everything ("stored"). A mode
   /// is offered where it keeps less than "stored" and differs from the modes before it;
-  /// "offloaded" only on an accelerator. Default: `StorageModes::standard()`
-  TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
+  /// "offloaded" only on an accelerator. Default: `StorageModes::defaults()`
+  TORCH_ARG(StorageModes, storage_modes) = StorageModes::defaults();
   /// The policy of the "selective" mode; an empty one turns it off. Default: `save_matmuls()`
   TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();
   /// Measure the steps starting without parameter gradients (after `zero_grad()`), so that those

@@ -33,9 +33,9 @@ struct StepConditions;
 /// Options of `PlannedModel`.
 struct PlannedModelOptions {
   /// The storage modes a candidate may run in, beside keeping everything. Default:
-  /// `StorageModes::standard()` ("checkpointed", "two_pass", "selective", and "offloaded" on
-  /// accelerators)
-  TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
+  /// `StorageModes::defaults()` ("checkpointed", "selective", and "offloaded" on accelerators;
+  /// `StorageModes::standard()` adds "two_pass")
+  TORCH_ARG(StorageModes, storage_modes) = StorageModes::defaults();
   /// The policy of the "selective" mode; an empty one turns it off. Default: `save_matmuls()`
   TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();
   /// Host memory the "offloaded" mode may hold at once, in bytes: in planned steps, and in the

@@ -125,8 +125,8 @@ struct PlannedSequentialOptions {
   /// The storage modes a stage may use (`ckpt::StorageModes`): the profiler measures each, the
   /// solver may choose any, and the executor runs the stages of a profile's options with them.
   /// A profile from elsewhere must name its options after these. Default:
-  /// `StorageModes::standard()`
-  TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
+  /// `StorageModes::defaults()`
+  TORCH_ARG(StorageModes, storage_modes) = StorageModes::defaults();
   /// Host memory the "offloaded" storage mode may hold at once, in bytes: the solver keeps the
   /// plan's host peak within it (docs/memory-model.md, "Offloading"). Default: unlimited
   TORCH_ARG(int64_t, host_budget_bytes) = std::numeric_limits<int64_t>::max();

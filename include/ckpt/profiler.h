@@ -47,8 +47,8 @@ struct ProfileOptions {
   /// the planner as a storage option named after it where it keeps less than the plain stage and
   /// differs from the modes offered before it (a selective policy that saves nothing of a stage
   /// keeps what "checkpointed" keeps). `StorageModes()` offers none. Default:
-  /// `StorageModes::standard()`
-  TORCH_ARG(StorageModes, storage_modes) = StorageModes::standard();
+  /// `StorageModes::defaults()`
+  TORCH_ARG(StorageModes, storage_modes) = StorageModes::defaults();
   /// The policy of the "selective" storage mode; an empty policy turns it off.
   /// Default: `save_matmuls()`
   TORCH_ARG(SelectivePolicy, selective_policy) = save_matmuls();

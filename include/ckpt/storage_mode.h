@@ -72,6 +72,11 @@ class StorageModes {
   /// `CheckpointOptions().offload(true)`: keeps the output, and what the backward needs in host
   /// memory; offered by the profiler on accelerators only).
   static StorageModes standard();
+  /// What the profilers and planners use unless told otherwise: the standard modes but
+  /// "two_pass", whose recompute stops the stage's function midway by an exception thrown through
+  /// it (docs/limits.md, "A region's backward"): opt in with `standard()` where the functions are
+  /// yours to vouch for (the `ckpt` command's models are).
+  static StorageModes defaults();
 
   /// Adds `mode` at the end. An empty name, a name with characters other than letters, digits
   /// and '_', a name already present or a mode without `region` is an error (c10::Error).

@@ -37,6 +37,10 @@ StorageModes StorageModes::standard() {
   return modes;
 }
 
+StorageModes StorageModes::defaults() {
+  return standard().remove("two_pass");
+}
+
 std::optional<CheckpointOptions> StorageMode::region_on(const StorageSettings& settings,
                                                         c10::Device device) const {
   std::optional<CheckpointOptions> options = region(settings);

@@ -22,6 +22,8 @@ TEST(StorageModes, StandardHasCheckpointedTwoPassSelectiveAndOffloaded) {
   const auto two_pass = modes.at("two_pass", "test").region(ckpt::StorageSettings{});
   ASSERT_TRUE(two_pass.has_value());
   EXPECT_TRUE(two_pass->two_pass_recompute());
+  // What the planners use unless told: all but "two_pass", which stops functions midway.
+  EXPECT_EQ(ckpt::StorageModes::defaults().names(), "checkpointed, selective, offloaded");
   const auto offloaded = modes.at("offloaded", "test").region(ckpt::StorageSettings{});
   ASSERT_TRUE(offloaded.has_value());
   EXPECT_TRUE(offloaded->offload());

@@ -222,24 +222,20 @@ TEST(ModeledDeviceTest, ADeviceProfileRoundTripsThroughItsFileAndBadFilesSayWhy)
 namespace modeled_device_test {
 
 // PlannedModel's profiler too: a U-Net whose blocks mark candidates, profiled on the meta device,
-// predicts the peaks of its real profile for the same choices. Without "two_pass", whose
-// backward the model sees a few blocks off (tests/device/modeled_device_test.cpp): a candidate's
-// option equal to another in one profile is offered once, and the choices' numbers part.
+// predicts the peaks of its real profile for the same choices.
 TEST(ModeledDeviceTest, AMetaProfileOfAMarkedModelPredictsTheRealProfilesPeaks) {
   const auto config = ckpt::models::unet_config(/*quick=*/true);
   auto model = ckpt::models::make_unet(config);
   const at::Tensor x = ckpt::models::unet_input(config);
-  const auto options =
-      ckpt::ModelProfileOptions().storage_modes(ckpt::StorageModes::standard().remove("two_pass"));
-  const auto real = ckpt::profile_model(
-      model.ptr(), [&] { return model->forward(x).pow(2).mean(); }, options);
+  const auto real =
+      ckpt::profile_model(model.ptr(), [&] { return model->forward(x).pow(2).mean(); });
 
   auto meta = ckpt::models::make_unet(config);
   ckpt::move_to_meta(*meta);
   const at::Tensor meta_x = torch::empty(x.sizes(), x.options().device(torch::kMeta));
   const ckpt::ModeledDevice device(cpu_profile());
-  const auto modeled = ckpt::profile_model(
-      meta.ptr(), [&] { return meta->forward(meta_x).pow(2).mean(); }, options);
+  const auto modeled =
+      ckpt::profile_model(meta.ptr(), [&] { return meta->forward(meta_x).pow(2).mean(); });
 
   ASSERT_EQ(modeled.profile.candidates.size(), real.profile.candidates.size());
   const int64_t smallest = ckpt::plan::min_model_budget(modeled.profile);
