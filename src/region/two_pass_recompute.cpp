@@ -268,6 +268,8 @@ std::vector<at::Tensor> TwoPassRecompute::first_pass() const {
     passes.seen_set.clear();
   }
   passes.drop_head();
+  // No head: no second pass to read the arguments again.
+  if (passes.head == 0 && passes.let_go_after) passes.state->let_go_of_arguments();
   return outputs;
 }
 

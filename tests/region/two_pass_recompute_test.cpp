@@ -9,9 +9,11 @@
 #include "support/support.h"
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace two_pass_recompute_test {
@@ -77,6 +79,19 @@ void expect_same(const Step& plain, const Step& step) {
   }
 }
 
+// `run(checkpointed)` gives what a step leaves (gradients, buffers, random draws after it): two
+// steps in two passes (the first sizes the call site's function) against the plain step, to the
+// bit.
+void expect_plain_bits(const std::function<std::vector<at::Tensor>(bool checkpointed)>& run) {
+  const auto plain = run(false);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(step);
+    const auto two = run(true);
+    ASSERT_EQ(plain.size(), two.size());
+    for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(plain[i], two[i])) << i;
+  }
+}
+
 TEST(TwoPassRecomputeTest, AttentionsBackwardHoldsLessAndGivesThePlainGradients) {
   auto model = std::make_shared<Attention>();
   const at::Tensor input = torch::randn({2, 128, Attention::kWidth});
@@ -111,17 +126,12 @@ TEST(TwoPassRecomputeTest, BatchNormStatisticsAreUpdatedOnce) {
     for (const auto& buffer : copy->buffers()) seen.push_back(buffer.clone());
     return seen;
   };
-  const auto plain = run(false);
-  for (int step = 0; step < 2; ++step) {
-    const auto two = run(true);
-    ASSERT_EQ(plain.size(), two.size());
-    for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(plain[i], two[i])) << i;
-  }
+  expect_plain_bits(run);
 }
 
 // Differentiated again (a gradient penalty) or kept for later backward passes, the recomputed
 // graph holds all it saved anyway: one pass, the gradients of one pass.
-TEST(TwoPassRecomputeTest, DoubleBackwardRunsInOnePass) {
+TEST(TwoPassRecomputeTest, DoubleBackwardGivesTheGradientsOfOnePass) {
   auto model = std::make_shared<Attention>();
   model->eval();  // no dropout: the penalty's two backward passes draw nothing
   const at::Tensor input = torch::randn({2, 16, Attention::kWidth});
@@ -186,18 +196,16 @@ TEST(TwoPassRecomputeTest, NestedRegionsGiveThePlainGradients) {
     seen.push_back(torch::rand({2}));
     return seen;
   };
-  const auto plain = run(false);
-  for (int step = 0; step < 2; ++step) {
-    const auto two = run(true);
-    for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(plain[i], two[i])) << i;
-  }
+  expect_plain_bits(run);
 }
 
-// Sizes that follow from values (masked_select) in the head: both passes see the same values.
-TEST(TwoPassRecomputeTest, SizesThatFollowFromValuesAreTheSameInBothPasses) {
+// Sizes that follow from values (masked_select) and a value read in C++ (data_ptr) in the head:
+// both passes compute every value, so both see the forward's.
+TEST(TwoPassRecomputeTest, ValuesReadInTheHeadAreTheSameInBothPasses) {
   torch::nn::Linear first(32, 32), second(32, 32);
   auto fn = [&](const at::Tensor& x) {
-    const at::Tensor h = first(x);
+    at::Tensor h = first(x);
+    if (h.contiguous().data_ptr<float>()[0] > 0) h = h * 2;
     const at::Tensor picked = h.masked_select(h > 0).sin();  // sin saves its argument
     return second(torch::tanh(h)).sum() + picked.exp().sum() + torch::dropout(h, 0.5, true).sum();
   };
@@ -211,10 +219,38 @@ TEST(TwoPassRecomputeTest, SizesThatFollowFromValuesAreTheSameInBothPasses) {
     seen.push_back(x.grad());
     return seen;
   };
-  const auto plain = run(false);
-  for (int step = 0; step < 2; ++step) {
-    const auto two = run(true);
-    for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(plain[i], two[i])) << i;
+  expect_plain_bits(run);
+}
+
+// Steps on two threads at once through one call site (each its own model): each backward's
+// passes are its own, and the call site's learned head is shared.
+TEST(TwoPassRecomputeTest, StepsOnTwoThreadsGiveThePlainGradients) {
+  const at::Tensor input = torch::randn({2, 32, Attention::kWidth});
+  auto step = [&](const std::shared_ptr<Attention>& model, bool checkpointed) {
+    const at::Tensor x = input.detach().requires_grad_();
+    const at::Tensor y =
+        checkpointed ? ckpt::checkpoint(two_passes(), model, x) : model->forward(x);
+    y.pow(2).sum().backward();
+    std::vector<at::Tensor> seen = take_grads(*model);
+    seen.push_back(x.grad());
+    return seen;
+  };
+  std::vector<std::shared_ptr<Attention>> models{std::make_shared<Attention>(),
+                                                 std::make_shared<Attention>()};
+  std::vector<std::vector<at::Tensor>> plain, two(2);
+  for (auto& model : models) {
+    model->eval();  // no dropout: the threads' draws would interleave
+    plain.push_back(step(model, false));
+  }
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < models.size(); ++t)
+      threads.emplace_back([&, t] { two[t] = step(models[t], true); });
+    for (auto& thread : threads) thread.join();
+    for (size_t t = 0; t < models.size(); ++t) {
+      for (size_t i = 0; i < plain[t].size(); ++i)
+        EXPECT_TRUE(bit_equal(plain[t][i], two[t][i])) << "thread " << t << ", " << i;
+    }
   }
 }
 
