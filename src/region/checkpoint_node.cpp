@@ -71,7 +71,15 @@ NonReentrantBackward::NonReentrantBackward(std::shared_ptr<RegionState> state, B
 
 void NonReentrantBackward::release_variables() {
   std::lock_guard<std::mutex> lock(mutex_);
+  const bool by_enclosing_forward = !state_->in_engine_call;
   state_->end_backward();
+  if (by_enclosing_forward) {
+    // An enclosing forward let go of its graph: this node never runs, and holds no copy of its
+    // edges either (the enclosing region counts who holds the nodes they lead to).
+    boundary_ = Boundary();
+    forwarded_.reset();
+    return;
+  }
   if (forwarded_ == nullptr || !state_->released) return;
   // The region is done: its node lets go of the recomputed graph, after the engine has routed
   // this call's gradients along the edges into it.

@@ -425,7 +425,8 @@ void Region::ForwardScope::finished() {
 }
 
 bool Region::ForwardScope::failed_on_released_graph(const ReleasedGraphError& error) const {
-  return caching_ != nullptr && error.forward_id() == caching_->id();
+  const GraphRelease* release = caching_ ? caching_->release() : nullptr;
+  return release != nullptr && error.forward_id() == release->id();
 }
 
 ReleasedGraphError::ReleasedGraphError(uint64_t forward_id)
@@ -437,17 +438,31 @@ ReleasedGraphError::ReleasedGraphError(uint64_t forward_id)
                  "graph); outside it, backward through the region's outputs instead."),
       forward_id_(forward_id) {}
 
-void Region::prepare_second_forward() {
+bool Region::ForwardScope::released_node_held_outside(const std::vector<at::Tensor>& outputs) {
+  GraphRelease* release = caching_ ? caching_->release() : nullptr;
+  return release != nullptr && release->held_outside(outputs);
+}
+
+void Region::prepare_second_forward(bool escaped) {
   RegionState& state = *state_;
   // This region keeps its graph now, whatever moment its call site answers for (a recompute
   // around it makes it as its site stood before it learned this, and it learns it again).
   state.keeps_forward_graph = true;
   const bool news = site_->learn_keeps_forward_graph();
-  state.kept->entries.clear();
+  if (state.kept) state.kept->entries.clear();
   state.forward_ops.clear();
   state.forward_values.clear();
   state.rng->restore();
   if (!news) return;
+  if (escaped) {
+    TORCH_WARN(
+        "ckpt::checkpoint: the function stored an intermediate tensor outside its selectively "
+        "checkpointed region (not among its outputs), whose graph the region's forward lets go "
+        "of as it goes. The region ran the function again keeping that graph, and will keep it "
+        "at this call site from now on. Return the tensor from the function instead to keep the "
+        "forward's memory low.");
+    return;
+  }
   TORCH_WARN(
       "ckpt::checkpoint: the function ran a backward through its own intermediates inside a "
       "selectively checkpointed region, whose forward lets go of their saved tensors as it goes. "

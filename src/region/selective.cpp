@@ -15,6 +15,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace ckpt {
@@ -209,7 +210,7 @@ at::Tensor RememberedOutput::get() const {
 void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (names_tensor(op)) return name(op, stack);
   const size_t call = calls_++;
-  if (release_graph_) release_producers(op, *stack);
+  if (release_) release_->release_producers(op, *stack);
   const std::vector<const c10::StorageImpl*> arguments =
       tensor_storages(*stack, stack->size() - op.schema().arguments().size());
   Writes writes;
@@ -244,7 +245,11 @@ void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* sta
 
 CachingMode::CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph,
                          const RngStash* rng)
-    : policy_(std::move(policy)), kept_(kept), release_graph_(release_graph), rng_(rng) {
+    : policy_(std::move(policy)), kept_(kept), rng_(rng) {
+  if (release_graph) release_.emplace();
+}
+
+GraphRelease::GraphRelease() {
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id.fetch_add(1, std::memory_order_relaxed);
 }
@@ -388,19 +393,64 @@ std::string CachingMode::keep_named(const at::Tensor& tensor, bool must, bool of
 // The arguments' nodes are complete (autograd, above the mode, recorded them when their
 // operators returned). The node is read from the autograd metadata directly: `grad_fn()` would
 // create one for a view.
-void CachingMode::release_producers(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+void GraphRelease::release_producers(const c10::OperatorHandle& op,
+                                     const torch::jit::Stack& stack) {
   const size_t count = op.schema().arguments().size();
   for (size_t i = stack.size() - count; i < stack.size(); ++i) {
     map_tensors(stack[i], [&](const at::Tensor& t) {
       const auto* meta = t.defined() ? torch::autograd::impl::get_autograd_meta(t) : nullptr;
       Node* node = meta != nullptr ? meta->grad_fn_.get() : nullptr;
-      if (node != nullptr && marker_.created_inside(*node) && released_.insert(node).second) {
-        node->release_variables();
-        node->add_pre_hook(std::make_unique<ReleasedNodeHook>(id_));
-      }
+      if (node != nullptr && marker_.created_inside(*node)) release(*node);
       return t;
     });
   }
+}
+
+void GraphRelease::release(Node& node) {
+  if (!released_.insert(&node).second) return;
+  node.release_variables();
+  node.add_pre_hook(std::make_unique<ReleasedNodeHook>(id_));
+  released_nodes_.push_back(compat::weak_node(node));
+}
+
+// Every holder of a released node is counted: the graph's edges into it, and the grad_fn of each
+// distinct output (or base of an output view). Any holder more is outside the region's sight.
+bool GraphRelease::held_outside(const std::vector<at::Tensor>& outputs) {
+  if (released_nodes_.empty()) return false;
+  std::unordered_map<const Node*, long> holders;
+  std::unordered_set<const c10::TensorImpl*> seen_tensors;
+  std::vector<Node*> pending;
+  std::unordered_set<const Node*> visited;
+  const auto visit = [&](Node* node) {
+    if (node != nullptr && marker_.created_inside(*node) && visited.insert(node).second) {
+      pending.push_back(node);
+    }
+  };
+  const auto note_tensor = [&](const at::Tensor& t) {
+    if (!t.defined() || !seen_tensors.insert(t.unsafeGetTensorImpl()).second) return;
+    const auto* meta = torch::autograd::impl::get_autograd_meta(t);
+    Node* node = meta != nullptr ? meta->grad_fn_.get() : nullptr;
+    ++holders[node];
+    visit(node);
+  };
+  for (const at::Tensor& output : outputs) {
+    note_tensor(output);
+    if (output.defined() && output.is_view()) note_tensor(at::Tensor(output._base()));
+  }
+  while (!pending.empty()) {
+    Node* node = pending.back();
+    pending.pop_back();
+    release(*node);
+    for (const torch::autograd::Edge& edge : node->next_edges()) {
+      ++holders[edge.function.get()];
+      visit(edge.function.get());
+    }
+  }
+  for (const compat::WeakNodePtr& weak : released_nodes_) {
+    const auto node = weak.lock();
+    if (node && static_cast<long>(node.use_count()) - 1 > holders[node.get()]) return true;
+  }
+  return false;
 }
 
 // A write into kept data that nothing has read since it was kept (or last written) is absorbed:

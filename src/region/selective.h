@@ -9,6 +9,7 @@
 #include "autograd/graph.h"
 #include "autograd/host_offload.h"
 #include "autograd/rng_state.h"
+#include "compat/torch_compat.h"
 
 #include <ckpt/selective.h>
 
@@ -18,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -105,6 +107,33 @@ struct RememberedOutput {
   at::TensorOptions options;
 };
 
+/// Lets go of the saved tensors of a region's forward graph as the forward goes, as PyTorch's
+/// pack hooks drop them: when an operator consumes a tensor that a node of the region computed,
+/// that node's variables are released. The graph then serves only to find the border. A backward
+/// through a released node raises `ReleasedGraphError` with this release's id, which
+/// `Region::run_forward` answers by running the function again without releasing.
+class GraphRelease {
+ public:
+  GraphRelease();
+  /// Releases the region's nodes that computed the tensors among `op`'s arguments on `stack`.
+  void release_producers(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+  /// At the forward's end: releases the rest of the region's graph behind `outputs` (its last
+  /// operators' nodes), and tells whether something besides that graph and `outputs` still holds
+  /// a node it released: an intermediate the function stored elsewhere, whose backward would
+  /// reach the released node. Nested regions let go of their arguments as their nodes release.
+  bool held_outside(const std::vector<at::Tensor>& outputs);
+  /// The id that the `ReleasedGraphError`s of the nodes it released carry (unique per process).
+  uint64_t id() const { return id_; }
+
+ private:
+  void release(Node& node);
+
+  uint64_t id_;
+  std::unordered_set<const Node*> released_;
+  std::vector<compat::WeakNodePtr> released_nodes_;  // the same nodes, to see who holds them
+  RegionMarker marker_;  // the region's nodes are those created after the release starts
+};
+
 /// Keeps the outputs the policy saves (the region's forward), and watches what the operators after
 /// them do to their data. An in-place write with nothing reading the data since it was kept (or
 /// last written) is absorbed: the entry keeps the written data, and the replay skips the write.
@@ -114,11 +143,7 @@ struct RememberedOutput {
 /// before the write.
 ///
 /// With `release_graph`, it also lets go of the region's forward graph's saved tensors as it
-/// goes, as PyTorch's pack hooks drop them: when an operator consumes a tensor that a node of the
-/// region computed, that node's variables are released. The graph then serves only to find the
-/// border. A backward through the region's own intermediates inside its forward reaches a
-/// released node, whose pre-hook raises `ReleasedGraphError` with this mode's id; the region
-/// then runs its function again without releasing (`Region::run_forward`).
+/// goes (`GraphRelease`).
 ///
 /// A name (`checkpoint_name`) arrives after the call that computed the named data, so the mode
 /// remembers, for the data each call creates, that call and its outputs (without holding them),
@@ -129,15 +154,14 @@ class CachingMode : public DispatchMode {
   CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph,
               const RngStash* rng = nullptr);
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
-  /// The id that the `ReleasedGraphError`s of the nodes it released carry (unique per process).
-  uint64_t id() const { return id_; }
+  /// Its release of the forward's graph, or null (`release_graph` false).
+  GraphRelease* release() { return release_ ? &*release_ : nullptr; }
 
  private:
   void before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                     const std::vector<const c10::StorageImpl*>& written);
   void note_reads(const std::vector<const c10::StorageImpl*>& arguments,
                   const torch::jit::Stack& outputs, size_t output_count);
-  void release_producers(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
   void name(const c10::OperatorHandle& op, torch::jit::Stack* stack);
   std::string keep_named(const at::Tensor& tensor, bool must, bool offload);
   struct Writes;
@@ -173,14 +197,11 @@ class CachingMode : public DispatchMode {
 
   SelectivePolicy policy_;
   KeptOutputs& kept_;
-  bool release_graph_;
+  std::optional<GraphRelease> release_;
   const RngStash* rng_;
-  uint64_t id_;
   size_t calls_ = 0;  // operator calls so far (names not counted)
   std::unordered_map<const c10::StorageImpl*, Data> data_;
   std::unordered_set<std::string> names_;
-  std::unordered_set<const Node*> released_;
-  RegionMarker marker_;  // the region's nodes are those created after the mode starts
 };
 
 /// Hands the kept outputs back in the same order (the recompute), and runs everything else. With

@@ -3,6 +3,7 @@
 // The non-template core of `ckpt::checkpoint`: the templates in <ckpt/checkpoint.h> find the
 // tensors among arguments and results and hand them to a `Region`, which does the autograd work.
 
+#include <ckpt/detail/traversal.h>
 #include <ckpt/memory_label.h>
 #include <ckpt/options.h>
 
@@ -190,24 +191,31 @@ class Region {
   /// Runs the forward call `fn` inside a `ForwardScope` and returns its result. Under a
   /// selective policy the forward lets go of its graph's saved tensors as it goes (as PyTorch's
   /// pack hooks drop them). A function that then runs a backward through its own intermediates
-  /// inside the region fails on them; the region runs it again keeping the graph whole, as it
-  /// will at this call site from now on (PyTorch recomputes the function in that case too). In
-  /// between, the random generators and the modules' buffers go back to where the first run
-  /// started.
+  /// inside the region fails on them, and one that stores an intermediate elsewhere (not among
+  /// its results) would fail in the backward through it; the region runs either again keeping
+  /// the graph whole, as it will at this call site from now on (PyTorch recomputes the function
+  /// in those cases too). In between, the random generators, the modules' buffers and what the
+  /// function wrote outside the region go back to where the first run started.
   template <class Fn>
   auto run_forward(Fn&& fn) -> decltype(fn()) {
     for (;;) {
       {
         ForwardScope scope(*this);
+        bool escaped = false;
         try {
           auto result = fn();
-          scope.finished();
-          return result;
+          std::vector<at::Tensor> outputs;
+          collect_tensors(result, outputs);
+          escaped = scope.released_node_held_outside(outputs);
+          if (!escaped) {
+            scope.finished();
+            return result;
+          }
         } catch (const ReleasedGraphError& error) {
           if (!scope.failed_on_released_graph(error)) throw;
         }
+        prepare_second_forward(escaped);
       }
-      prepare_second_forward();
     }
   }
 
@@ -226,6 +234,9 @@ class Region {
     void finished();
     /// Whether `error` is a backward inside the function reaching a node this forward released.
     bool failed_on_released_graph(const ReleasedGraphError& error) const;
+    /// Whether, the function having returned `outputs`, something besides them still holds a
+    /// node of the graph this forward released (an intermediate the function stored elsewhere).
+    bool released_node_held_outside(const std::vector<at::Tensor>& outputs);
 
    private:
     Region& region_;
@@ -259,7 +270,7 @@ class Region {
   std::vector<at::Tensor> finish_non_reentrant(std::vector<at::Tensor> outputs);
   std::vector<at::Tensor> finish_reentrant(std::vector<at::Tensor> outputs);
   void apply_request();
-  void prepare_second_forward();
+  void prepare_second_forward(bool escaped);
   bool wrote_into_inputs_unexpectedly();
   bool wrote_into_buffers_unexpectedly();
   bool drew_beside_a_replay();
