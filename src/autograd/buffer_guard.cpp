@@ -93,6 +93,13 @@ uint64_t BuffersAtForward::finish() {
   return written;
 }
 
+bool BuffersAtForward::lost_so_far() const {
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (!copies_[i].defined() && buffers_[i]._version() != versions_[i]) return true;
+  }
+  return false;
+}
+
 void BuffersAtForward::restore() const {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < buffers_.size(); ++i) {

@@ -51,6 +51,9 @@ class BuffersAtForward {
   uint64_t finish();
   /// Whether the forward wrote into a buffer that was not copied: its value before is lost.
   bool lost() const { return lost_; }
+  /// Before `finish`: whether the forward so far wrote (its version moved) into a buffer that
+  /// was not copied.
+  bool lost_so_far() const;
   /// Writes the copies into their buffers, through aliases that leave their version counters.
   void restore() const;
 

@@ -386,16 +386,21 @@ Region::ForwardScope::ForwardScope(Region& region)
     hooks_off_ = std::make_unique<SavedTensorHooksScope>(SavedHooksFactory());
   }
   RegionState& state = *region.state_;
+  // The forward lets go of its graph's saved tensors as it goes, as PyTorch's pack hooks drop
+  // them, where a second run can start from the same random state (without a stash, and where an
+  // argument the function writes into leads from outside into the graph, it keeps the graph).
+  const bool release_graph = !state.options.use_reentrant() && state.rng.has_value() &&
+                             state.input_copies.empty() && !state.keeps_forward_graph &&
+                             !region.site_->keeps_forward_graph_at(state.learned_moment);
+  if (release_graph) buffers_ = std::make_unique<BufferGuard>(state.modules);
   if (state.kept) {
-    // A second run must start from the same random state: without a stash, keep the graph. An
-    // argument the function writes into leads from outside into the graph: keep it too.
-    const bool release_graph = state.rng.has_value() && state.input_copies.empty() &&
-                               !state.keeps_forward_graph &&
-                               !region.site_->keeps_forward_graph_at(state.learned_moment);
-    if (release_graph) buffers_ = std::make_unique<BufferGuard>(state.modules);
-    caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept, release_graph,
+    caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept,
+                                             release_graph ? &state.inputs : nullptr,
                                              state.rng ? &*state.rng : nullptr);
     caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
+  } else if (release_graph) {
+    releasing_ = std::make_unique<ReleasingMode>(state.inputs);
+    releasing_guard_ = std::make_unique<DispatchModeGuard>(*releasing_);
   }
   if (region.report_) {
     report_ = std::make_unique<ReportMode>(state.kept.get(), region.report_->start_forward());
@@ -418,56 +423,87 @@ Region::ForwardScope::ForwardScope(Region& region)
 Region::ForwardScope::~ForwardScope() = default;
 
 void Region::ForwardScope::finished() {
+  const GraphRelease* graph_release = release();
+  region_.state_->forward_graph_whole = graph_release == nullptr || !graph_release->released_any();
   if (buffers_) buffers_->dismiss();
   region_.state_->outside_at_forward = outside_->finished();
   region_.state_->outside_reads = outside_->take_reads();
   region_.state_->forward_draws = outside_->random_draws();
 }
 
+GraphRelease* Region::ForwardScope::release() const {
+  return caching_ ? caching_->release() : releasing_ ? &releasing_->release() : nullptr;
+}
+
 bool Region::ForwardScope::failed_on_released_graph(const ReleasedGraphError& error) const {
-  const GraphRelease* release = caching_ ? caching_->release() : nullptr;
-  return release != nullptr && error.forward_id() == release->id();
+  const GraphRelease* graph_release = release();
+  return graph_release != nullptr && error.forward_id() == graph_release->id();
 }
 
-ReleasedGraphError::ReleasedGraphError(uint64_t forward_id)
+std::optional<KeepGraphReason> Region::ForwardScope::released_graph_needed(
+    const std::vector<at::Tensor>& outputs) {
+  GraphRelease* graph_release = release();
+  if (graph_release == nullptr || !graph_release->released_any()) return std::nullopt;
+  // `Region::finish` keeps this call's graph where a buffer was written that no copy can put back,
+  // or where the forward drew beside another thread's replay.
+  RegionState& state = *region_.state_;
+  if (state.buffers_at_forward.lost_so_far()) return KeepGraphReason::WroteBuffer;
+  state.rng->note_forward_end(outside_->random_draws());
+  if (state.rng->forward_beside_replay(outside_->random_draws())) {
+    return KeepGraphReason::DrewBesideReplay;
+  }
+  if (graph_release->held_outside(outputs)) return KeepGraphReason::StoredOutside;
+  return std::nullopt;
+}
+
+namespace {
+const char* released_graph_message(KeepGraphReason reason) {
+  if (reason == KeepGraphReason::WroteArgument) {
+    return "ckpt::checkpoint: the function writes into its argument after its forward let go of "
+           "saved tensors; the region runs it again keeping its graph.";
+  }
+  return "ckpt::checkpoint: Trying to backward through the graph of a checkpointed region's "
+         "forward, whose saved tensors the forward released as it went (as PyTorch's "
+         "checkpointing drops them). A backward through the region's intermediates works "
+         "inside its function (the region then keeps its graph); outside it, backward through "
+         "the region's outputs instead.";
+}
+}  // namespace
+
+ReleasedGraphError::ReleasedGraphError(uint64_t forward_id, KeepGraphReason reason)
     : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                 "ckpt::checkpoint: Trying to backward through the graph of a selectively "
-                 "checkpointed region's forward, whose saved tensors the forward released as it "
-                 "went (as PyTorch's selective checkpointing drops them). A backward through the "
-                 "region's intermediates works inside its function (the region then keeps its "
-                 "graph); outside it, backward through the region's outputs instead."),
-      forward_id_(forward_id) {}
+                 released_graph_message(reason)),
+      forward_id_(forward_id),
+      reason_(reason) {}
 
-bool Region::ForwardScope::released_node_held_outside(const std::vector<at::Tensor>& outputs) {
-  GraphRelease* release = caching_ ? caching_->release() : nullptr;
-  return release != nullptr && release->held_outside(outputs);
-}
-
-void Region::prepare_second_forward(bool escaped) {
+void Region::prepare_second_forward(KeepGraphReason reason) {
   RegionState& state = *state_;
   // This region keeps its graph now, whatever moment its call site answers for (a recompute
   // around it makes it as its site stood before it learned this, and it learns it again).
   state.keeps_forward_graph = true;
-  const bool news = site_->learn_keeps_forward_graph();
   if (state.kept) state.kept->entries.clear();
   state.forward_ops.clear();
   state.forward_values.clear();
   state.rng->restore();
-  if (!news) return;
-  if (escaped) {
+  // This call keeps its graph (`finish` says why; a call site learns to copy what was written),
+  // and later calls let go of theirs again.
+  if (reason == KeepGraphReason::WroteArgument || reason == KeepGraphReason::WroteBuffer ||
+      reason == KeepGraphReason::DrewBesideReplay) {
+    return;
+  }
+  if (!site_->learn_keeps_forward_graph()) return;
+  if (reason == KeepGraphReason::StoredOutside) {
     TORCH_WARN(
-        "ckpt::checkpoint: the function stored an intermediate tensor outside its selectively "
-        "checkpointed region (not among its outputs), whose graph the region's forward lets go "
-        "of as it goes. The region ran the function again keeping that graph, and will keep it "
-        "at this call site from now on. Return the tensor from the function instead to keep the "
-        "forward's memory low.");
+        "ckpt::checkpoint: the function stored an intermediate tensor outside its region (not "
+        "among its results), whose graph the region's forward lets go of as it goes. The region "
+        "ran the function again keeping that graph, and will keep it at this call site from now "
+        "on. Return the tensor from the function instead to keep the forward's memory low.");
     return;
   }
   TORCH_WARN(
       "ckpt::checkpoint: the function ran a backward through its own intermediates inside a "
-      "selectively checkpointed region, whose forward lets go of their saved tensors as it goes. "
-      "The region ran the function again keeping them, and will keep them at this call site from "
-      "now on.");
+      "checkpointed region, whose forward lets go of their saved tensors as it goes. The region "
+      "ran the function again keeping them, and will keep them at this call site from now on.");
 }
 
 // The function wrote into a tensor argument that was not copied, so the recompute cannot start
@@ -502,7 +538,7 @@ bool Region::wrote_into_inputs_unexpectedly() {
   }
   // Learned already where a recompute makes the region again as its forward did: said then.
   const bool news = site_->learn_written_inputs(written);
-  const bool keeps_graph = !state.options.use_reentrant() && !state.kept;
+  const bool keeps_graph = !state.options.use_reentrant() && state.forward_graph_whole;
   const std::string advice =
       "From now on this call site copies that argument before the function (one copy per call, "
       "kept until the backward instead of the argument), so later calls are checkpointed. To "
@@ -517,7 +553,7 @@ bool Region::wrote_into_inputs_unexpectedly() {
   if (state.rng.has_value()) state.rng->restore();
   TORCH_CHECK(false, what, "This call could not be checkpointed (",
               state.options.use_reentrant() ? "use_reentrant(true) records no graph"
-                                            : "a selective region lets go of its graph",
+                                            : "its forward let go of its graph",
               ") and failed; run it again. ", advice);
 }
 
@@ -541,14 +577,14 @@ bool Region::wrote_into_buffers_unexpectedly() {
       "value the forward left instead of the one it started from (a module that updates a "
       "buffer and then reads it would compute other values). From now on this call site copies "
       "that buffer before the function. ";
-  if (!state.options.use_reentrant() && !state.kept) {
+  if (!state.options.use_reentrant() && state.forward_graph_whole) {
     TORCH_WARN(what, "This call keeps its activations instead of checkpointing them.");
     return true;
   }
   if (state.rng.has_value()) state.rng->restore();
   TORCH_CHECK(false, what, "This call could not be checkpointed (",
               state.options.use_reentrant() ? "use_reentrant(true) records no graph"
-                                            : "a selective region lets go of its graph",
+                                            : "its forward let go of its graph",
               ") and failed; run it again.");
 }
 
@@ -563,10 +599,10 @@ bool Region::drew_beside_a_replay() {
       "ckpt::checkpoint: another thread wrote a random state into a generator (to recompute a "
       "region of its own) while this region's forward drew random numbers from it, so a "
       "recompute could not repeat those draws. ";
-  TORCH_CHECK(!state.options.use_reentrant() && !state.kept, what,
+  TORCH_CHECK(!state.options.use_reentrant() && state.forward_graph_whole, what,
               "This call could not be checkpointed (",
               state.options.use_reentrant() ? "use_reentrant(true) records no graph"
-                                            : "a selective region lets go of its graph",
+                                            : "its forward let go of its graph",
               ") and failed. Run steps that draw random numbers inside checkpointed regions one "
               "thread at a time.");
   TORCH_WARN_ONCE(what,

@@ -74,6 +74,7 @@ struct RegionState {
   std::shared_ptr<CallSite> site;    // where the region was made: what early stop learned there
   uint64_t learned_moment = 0;       // when its forward began (`learning_moment`)
   bool keeps_forward_graph = false;  // a selective forward run again keeping its graph
+  bool forward_graph_whole = true;   // the forward let go of none of its graph's saved tensors
   bool recompute_twice = false;      // the backward recomputes in two passes (two_pass_recompute)
   std::weak_ptr<GroupState> forward_group;  // the GraphExecGroup current when the forward ran
   // From `context_fn`: what each recompute runs in (empty without).

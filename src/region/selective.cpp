@@ -243,15 +243,27 @@ void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* sta
   kept_.entries.push_back(std::move(entry));  // the latest call: the entries stay in call order
 }
 
-CachingMode::CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph,
-                         const RngStash* rng)
+CachingMode::CachingMode(SelectivePolicy policy, KeptOutputs& kept,
+                         const std::vector<at::Tensor>* released_inputs, const RngStash* rng)
     : policy_(std::move(policy)), kept_(kept), rng_(rng) {
-  if (release_graph) release_.emplace();
+  if (released_inputs != nullptr) release_.emplace(*released_inputs);
 }
 
-GraphRelease::GraphRelease() {
+GraphRelease::GraphRelease(const std::vector<at::Tensor>& inputs) {
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id.fetch_add(1, std::memory_order_relaxed);
+  for (const at::Tensor& input : inputs) {
+    if (const c10::StorageImpl* storage = storage_of(input)) argument_storages_.push_back(storage);
+  }
+}
+
+bool GraphRelease::writes_an_argument(const c10::OperatorHandle& op,
+                                      const torch::jit::Stack& stack) const {
+  if (argument_storages_.empty() || !op.schema().is_mutable()) return false;
+  const std::vector<const c10::StorageImpl*> written = written_storages(op, stack);
+  return std::any_of(written.begin(), written.end(), [&](const c10::StorageImpl* storage) {
+    return contains(argument_storages_, storage);
+  });
 }
 
 // What a call did to the data the region's calls created: wrote into some, read some (arguments
@@ -395,6 +407,12 @@ std::string CachingMode::keep_named(const at::Tensor& tensor, bool must, bool of
 // create one for a view.
 void GraphRelease::release_producers(const c10::OperatorHandle& op,
                                      const torch::jit::Stack& stack) {
+  if (stopped_) return;
+  if (writes_an_argument(op, stack)) {
+    stopped_ = true;
+    if (released_any()) throw ReleasedGraphError(id_, KeepGraphReason::WroteArgument);
+    return;
+  }
   const size_t count = op.schema().arguments().size();
   for (size_t i = stack.size() - count; i < stack.size(); ++i) {
     map_tensors(stack[i], [&](const at::Tensor& t) {
@@ -416,7 +434,7 @@ void GraphRelease::release(Node& node) {
 // Every holder of a released node is counted: the graph's edges into it, and the grad_fn of each
 // distinct output (or base of an output view). Any holder more is outside the region's sight.
 bool GraphRelease::held_outside(const std::vector<at::Tensor>& outputs) {
-  if (released_nodes_.empty()) return false;
+  if (stopped_ || released_nodes_.empty()) return false;
   std::unordered_map<const Node*, long> holders;
   std::unordered_set<const c10::TensorImpl*> seen_tensors;
   std::vector<Node*> pending;

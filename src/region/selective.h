@@ -114,9 +114,16 @@ struct RememberedOutput {
 /// `Region::run_forward` answers by running the function again without releasing.
 class GraphRelease {
  public:
-  GraphRelease();
-  /// Releases the region's nodes that computed the tensors among `op`'s arguments on `stack`.
+  /// `inputs`: the region's tensor arguments. Before the first write into one of them, the
+  /// release stops; where it released something already, it raises `ReleasedGraphError`
+  /// (`KeepGraphReason::WroteArgument`) before the write, so that the region runs the function
+  /// again keeping its graph, which a call that writes into its arguments keeps.
+  explicit GraphRelease(const std::vector<at::Tensor>& inputs);
+  /// Before `op` runs: releases the region's nodes that computed the tensors among its arguments
+  /// on `stack`.
   void release_producers(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+  /// Whether it released a node.
+  bool released_any() const { return !released_nodes_.empty(); }
   /// At the forward's end: releases the rest of the region's graph behind `outputs` (its last
   /// operators' nodes), and tells whether something besides that graph and `outputs` still holds
   /// a node it released: an intermediate the function stored elsewhere, whose backward would
@@ -128,10 +135,29 @@ class GraphRelease {
  private:
   void release(Node& node);
 
+  // Whether `op` writes into one of the arguments' data.
+  bool writes_an_argument(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
+
   uint64_t id_;
+  std::vector<const c10::StorageImpl*> argument_storages_;
+  bool stopped_ = false;  // an argument was written into: the rest of the graph is kept
   std::unordered_set<const Node*> released_;
   std::vector<compat::WeakNodePtr> released_nodes_;  // the same nodes, to see who holds them
   RegionMarker marker_;  // the region's nodes are those created after the release starts
+};
+
+/// A region's forward without a policy: only the release of its graph (see `GraphRelease`).
+class ReleasingMode : public DispatchMode {
+ public:
+  explicit ReleasingMode(const std::vector<at::Tensor>& inputs) : release_(inputs) {}
+  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override {
+    release_.release_producers(op, *stack);
+    run(op, stack);
+  }
+  GraphRelease& release() { return release_; }
+
+ private:
+  GraphRelease release_;
 };
 
 /// Keeps the outputs the policy saves (the region's forward), and watches what the operators after
@@ -142,7 +168,7 @@ class GraphRelease {
 /// a read, by a random operator, into an `out=` argument) makes the entry keep a copy taken
 /// before the write.
 ///
-/// With `release_graph`, it also lets go of the region's forward graph's saved tensors as it
+/// With `released_inputs`, it also lets go of the region's forward graph's saved tensors as it
 /// goes (`GraphRelease`).
 ///
 /// A name (`checkpoint_name`) arrives after the call that computed the named data, so the mode
@@ -151,10 +177,11 @@ class GraphRelease {
 /// among the kept ones. Errors it raises put the random generators back to `rng` (if given).
 class CachingMode : public DispatchMode {
  public:
-  CachingMode(SelectivePolicy policy, KeptOutputs& kept, bool release_graph,
-              const RngStash* rng = nullptr);
+  /// `released_inputs`: the region's arguments where it releases its graph, else null.
+  CachingMode(SelectivePolicy policy, KeptOutputs& kept,
+              const std::vector<at::Tensor>* released_inputs, const RngStash* rng = nullptr);
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
-  /// Its release of the forward's graph, or null (`release_graph` false).
+  /// Its release of the forward's graph, or null (no `released_inputs`).
   GraphRelease* release() { return release_ ? &*release_ : nullptr; }
 
  private:

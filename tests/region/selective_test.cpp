@@ -524,65 +524,6 @@ TEST(SelectiveTest, BackwardInsideTheForwardRunsTheFunctionAgainOnce) {
   }
 }
 
-// Keeps an intermediate for a loss of its own, outside the region's results.
-struct Stashing : torch::nn::Module {
-  Stashing()
-      : norm(register_module("norm", torch::nn::BatchNorm1d(3))),
-        dropout(register_module("dropout", torch::nn::Dropout(0.5))),
-        linear(register_module("linear", torch::nn::Linear(3, 3))) {}
-  at::Tensor forward(const at::Tensor& t) {
-    ++calls;
-    stashed = dropout(norm(t)).tanh();
-    return linear(stashed.pow(3)).sigmoid();
-  }
-  torch::nn::BatchNorm1d norm;
-  torch::nn::Dropout dropout;
-  torch::nn::Linear linear;
-  at::Tensor stashed;
-  int calls = 0;
-};
-
-// A backward through an intermediate that the function stored outside the region would reach
-// the nodes whose saved tensors the policy's forward let go of (autograd's error, in the step's
-// backward): the region finds the stored tensor holding them as the function returns, and runs
-// the function again keeping its graph, from the same random state and buffers, as it does at
-// that call site from then on. Values, the random stream and BatchNorm's statistics are those of
-// one plain run; the gradients too, up to the order in which the two paths' sums arrive.
-TEST(SelectiveTest, AnIntermediateStoredOutsideRunsTheFunctionAgainOnce) {
-  auto module = std::make_shared<Stashing>();
-  const auto input = torch::randn({4, 3});
-  const auto mean = module->norm->running_mean.clone(), var = module->norm->running_var.clone();
-  auto step = [&](bool checkpointed) {
-    {
-      torch::NoGradGuard no_grad;
-      module->norm->running_mean.copy_(mean);
-      module->norm->running_var.copy_(var);
-    }
-    module->calls = 0;
-    torch::manual_seed(3);
-    auto x = input.detach().requires_grad_();
-    const auto options = ckpt::CheckpointOptions().policy(ckpt::save_matmuls());
-    const at::Tensor out = checkpointed ? ckpt::checkpoint(options, module, x) : module->forward(x);
-    const at::Tensor loss = out.sum() + module->stashed.square().sum();
-    const auto grads = torch::autograd::grad({loss}, {x, module->linear->weight});
-    return std::vector<at::Tensor>{out,
-                                   torch::rand({2}),
-                                   module->norm->running_mean.clone(),
-                                   module->norm->running_var.clone(),
-                                   grads[0],
-                                   grads[1]};
-  };
-  const auto plain = step(false);
-  for (int run = 0; run < 2; ++run) {
-    SCOPED_TRACE("run " + std::to_string(run));
-    const auto checkpointed = step(true);
-    EXPECT_EQ(module->calls, run == 0 ? 3 : 2);
-    for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
-    for (size_t i = 4; i < plain.size(); ++i)
-      EXPECT_TRUE(torch::allclose(checkpointed[i], plain[i], 1e-6, 1e-7)) << i;
-  }
-}
-
 // The same inside another selective region: the outer forward releases the inner function's
 // nodes too, so the outer region runs again as well; both keep their graphs from then on.
 TEST(SelectiveTest, BackwardInsideANestedSelectiveRegionRunsBothAgain) {

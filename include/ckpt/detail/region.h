@@ -113,17 +113,31 @@ std::shared_ptr<CallSite> call_site(CallSite& fallback, const ModuleList& module
 /// detached copies): the call keeps none of its own.
 using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>* inputs)>;
 
-/// ckpt's signal that a backward inside a selectively checkpointed region's function reached a
-/// node whose saved tensors that forward released: raised by a pre-hook on each such node,
-/// caught by `Region::run_forward` (which runs the function again keeping its graph) when it is
-/// its own forward's, identified by `forward_id`.
+/// Why a region's forward, which lets go of its graph's saved tensors as it goes, runs its
+/// function again keeping the graph.
+enum class KeepGraphReason {
+  BackwardInside,    // the function ran a backward through its own intermediates
+  StoredOutside,     // it stored an intermediate outside the region, not among its results
+  WroteArgument,     // it writes into an argument: this call keeps its graph (Region::finish)
+  WroteBuffer,       // it wrote into a buffer not copied before: likewise
+  DrewBesideReplay,  // another thread replayed a generator it drew from: likewise
+};
+
+/// ckpt's signal that a region's forward needs the graph it released: a backward inside its
+/// function reached a node whose saved tensors that forward released (raised by a pre-hook on
+/// each such node), or the function is about to write into an argument. Caught by
+/// `Region::run_forward` (which runs the function again keeping its graph) when it is its own
+/// forward's, identified by `forward_id`.
 class ReleasedGraphError : public c10::Error {
  public:
-  explicit ReleasedGraphError(uint64_t forward_id);
+  explicit ReleasedGraphError(uint64_t forward_id,
+                              KeepGraphReason reason = KeepGraphReason::BackwardInside);
   uint64_t forward_id() const { return forward_id_; }
+  KeepGraphReason reason() const { return reason_; }
 
  private:
   uint64_t forward_id_;
+  KeepGraphReason reason_;
 };
 
 /// A region's output that its function can compute again (see `RegionRequest`): a region that
@@ -165,6 +179,8 @@ class RegionRequestScope {
 struct RegionState;
 class RegionMarker;
 class CachingMode;
+class ReleasingMode;
+class GraphRelease;
 class RecordingMode;
 class ValueRecordingMode;
 class DispatchModeGuard;
@@ -201,20 +217,22 @@ class Region {
     for (;;) {
       {
         ForwardScope scope(*this);
-        bool escaped = false;
+        KeepGraphReason reason = KeepGraphReason::BackwardInside;
         try {
           auto result = fn();
           std::vector<at::Tensor> outputs;
           collect_tensors(result, outputs);
-          escaped = scope.released_node_held_outside(outputs);
-          if (!escaped) {
+          const std::optional<KeepGraphReason> needed = scope.released_graph_needed(outputs);
+          if (!needed) {
             scope.finished();
             return result;
           }
+          reason = *needed;
         } catch (const ReleasedGraphError& error) {
           if (!scope.failed_on_released_graph(error)) throw;
+          reason = error.reason();
         }
-        prepare_second_forward(escaped);
+        prepare_second_forward(reason);
       }
     }
   }
@@ -234,11 +252,14 @@ class Region {
     void finished();
     /// Whether `error` is a backward inside the function reaching a node this forward released.
     bool failed_on_released_graph(const ReleasedGraphError& error) const;
-    /// Whether, the function having returned `outputs`, something besides them still holds a
-    /// node of the graph this forward released (an intermediate the function stored elsewhere).
-    bool released_node_held_outside(const std::vector<at::Tensor>& outputs);
+    /// The function returned `outputs`: why the call needs the graph this forward released, if
+    /// it does (an intermediate stored elsewhere holds a released node, or the call keeps its
+    /// graph: a buffer written that no copy can put back, draws beside another thread's replay).
+    std::optional<KeepGraphReason> released_graph_needed(const std::vector<at::Tensor>& outputs);
 
    private:
+    GraphRelease* release() const;
+
     Region& region_;
     RegionContext context_;  // outermost: the user's forward context, from `context_fn`
     LabelScope label_;       // the region's memory label: "region N" under the caller's
@@ -248,6 +269,8 @@ class Region {
     std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
     std::unique_ptr<DispatchModeGuard> caching_guard_;
+    std::unique_ptr<ReleasingMode> releasing_;  // without a policy: the release alone
+    std::unique_ptr<DispatchModeGuard> releasing_guard_;
     // Under a ReportScope, just inside the caching mode: it sees whether that kept each call.
     std::unique_ptr<ReportMode> report_;
     std::unique_ptr<DispatchModeGuard> report_guard_;
@@ -270,7 +293,7 @@ class Region {
   std::vector<at::Tensor> finish_non_reentrant(std::vector<at::Tensor> outputs);
   std::vector<at::Tensor> finish_reentrant(std::vector<at::Tensor> outputs);
   void apply_request();
-  void prepare_second_forward(bool escaped);
+  void prepare_second_forward(KeepGraphReason reason);
   bool wrote_into_inputs_unexpectedly();
   bool wrote_into_buffers_unexpectedly();
   bool drew_beside_a_replay();

@@ -1,0 +1,211 @@
+// A region's forward lets go of its graph's saved tensors as it goes, as PyTorch's pack hooks
+// drop them, with or without a selective policy: it holds what a forward without autograd holds.
+// Where the call needs that graph after all (a backward inside the function, an intermediate
+// stored outside the region, a write into an argument after something was let go of), the region
+// runs the function again keeping it, from the same random state and buffers.
+
+#include <ckpt/ckpt.h>
+#include <ckpt/memory_tracker.h>
+
+#include "support/support.h"
+
+#include <string>
+#include <vector>
+
+namespace forward_release_test {
+
+using ckpt::test::bit_equal;
+using ckpt::test::take_grads;
+
+std::vector<ckpt::CheckpointOptions> both_variants() {
+  return {ckpt::CheckpointOptions(), ckpt::CheckpointOptions().policy(ckpt::save_matmuls())};
+}
+
+std::string variant_name(const ckpt::CheckpointOptions& options) {
+  return options.policy() ? "selective" : "checkpointed";
+}
+
+// Four 1 MiB intermediates that autograd saves; each statement's temporaries die with it.
+at::Tensor chain_of_four(const at::Tensor& x) {
+  at::Tensor h = x.tanh();
+  h = h.sigmoid();
+  h = h.exp();
+  h = h.tanh();
+  return h.sum();
+}
+
+// The forward's peak above what it started with is the forward's without autograd: before, the
+// region held the whole graph, saved tensors and all, until its function returned (2 MiB more).
+TEST(ForwardReleaseTest, AForwardPeaksAsOneWithoutAutograd) {
+  ckpt::MemoryTracker tracker;
+  const auto x = torch::randn({256, 1024}, torch::requires_grad());
+  const auto peak_of = [&](const auto& forward) {
+    const int64_t before = tracker.current_bytes();
+    tracker.reset_peak();
+    const at::Tensor out = forward();
+    return tracker.peak_bytes() - before;
+  };
+  const int64_t without_autograd = peak_of([&] {
+    torch::NoGradGuard no_grad;
+    return chain_of_four(x);
+  });
+  const int64_t plain = peak_of([&] { return chain_of_four(x); });
+  EXPECT_GE(plain, without_autograd + (2 << 20));
+  const int64_t megabyte = 1 << 20;
+  for (const auto& options : both_variants()) {
+    SCOPED_TRACE(variant_name(options));
+    const int64_t checkpointed =
+        peak_of([&] { return ckpt::checkpoint(options, chain_of_four, x); });
+    // The RNG stash and the region's bookkeeping: some KB.
+    EXPECT_LT(checkpointed, without_autograd + megabyte / 8);
+  }
+}
+
+// Keeps an intermediate for a loss of its own, outside the region's results.
+struct Stashing : torch::nn::Module {
+  Stashing()
+      : norm(register_module("norm", torch::nn::BatchNorm1d(3))),
+        dropout(register_module("dropout", torch::nn::Dropout(0.5))),
+        linear(register_module("linear", torch::nn::Linear(3, 3))) {}
+  at::Tensor forward(const at::Tensor& t) {
+    ++calls;
+    stashed = dropout(norm(t)).tanh();
+    return linear(stashed.pow(3)).sigmoid();
+  }
+  torch::nn::BatchNorm1d norm;
+  torch::nn::Dropout dropout;
+  torch::nn::Linear linear;
+  at::Tensor stashed;
+  int calls = 0;
+};
+
+// A backward through an intermediate that the function stored outside the region would reach
+// nodes whose saved tensors the forward let go of (autograd's error, in the step's backward): the
+// region finds the stored tensor holding them as the function returns, and runs the function
+// again keeping its graph, from the same random state and buffers, as it does at that call site
+// from then on. Values, the random stream and BatchNorm's statistics are those of one plain run;
+// the gradients too, up to the order in which the two paths' sums arrive.
+TEST(ForwardReleaseTest, AnIntermediateStoredOutsideRunsTheFunctionAgainOnce) {
+  for (const auto& options : both_variants()) {
+    SCOPED_TRACE(variant_name(options));
+    auto module = std::make_shared<Stashing>();
+    const auto input = torch::randn({4, 3});
+    const auto mean = module->norm->running_mean.clone(), var = module->norm->running_var.clone();
+    auto step = [&](bool checkpointed) {
+      {
+        torch::NoGradGuard no_grad;
+        module->norm->running_mean.copy_(mean);
+        module->norm->running_var.copy_(var);
+      }
+      module->calls = 0;
+      torch::manual_seed(3);
+      auto x = input.detach().requires_grad_();
+      const at::Tensor out =
+          checkpointed ? ckpt::checkpoint(options, module, x) : module->forward(x);
+      const at::Tensor loss = out.sum() + module->stashed.square().sum();
+      const auto grads = torch::autograd::grad({loss}, {x, module->linear->weight});
+      return std::vector<at::Tensor>{out,
+                                     torch::rand({2}),
+                                     module->norm->running_mean.clone(),
+                                     module->norm->running_var.clone(),
+                                     grads[0],
+                                     grads[1]};
+    };
+    const auto plain = step(false);
+    for (int run = 0; run < 2; ++run) {
+      SCOPED_TRACE("run " + std::to_string(run));
+      const auto checkpointed = step(true);
+      // The forward twice at the first call, once at the next; the backward's recompute once.
+      EXPECT_EQ(module->calls, run == 0 ? 3 : 2);
+      for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
+      for (size_t i = 4; i < plain.size(); ++i)
+        EXPECT_TRUE(torch::allclose(checkpointed[i], plain[i], 1e-6, 1e-7)) << i;
+    }
+  }
+}
+
+// Writes into its second argument after computing from the first: by then the forward let go of
+// what the first operators saved.
+struct WritesLate : torch::nn::Module {
+  WritesLate()
+      : first(register_module("first", torch::nn::Linear(8, 8))),
+        second(register_module("second", torch::nn::Linear(8, 8))) {}
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& scale) {
+    ++calls;
+    const at::Tensor h = torch::dropout(first(x).tanh(), 0.25, true);
+    scale.mul_(3);
+    return second(h * scale).sigmoid();
+  }
+  torch::nn::Linear first, second;
+  int calls = 0;
+};
+
+// The write into the argument would leave a call that keeps its graph (as a first call that
+// writes into an argument does) with a graph whose saved tensors are gone: the forward stops
+// before the write and the region runs the function again keeping its graph, so the argument is
+// written once. Later calls copy the argument before the function and let go of their graphs.
+TEST(ForwardReleaseTest, AWriteIntoAnArgumentAfterReleasesRunsTheFunctionAgain) {
+  for (const auto& options : both_variants()) {
+    SCOPED_TRACE(variant_name(options));
+    auto module = std::make_shared<WritesLate>();
+    const auto input = torch::randn({4, 8});
+    auto step = [&](bool checkpointed) {
+      module->calls = 0;
+      torch::manual_seed(5);
+      auto x = input.detach().requires_grad_();
+      auto scale = torch::full({4, 8}, 0.5);
+      const at::Tensor out =
+          checkpointed ? ckpt::checkpoint(options, module, x, scale) : module->forward(x, scale);
+      out.sum().backward();
+      std::vector<at::Tensor> result{out, scale, x.grad(), torch::rand({2})};
+      for (auto& grad : take_grads(*module)) result.push_back(grad);
+      return result;
+    };
+    const auto plain = step(false);
+    for (int run = 0; run < 2; ++run) {
+      SCOPED_TRACE("run " + std::to_string(run));
+      const auto checkpointed = step(true);
+      // First call: stopped before the write, run again keeping its graph (no recompute). Next:
+      // one forward from a copy of the argument, one recompute.
+      EXPECT_EQ(module->calls, 2);
+      ASSERT_EQ(checkpointed.size(), plain.size());
+      for (size_t i = 0; i < plain.size(); ++i)
+        EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
+    }
+  }
+}
+
+// A gradient penalty inside the function: its backward reaches nodes the forward let go of, and
+// the region runs it again keeping them; without a policy as with one (selective_test.cpp).
+struct Penalised : torch::nn::Module {
+  Penalised() : linear(register_module("linear", torch::nn::Linear(3, 3))) {}
+  at::Tensor forward(const at::Tensor& t) {
+    ++calls;
+    const at::Tensor y = linear(t).tanh().pow(3);
+    const at::Tensor g = torch::autograd::grad({y.sum()}, {t}, {}, true, true)[0];
+    return y.sum() + g.square().sum();
+  }
+  torch::nn::Linear linear;
+  int calls = 0;
+};
+
+TEST(ForwardReleaseTest, ABackwardInsideTheFunctionRunsItAgainOnce) {
+  auto module = std::make_shared<Penalised>();
+  const auto input = torch::randn({4, 3});
+  auto step = [&](bool checkpointed) {
+    module->calls = 0;
+    auto x = input.detach().requires_grad_();
+    const at::Tensor out = checkpointed ? ckpt::checkpoint(module, x) : module->forward(x);
+    return std::vector<at::Tensor>{out, torch::autograd::grad({out}, {x})[0]};
+  };
+  const auto plain = step(false);
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    const auto checkpointed = step(true);
+    EXPECT_EQ(module->calls, run == 0 ? 3 : 2);
+    for (size_t i = 0; i < plain.size(); ++i)
+      EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
+  }
+}
+
+}  // namespace forward_release_test
