@@ -90,13 +90,9 @@ TEST(ForwardReleaseTest, AnIntermediateStoredOutsideRunsTheFunctionAgainOnce) {
     SCOPED_TRACE(variant_name(options));
     auto module = std::make_shared<Stashing>();
     const auto input = torch::randn({4, 3});
-    const auto mean = module->norm->running_mean.clone(), var = module->norm->running_var.clone();
+    const auto buffers = ckpt::test::copy_buffers(*module);
     auto step = [&](bool checkpointed) {
-      {
-        torch::NoGradGuard no_grad;
-        module->norm->running_mean.copy_(mean);
-        module->norm->running_var.copy_(var);
-      }
+      ckpt::test::restore_buffers(*module, buffers);
       module->calls = 0;
       torch::manual_seed(3);
       auto x = input.detach().requires_grad_();

@@ -490,14 +490,10 @@ struct Penalised : torch::nn::Module {
 TEST(SelectiveTest, BackwardInsideTheForwardRunsTheFunctionAgainOnce) {
   auto module = std::make_shared<Penalised>();
   const auto input = torch::randn({4, 3});
-  const auto mean = module->norm->running_mean.clone(), var = module->norm->running_var.clone();
+  const auto buffers = ckpt::test::copy_buffers(*module);
   const auto captured = [&module](const at::Tensor& t) { return module->forward(t); };
   auto step = [&](bool checkpointed, bool capture) {
-    {
-      torch::NoGradGuard no_grad;
-      module->norm->running_mean.copy_(mean);
-      module->norm->running_var.copy_(var);
-    }
+    ckpt::test::restore_buffers(*module, buffers);
     module->calls = 0;
     torch::manual_seed(3);
     auto x = input.detach().requires_grad_();
@@ -530,13 +526,9 @@ TEST(SelectiveTest, BackwardInsideANestedSelectiveRegionRunsBothAgain) {
   auto module = std::make_shared<Penalised>();
   const auto input = torch::randn({4, 3});
   const auto options = ckpt::CheckpointOptions().policy(ckpt::save_matmuls());
-  const auto mean = module->norm->running_mean.clone(), var = module->norm->running_var.clone();
+  const auto buffers = ckpt::test::copy_buffers(*module);
   auto step = [&](bool checkpointed) {
-    {
-      torch::NoGradGuard no_grad;
-      module->norm->running_mean.copy_(mean);
-      module->norm->running_var.copy_(var);
-    }
+    ckpt::test::restore_buffers(*module, buffers);
     torch::manual_seed(3);
     auto x = input.detach().requires_grad_();
     // The module is an argument, so that the outer region sees it too.

@@ -97,6 +97,21 @@ inline std::vector<torch::Tensor> take_grads(const torch::nn::Module& module) {
   return grads;
 }
 
+/// Copies of `module`'s buffers (BatchNorm's statistics), for `restore_buffers`.
+inline std::vector<torch::Tensor> copy_buffers(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> copies;
+  for (const auto& buffer : module.buffers()) copies.push_back(buffer.clone());
+  return copies;
+}
+
+/// Writes `copies` (from `copy_buffers`) back into `module`'s buffers: each step starts from them.
+inline void restore_buffers(const torch::nn::Module& module,
+                            const std::vector<torch::Tensor>& copies) {
+  torch::NoGradGuard no_grad;
+  const auto buffers = module.buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(copies.at(i));
+}
+
 /// A non-owning pointer to a graph node, matching compat::NodePtr (`expired()` tells if it died):
 /// std::weak_ptr before 2.13, c10::weak_intrusive_ptr since.
 using WeakNodePtr = std::conditional_t<
