@@ -97,8 +97,8 @@ OutsideState::Swap::~Swap() {
 
 OutsideStateWatch::OutsideStateWatch(const std::vector<at::Tensor>& known,
                                      const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
-                                     Purpose purpose)
-    : purpose_(purpose) {
+                                     Purpose purpose, BeforeCall before_call)
+    : purpose_(purpose), before_call_(std::move(before_call)) {
   for (const auto& tensor : known) inside_.insert(storage_of(tensor));
   for (const auto& module : modules) {
     for (const auto& tensor : module->parameters()) inside_.insert(storage_of(tensor));
@@ -209,6 +209,7 @@ void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
     draws_.devices.push_back(generator->device());
     draws_.states.push_back(generator_state_hash(*generator));
   }
+  if (before_call_) before_call_(op, *stack);
   run(op, stack);
   if (generator) draws_.states.push_back(generator_state_hash(*generator));
   // Fresh results (no alias in the schema) belong to the function; views and in-place results

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -88,9 +89,13 @@ class OutsideState::Swap {
 class OutsideStateWatch : public DispatchMode {
  public:
   enum class Purpose { PutBack, Keep };
+  /// Called with each operator call just before it runs (a region's forward lets go of its
+  /// graph there: one mode on every call instead of two).
+  using BeforeCall = std::function<void(const c10::OperatorHandle&, const torch::jit::Stack&)>;
+
   OutsideStateWatch(const std::vector<at::Tensor>& known,
                     const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
-                    Purpose purpose = Purpose::PutBack);
+                    Purpose purpose = Purpose::PutBack, BeforeCall before_call = nullptr);
   ~OutsideStateWatch() override;
   OutsideStateWatch(const OutsideStateWatch&) = delete;
   OutsideStateWatch& operator=(const OutsideStateWatch&) = delete;
@@ -117,6 +122,7 @@ class OutsideStateWatch : public DispatchMode {
   void note_read(const at::Tensor& tensor, const c10::OperatorHandle& op);
 
   const Purpose purpose_;
+  BeforeCall before_call_;
   bool finished_ = false;
   std::unordered_set<const c10::StorageImpl*> inside_;  // created under the mode, or known
   OutsideState before_;

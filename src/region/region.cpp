@@ -399,8 +399,7 @@ Region::ForwardScope::ForwardScope(Region& region)
                                              state.rng ? &*state.rng : nullptr);
     caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
   } else if (release_graph) {
-    releasing_ = std::make_unique<ReleasingMode>(state.inputs);
-    releasing_guard_ = std::make_unique<DispatchModeGuard>(*releasing_);
+    release_ = std::make_unique<GraphRelease>(state.inputs);
   }
   if (region.report_) {
     report_ = std::make_unique<ReportMode>(state.kept.get(), region.report_->start_forward());
@@ -415,8 +414,15 @@ Region::ForwardScope::ForwardScope(Region& region)
         state.forward_values, ValueSample(state.options.check_values_ops()), state.kept.get());
     values_guard_ = std::make_unique<DispatchModeGuard>(*values_);
   }
-  outside_ = std::make_unique<OutsideStateWatch>(state.inputs, state.modules,
-                                                 OutsideStateWatch::Purpose::Keep);
+  OutsideStateWatch::BeforeCall before_call;
+  if (release_) {
+    before_call = [release = release_.get()](const c10::OperatorHandle& op,
+                                             const torch::jit::Stack& stack) {
+      release->release_producers(op, stack);
+    };
+  }
+  outside_ = std::make_unique<OutsideStateWatch>(
+      state.inputs, state.modules, OutsideStateWatch::Purpose::Keep, std::move(before_call));
   outside_guard_ = std::make_unique<DispatchModeGuard>(*outside_);
 }
 
@@ -432,7 +438,7 @@ void Region::ForwardScope::finished() {
 }
 
 GraphRelease* Region::ForwardScope::release() const {
-  return caching_ ? caching_->release() : releasing_ ? &releasing_->release() : nullptr;
+  return caching_ ? caching_->release() : release_.get();
 }
 
 bool Region::ForwardScope::failed_on_released_graph(const ReleasedGraphError& error) const {
@@ -448,9 +454,11 @@ std::optional<KeepGraphReason> Region::ForwardScope::released_graph_needed(
   // or where the forward drew beside another thread's replay.
   RegionState& state = *region_.state_;
   if (state.buffers_at_forward.lost_so_far()) return KeepGraphReason::WroteBuffer;
-  state.rng->note_forward_end(outside_->random_draws());
-  if (state.rng->forward_beside_replay(outside_->random_draws())) {
-    return KeepGraphReason::DrewBesideReplay;
+  // A forward that drew nothing (most) drew nothing beside a replay: its generators go unread.
+  const RandomDraws draws = outside_->random_draws();
+  if (!draws.devices.empty()) {
+    state.rng->note_forward_end(draws);
+    if (state.rng->forward_beside_replay(draws)) return KeepGraphReason::DrewBesideReplay;
   }
   if (graph_release->held_outside(outputs)) return KeepGraphReason::StoredOutside;
   return std::nullopt;

@@ -146,20 +146,6 @@ class GraphRelease {
   RegionMarker marker_;  // the region's nodes are those created after the release starts
 };
 
-/// A region's forward without a policy: only the release of its graph (see `GraphRelease`).
-class ReleasingMode : public DispatchMode {
- public:
-  explicit ReleasingMode(const std::vector<at::Tensor>& inputs) : release_(inputs) {}
-  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override {
-    release_.release_producers(op, *stack);
-    run(op, stack);
-  }
-  GraphRelease& release() { return release_; }
-
- private:
-  GraphRelease release_;
-};
-
 /// Keeps the outputs the policy saves (the region's forward), and watches what the operators after
 /// them do to their data. An in-place write with nothing reading the data since it was kept (or
 /// last written) is absorbed: the entry keeps the written data, and the replay skips the write.

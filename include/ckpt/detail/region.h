@@ -179,7 +179,6 @@ class RegionRequestScope {
 struct RegionState;
 class RegionMarker;
 class CachingMode;
-class ReleasingMode;
 class GraphRelease;
 class RecordingMode;
 class ValueRecordingMode;
@@ -269,8 +268,7 @@ class Region {
     std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
     std::unique_ptr<DispatchModeGuard> caching_guard_;
-    std::unique_ptr<ReleasingMode> releasing_;  // without a policy: the release alone
-    std::unique_ptr<DispatchModeGuard> releasing_guard_;
+    std::unique_ptr<GraphRelease> release_;  // without a policy: run by the outside watch
     // Under a ReportScope, just inside the caching mode: it sees whether that kept each call.
     std::unique_ptr<ReportMode> report_;
     std::unique_ptr<DispatchModeGuard> report_guard_;
