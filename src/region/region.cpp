@@ -392,14 +392,14 @@ Region::ForwardScope::ForwardScope(Region& region)
   const bool release_graph = !state.options.use_reentrant() && state.rng.has_value() &&
                              state.input_copies.empty() && !state.keeps_forward_graph &&
                              !region.site_->keeps_forward_graph_at(state.learned_moment);
-  if (release_graph) buffers_ = std::make_unique<BufferGuard>(state.modules);
+  if (release_graph) {
+    buffers_ = std::make_unique<BufferGuard>(state.modules);
+    release_ = std::make_unique<GraphRelease>(state.inputs);
+  }
   if (state.kept) {
     caching_ = std::make_unique<CachingMode>(state.options.policy(), *state.kept,
-                                             release_graph ? &state.inputs : nullptr,
                                              state.rng ? &*state.rng : nullptr);
     caching_guard_ = std::make_unique<DispatchModeGuard>(*caching_);
-  } else if (release_graph) {
-    release_ = std::make_unique<GraphRelease>(state.inputs);
   }
   if (region.report_) {
     report_ = std::make_unique<ReportMode>(state.kept.get(), region.report_->start_forward());
@@ -429,27 +429,20 @@ Region::ForwardScope::ForwardScope(Region& region)
 Region::ForwardScope::~ForwardScope() = default;
 
 void Region::ForwardScope::finished() {
-  const GraphRelease* graph_release = release();
-  region_.state_->forward_graph_whole = graph_release == nullptr || !graph_release->released_any();
+  region_.state_->forward_graph_whole = release_ == nullptr || !release_->released_any();
   if (buffers_) buffers_->dismiss();
   region_.state_->outside_at_forward = outside_->finished();
   region_.state_->outside_reads = outside_->take_reads();
   region_.state_->forward_draws = outside_->random_draws();
 }
 
-GraphRelease* Region::ForwardScope::release() const {
-  return caching_ ? caching_->release() : release_.get();
-}
-
 bool Region::ForwardScope::failed_on_released_graph(const ReleasedGraphError& error) const {
-  const GraphRelease* graph_release = release();
-  return graph_release != nullptr && error.forward_id() == graph_release->id();
+  return release_ != nullptr && error.forward_id() == release_->id();
 }
 
 std::optional<KeepGraphReason> Region::ForwardScope::released_graph_needed(
     const std::vector<at::Tensor>& outputs) {
-  GraphRelease* graph_release = release();
-  if (graph_release == nullptr || !graph_release->released_any()) return std::nullopt;
+  if (release_ == nullptr || !release_->released_any()) return std::nullopt;
   // `Region::finish` keeps this call's graph where a buffer was written that no copy can put back,
   // or where the forward drew beside another thread's replay.
   RegionState& state = *region_.state_;
@@ -458,9 +451,10 @@ std::optional<KeepGraphReason> Region::ForwardScope::released_graph_needed(
   const RandomDraws draws = outside_->random_draws();
   if (!draws.devices.empty()) {
     state.rng->note_forward_end(draws);
+    state.rng_forward_end_noted = true;  // `finish` reads the generators no more
     if (state.rng->forward_beside_replay(draws)) return KeepGraphReason::DrewBesideReplay;
   }
-  if (graph_release->held_outside(outputs)) return KeepGraphReason::StoredOutside;
+  if (release_->held_outside(outputs)) return KeepGraphReason::StoredOutside;
   return std::nullopt;
 }
 
@@ -493,6 +487,7 @@ void Region::prepare_second_forward(KeepGraphReason reason) {
   state.forward_ops.clear();
   state.forward_values.clear();
   state.rng->restore();
+  state.rng_forward_end_noted = false;
   // This call keeps its graph (`finish` says why; a call site learns to copy what was written),
   // and later calls let go of theirs again.
   if (reason == KeepGraphReason::WroteArgument || reason == KeepGraphReason::WroteBuffer ||
@@ -601,7 +596,7 @@ bool Region::wrote_into_buffers_unexpectedly() {
 bool Region::drew_beside_a_replay() {
   RegionState& state = *state_;
   if (!state.rng.has_value()) return false;
-  state.rng->note_forward_end(state.forward_draws);
+  if (!state.rng_forward_end_noted) state.rng->note_forward_end(state.forward_draws);
   if (!state.rng->forward_beside_replay(state.forward_draws)) return false;
   const std::string what =
       "ckpt::checkpoint: another thread wrote a random state into a generator (to recompute a "

@@ -63,7 +63,8 @@ struct RegionState {
   // Tensors from outside that the forward's operators read (`OutsideStateWatch::take_reads`): a
   // recompute reads them again, as the forward's versions.
   ReadVersions outside_reads;
-  c10::optional<RngStash> rng;  // empty without preserve_rng_state
+  c10::optional<RngStash> rng;         // empty without preserve_rng_state
+  bool rng_forward_end_noted = false;  // `rng` noted where this run of the forward ended
   AutocastState autocast;
   // Autocast's cast cache is off while the region's forward runs: from the Region's construction
   // to its destruction (see AutocastCacheOff).
@@ -73,7 +74,7 @@ struct RegionState {
   RecomputeFn recompute;
   std::shared_ptr<CallSite> site;    // where the region was made: what early stop learned there
   uint64_t learned_moment = 0;       // when its forward began (`learning_moment`)
-  bool keeps_forward_graph = false;  // a selective forward run again keeping its graph
+  bool keeps_forward_graph = false;  // a forward run again keeping its graph
   bool forward_graph_whole = true;   // the forward let go of none of its graph's saved tensors
   bool recompute_twice = false;      // the backward recomputes in two passes (two_pass_recompute)
   std::weak_ptr<GroupState> forward_group;  // the GraphExecGroup current when the forward ran

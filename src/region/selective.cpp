@@ -210,7 +210,6 @@ at::Tensor RememberedOutput::get() const {
 void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (names_tensor(op)) return name(op, stack);
   const size_t call = calls_++;
-  if (release_) release_->release_producers(op, *stack);
   const std::vector<const c10::StorageImpl*> arguments =
       tensor_storages(*stack, stack->size() - op.schema().arguments().size());
   Writes writes;
@@ -243,11 +242,8 @@ void CachingMode::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* sta
   kept_.entries.push_back(std::move(entry));  // the latest call: the entries stay in call order
 }
 
-CachingMode::CachingMode(SelectivePolicy policy, KeptOutputs& kept,
-                         const std::vector<at::Tensor>* released_inputs, const RngStash* rng)
-    : policy_(std::move(policy)), kept_(kept), rng_(rng) {
-  if (released_inputs != nullptr) release_.emplace(*released_inputs);
-}
+CachingMode::CachingMode(SelectivePolicy policy, KeptOutputs& kept, const RngStash* rng)
+    : policy_(std::move(policy)), kept_(kept), rng_(rng) {}
 
 GraphRelease::GraphRelease(const std::vector<at::Tensor>& inputs) {
   static std::atomic<uint64_t> next_id{1};
@@ -407,7 +403,9 @@ std::string CachingMode::keep_named(const at::Tensor& tensor, bool must, bool of
 // create one for a view.
 void GraphRelease::release_producers(const c10::OperatorHandle& op,
                                      const torch::jit::Stack& stack) {
-  if (stopped_) return;
+  // A name is no use of the data: a policy may keep all the outputs of the call that computed it,
+  // some of which only its node holds.
+  if (stopped_ || names_tensor(op)) return;
   if (writes_an_argument(op, stack)) {
     stopped_ = true;
     if (released_any()) throw ReleasedGraphError(id_, KeepGraphReason::WroteArgument);

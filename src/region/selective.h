@@ -154,21 +154,14 @@ class GraphRelease {
 /// a read, by a random operator, into an `out=` argument) makes the entry keep a copy taken
 /// before the write.
 ///
-/// With `released_inputs`, it also lets go of the region's forward graph's saved tensors as it
-/// goes (`GraphRelease`).
-///
 /// A name (`checkpoint_name`) arrives after the call that computed the named data, so the mode
 /// remembers, for the data each call creates, that call and its outputs (without holding them),
 /// and keeps them when a name the policy saves points at them: the entry takes the call's place
 /// among the kept ones. Errors it raises put the random generators back to `rng` (if given).
 class CachingMode : public DispatchMode {
  public:
-  /// `released_inputs`: the region's arguments where it releases its graph, else null.
-  CachingMode(SelectivePolicy policy, KeptOutputs& kept,
-              const std::vector<at::Tensor>* released_inputs, const RngStash* rng = nullptr);
+  CachingMode(SelectivePolicy policy, KeptOutputs& kept, const RngStash* rng = nullptr);
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
-  /// Its release of the forward's graph, or null (no `released_inputs`).
-  GraphRelease* release() { return release_ ? &*release_ : nullptr; }
 
  private:
   void before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
@@ -210,7 +203,6 @@ class CachingMode : public DispatchMode {
 
   SelectivePolicy policy_;
   KeptOutputs& kept_;
-  std::optional<GraphRelease> release_;
   const RngStash* rng_;
   size_t calls_ = 0;  // operator calls so far (names not counted)
   std::unordered_map<const c10::StorageImpl*, Data> data_;

@@ -204,4 +204,65 @@ TEST(ForwardReleaseTest, ABackwardInsideTheFunctionRunsItAgainOnce) {
   }
 }
 
+// A custom autograd function that saves its input and its result (its node is let go of with the
+// rest of the region's graph).
+struct CubeFunction : torch::autograd::Function<CubeFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& t) {
+    const at::Tensor result = t * t * t;
+    context->save_for_backward({t, result});
+    return result;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = context->get_saved_variables();
+    return {grads[0] * 3 * saved[1] / saved[0]};
+  }
+};
+
+// What a hostile function does beside the dispatcher's sight: sizes that follow from values,
+// a value read through a raw pointer after the operators that made it had their saved tensors let
+// go of, a custom autograd function, and results that are views of one intermediate, the
+// intermediate itself and an argument returned as it came. Its argument comes from a graph
+// outside the region, which the release must not touch. Everything is the plain step's, to the bit.
+std::vector<at::Tensor> hostile(torch::nn::Linear linear, const at::Tensor& x) {
+  at::Tensor h = linear(x).tanh();
+  const at::Tensor positive = h.masked_select(h > 0);  // its size follows from the values
+  h = CubeFunction::apply(h + 1);
+  const float first = h.contiguous().data_ptr<float>()[0];  // read after its producers let go
+  const at::Tensor summed = positive.square().sum() * first + h.sigmoid().sum();
+  return {summed, h.t(), h.select(0, 1), h, x};
+}
+
+TEST(ForwardReleaseTest, ValuesReadOutsideTheDispatcherAndOutputViewsGiveThePlainGradients) {
+  for (const auto& options : both_variants()) {
+    SCOPED_TRACE(variant_name(options));
+    torch::manual_seed(11);
+    torch::nn::Linear linear(6, 5);
+    const auto input = torch::randn({4, 6});
+    auto step = [&](bool checkpointed) {
+      linear->zero_grad();
+      auto leaf = input.detach().requires_grad_();
+      const at::Tensor x = leaf * 2;  // made outside the region
+      const std::vector<at::Tensor> outputs =
+          checkpointed ? ckpt::checkpoint(options, hostile, linear, x) : hostile(linear, x);
+      at::Tensor loss = outputs[0];
+      for (size_t i = 1; i < outputs.size(); ++i)
+        loss = loss + outputs[i].cos().sum() * static_cast<double>(i);
+      loss.backward();
+      std::vector<at::Tensor> result = outputs;
+      result.push_back(leaf.grad());
+      for (auto& grad : take_grads(*linear)) result.push_back(grad);
+      return result;
+    };
+    const auto plain = step(false);
+    for (int run = 0; run < 2; ++run) {
+      SCOPED_TRACE("run " + std::to_string(run));
+      const auto checkpointed = step(true);
+      ASSERT_EQ(checkpointed.size(), plain.size());
+      for (size_t i = 0; i < plain.size(); ++i)
+        EXPECT_TRUE(bit_equal(checkpointed[i], plain[i])) << i;
+    }
+  }
+}
+
 }  // namespace forward_release_test

@@ -203,14 +203,16 @@ class Region {
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
 
-  /// Runs the forward call `fn` inside a `ForwardScope` and returns its result. Under a
-  /// selective policy the forward lets go of its graph's saved tensors as it goes (as PyTorch's
-  /// pack hooks drop them). A function that then runs a backward through its own intermediates
-  /// inside the region fails on them, and one that stores an intermediate elsewhere (not among
-  /// its results) would fail in the backward through it; the region runs either again keeping
-  /// the graph whole, as it will at this call site from now on (PyTorch recomputes the function
-  /// in those cases too). In between, the random generators, the modules' buffers and what the
-  /// function wrote outside the region go back to where the first run started.
+  /// Runs the forward call `fn` inside a `ForwardScope` and returns its result. A non-reentrant
+  /// forward lets go of its graph's saved tensors as it goes (as PyTorch's pack hooks drop them).
+  /// Where the call needs that graph after all (`KeepGraphReason`: a backward through the
+  /// function's own intermediates inside it, an intermediate stored elsewhere than among its
+  /// results, a write into an argument after something was let go of, a buffer written that no
+  /// copy can put back, random draws beside another thread's replay), the region runs the
+  /// function again keeping its graph; for the first two, so does every later call at this call
+  /// site (PyTorch recomputes the function in those cases too). In between, the random
+  /// generators, the modules' buffers and what the function wrote outside the region go back to
+  /// where the first run started.
   template <class Fn>
   auto run_forward(Fn&& fn) -> decltype(fn()) {
     for (;;) {
@@ -237,9 +239,10 @@ class Region {
   }
 
  private:
-  /// For the forward call: grad mode off for the reentrant variant and on otherwise, and with a
-  /// selective policy, the operator interception that keeps the outputs it saves and releases
-  /// the graph's saved tensors (with a snapshot of the modules' buffers for a second run).
+  /// For the forward call: grad mode off for the reentrant variant and on otherwise; the release
+  /// of the graph's saved tensors as the forward goes (with a snapshot of the modules' buffers
+  /// for a second run); and with a selective policy, the operator interception that keeps the
+  /// outputs it saves.
   class ForwardScope {
    public:
     explicit ForwardScope(Region& region);
@@ -257,8 +260,6 @@ class Region {
     std::optional<KeepGraphReason> released_graph_needed(const std::vector<at::Tensor>& outputs);
 
    private:
-    GraphRelease* release() const;
-
     Region& region_;
     RegionContext context_;  // outermost: the user's forward context, from `context_fn`
     LabelScope label_;       // the region's memory label: "region N" under the caller's
@@ -268,7 +269,7 @@ class Region {
     std::unique_ptr<BufferGuard> buffers_;
     std::unique_ptr<CachingMode> caching_;
     std::unique_ptr<DispatchModeGuard> caching_guard_;
-    std::unique_ptr<GraphRelease> release_;  // without a policy: run by the outside watch
+    std::unique_ptr<GraphRelease> release_;  // run by the outside watch, before each operator
     // Under a ReportScope, just inside the caching mode: it sees whether that kept each call.
     std::unique_ptr<ReportMode> report_;
     std::unique_ptr<DispatchModeGuard> report_guard_;
