@@ -418,11 +418,13 @@ void add_planned_methods(const std::string& name, const plan::Chain& profile,
 }
 
 // ckpt::PlannedModel on the same model, whose blocks mark their candidates inside (the MLPs mark
-// none: no rows), at the chain planner's budgets. Its budgets leave out the input, which lives
-// before the step; the step starts from the gradient buffers the workbench keeps.
-void add_model_planned_methods(const std::string& name, Workbench& bench, MemoryTracker& tracker,
-                               int warmup, bool rss, Methods& methods) {
-  const PlannedModelOptions options = PlannedModelOptions().count_parameter_gradients(false);
+// none: no rows), at the chain planner's budgets and with its storage modes. Its budgets leave out
+// the input, which lives before the step; the step starts from the gradient buffers the workbench
+// keeps.
+void add_model_planned_methods(const std::string& name, const StorageModes& modes, Workbench& bench,
+                               MemoryTracker& tracker, int warmup, bool rss, Methods& methods) {
+  const PlannedModelOptions options =
+      PlannedModelOptions().count_parameter_gradients(false).storage_modes(modes);
   auto loss_of = [model = bench.model, x = bench.x](torch::Tensor& out) {
     return [model, x, &out]() mutable {
       out = model->forward(x);
@@ -557,9 +559,9 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
   use_small_mmap_threshold();
   for (auto& m : methods) try_warm_and_measure(bench, *m, tracker, warmup, options.rss);
   if (profile) {
-    add_planned_methods(name, *profile, models::parse_storage_modes(options.storage_modes), bench,
-                        tracker, warmup, options.rss, methods);
-    add_model_planned_methods(name, bench, tracker, warmup, options.rss, methods);
+    const StorageModes modes = models::parse_storage_modes(options.storage_modes);
+    add_planned_methods(name, *profile, modes, bench, tracker, warmup, options.rss, methods);
+    add_model_planned_methods(name, modes, bench, tracker, warmup, options.rss, methods);
   }
   time_methods(name, bench, methods, steps);
 
