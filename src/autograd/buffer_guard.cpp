@@ -40,19 +40,30 @@ void write_back(const at::Tensor& buffer, const at::Tensor& value) {
 
 }  // namespace
 
-BufferGuard::BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+BufferGuard::BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                         Copy copy) {
   for (const auto& module : modules) {
     for (const auto& buffer : module->buffers(/*recurse=*/true)) {
       if (!buffer.defined()) continue;
       buffers_.push_back(buffer);
-      saved_.push_back(buffer.clone());
+      saved_.push_back(copy == Copy::Now ? buffer.clone() : at::Tensor());
     }
+  }
+}
+
+void BufferGuard::copy_before_write(const c10::StorageImpl* storage) {
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (saved_[i].defined() || storage_of(buffers_[i]) != storage) continue;
+    const DispatchModesOff modes_off;  // ckpt's own copy: no dispatch mode sees it
+    const at::NoGradGuard no_grad;
+    saved_[i] = buffers_[i].clone();
   }
 }
 
 BufferGuard::~BufferGuard() {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (!saved_[i].defined()) continue;  // never written
     try {
       write_back(buffers_[i], saved_[i]);
     } catch (const std::exception& e) {  // a destructor must not throw: say so and go on
@@ -74,14 +85,21 @@ BuffersAtForward::BuffersAtForward(const std::vector<std::shared_ptr<torch::nn::
       copies_.push_back(copied ? buffer.clone() : at::Tensor());
     }
   }
+  seen_written_.assign(buffers_.size(), false);
+}
+
+void BuffersAtForward::note_write(const c10::StorageImpl* storage) {
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (storage_of(buffers_[i]) == storage) seen_written_[i] = true;
+  }
 }
 
 uint64_t BuffersAtForward::finish() {
   uint64_t written = 0;
   for (size_t i = 0; i < buffers_.size(); ++i) {
-    // Written: its version moved, or (a write through `.data()` or `variable_data()`, which have
-    // counters of their own) its values or shape did.
-    const bool same = buffers_[i]._version() == versions_[i] &&
+    // Written: its version moved, an operator was seen writing it, or (a write through `.data()`
+    // or `variable_data()`, which have counters of their own) its values or shape changed.
+    const bool same = buffers_[i]._version() == versions_[i] && !seen_written_[i] &&
                       (!copies_[i].defined() || same_values(buffers_[i], copies_[i]));
     if (same) {
       if ((keep_ & site_bit(i)) == 0) copies_[i] = at::Tensor();
@@ -95,7 +113,9 @@ uint64_t BuffersAtForward::finish() {
 
 bool BuffersAtForward::lost_so_far() const {
   for (size_t i = 0; i < buffers_.size(); ++i) {
-    if (!copies_[i].defined() && buffers_[i]._version() != versions_[i]) return true;
+    if (!copies_[i].defined() && (seen_written_[i] || buffers_[i]._version() != versions_[i])) {
+      return true;
+    }
   }
   return false;
 }

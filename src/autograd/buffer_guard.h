@@ -16,8 +16,16 @@ namespace detail {
 /// destroyed (also when an exception leaves the scope).
 class BufferGuard {
  public:
-  explicit BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+  /// When a buffer is copied: all of them now, or each just before the first write into its data
+  /// that the caller reports (`copy_before_write`), so that buffers nothing writes (a causal mask,
+  /// a positional table) cost no copy.
+  enum class Copy { Now, BeforeFirstWrite };
+  explicit BufferGuard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                       Copy copy = Copy::Now);
   ~BufferGuard();
+  /// `Copy::BeforeFirstWrite`: an operator is about to write into `storage`; copies the buffers
+  /// whose data it is, unless copied already.
+  void copy_before_write(const c10::StorageImpl* storage);
   /// Leaves the buffers as they are now: nothing is written back.
   void dismiss() {
     buffers_.clear();
@@ -28,7 +36,7 @@ class BufferGuard {
 
  private:
   std::vector<at::Tensor> buffers_;
-  std::vector<at::Tensor> saved_;
+  std::vector<at::Tensor> saved_;  // saved_[i] undefined: buffer i not copied (not written)
 };
 
 /// Bit i of a call site's 64-bit mask of arguments or buffers: #63 and beyond share the last.
@@ -51,8 +59,11 @@ class BuffersAtForward {
   uint64_t finish();
   /// Whether the forward wrote into a buffer that was not copied: its value before is lost.
   bool lost() const { return lost_; }
-  /// Before `finish`: whether the forward so far wrote (its version moved) into a buffer that
-  /// was not copied.
+  /// An operator is about to write into `storage`: the buffers whose data it is count as
+  /// written, whatever their version counters say (a write through `.data()` moves none).
+  void note_write(const c10::StorageImpl* storage);
+  /// Before `finish`: whether the forward so far wrote (its version moved, or `note_write`) into
+  /// a buffer that was not copied.
   bool lost_so_far() const;
   /// Writes the copies into their buffers, through aliases that leave their version counters.
   void restore() const;
@@ -60,6 +71,7 @@ class BuffersAtForward {
  private:
   std::vector<at::Tensor> buffers_, copies_;  // copies_[i] undefined: not copied, or let go of
   std::vector<uint32_t> versions_;
+  std::vector<bool> seen_written_;  // by `note_write`
   uint64_t keep_ = 0;
   bool lost_ = false;
 };

@@ -97,8 +97,11 @@ OutsideState::Swap::~Swap() {
 
 OutsideStateWatch::OutsideStateWatch(const std::vector<at::Tensor>& known,
                                      const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
-                                     Purpose purpose, BeforeCall before_call)
-    : purpose_(purpose), before_call_(std::move(before_call)) {
+                                     Purpose purpose, BeforeCall before_call,
+                                     BeforeBufferWrite before_buffer_write)
+    : purpose_(purpose),
+      before_call_(std::move(before_call)),
+      before_buffer_write_(std::move(before_buffer_write)) {
   for (const auto& tensor : known) inside_.insert(storage_of(tensor));
   for (const auto& module : modules) {
     for (const auto& tensor : module->parameters()) inside_.insert(storage_of(tensor));
@@ -198,7 +201,10 @@ void OutsideStateWatch::dispatch(const c10::OperatorHandle& op, torch::jit::Stac
       // alone reads nothing the graph keeps (`copy_`), or its fresh results say so (below).
       if (keep && (!written || written_.count(storage_of(t)) != 0)) note_read(t, op);
       if (!written) return;
-      if (keep && buffers_.count(storage_of(t)) != 0) written_buffers_.insert(storage_of(t));
+      if (buffers_.count(storage_of(t)) != 0) {
+        if (keep) written_buffers_.insert(storage_of(t));
+        if (before_buffer_write_) before_buffer_write_(storage_of(t));
+      }
       const size_t entries = read_again_.size();
       const int64_t entry = see(t);
       if (keep && read_again_.size() > entries) first_writes.push_back(static_cast<size_t>(entry));

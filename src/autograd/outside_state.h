@@ -93,9 +93,15 @@ class OutsideStateWatch : public DispatchMode {
   /// graph there: one mode on every call instead of two).
   using BeforeCall = std::function<void(const c10::OperatorHandle&, const torch::jit::Stack&)>;
 
+  /// Called with the data of a module's buffer an operator is about to write into, each write
+  /// (a write through `.data()` included, which moves no version counter).
+  using BeforeBufferWrite = std::function<void(const c10::StorageImpl*)>;
+
+  /// `before_buffer_write`, where given: told of each write into the modules' buffers.
   OutsideStateWatch(const std::vector<at::Tensor>& known,
                     const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
-                    Purpose purpose = Purpose::PutBack, BeforeCall before_call = nullptr);
+                    Purpose purpose = Purpose::PutBack, BeforeCall before_call = nullptr,
+                    BeforeBufferWrite before_buffer_write = nullptr);
   ~OutsideStateWatch() override;
   OutsideStateWatch(const OutsideStateWatch&) = delete;
   OutsideStateWatch& operator=(const OutsideStateWatch&) = delete;
@@ -123,6 +129,7 @@ class OutsideStateWatch : public DispatchMode {
 
   const Purpose purpose_;
   BeforeCall before_call_;
+  BeforeBufferWrite before_buffer_write_;
   bool finished_ = false;
   std::unordered_set<const c10::StorageImpl*> inside_;  // created under the mode, or known
   OutsideState before_;

@@ -393,7 +393,7 @@ Region::ForwardScope::ForwardScope(Region& region)
                              state.input_copies.empty() && !state.keeps_forward_graph &&
                              !region.site_->keeps_forward_graph_at(state.learned_moment);
   if (release_graph) {
-    buffers_ = std::make_unique<BufferGuard>(state.modules);
+    buffers_ = std::make_unique<BufferGuard>(state.modules, BufferGuard::Copy::BeforeFirstWrite);
     release_ = std::make_unique<GraphRelease>(state.inputs);
   }
   if (state.kept) {
@@ -421,8 +421,16 @@ Region::ForwardScope::ForwardScope(Region& region)
       release->release_producers(op, stack);
     };
   }
-  outside_ = std::make_unique<OutsideStateWatch>(
-      state.inputs, state.modules, OutsideStateWatch::Purpose::Keep, std::move(before_call));
+  // Writes into buffers: seen by the dispatcher, where a version counter may miss them, and
+  // copied just before the first, for a second run.
+  const auto before_buffer_write = [&at_forward = state.buffers_at_forward,
+                                    copies = buffers_.get()](const c10::StorageImpl* storage) {
+    at_forward.note_write(storage);
+    if (copies != nullptr) copies->copy_before_write(storage);
+  };
+  outside_ = std::make_unique<OutsideStateWatch>(state.inputs, state.modules,
+                                                 OutsideStateWatch::Purpose::Keep,
+                                                 std::move(before_call), before_buffer_write);
   outside_guard_ = std::make_unique<DispatchModeGuard>(*outside_);
 }
 
@@ -562,16 +570,15 @@ bool Region::wrote_into_inputs_unexpectedly() {
 
 // The function wrote into a buffer of its modules that this call did not copy (one no forward at
 // this call site had written before), so a recompute would start from the value the forward left.
-// The call site copies it from now on.
+// The call site copies it from now on. A first call that writes none teaches that too: a buffer
+// the function only reads (a causal mask) is copied at the first call only.
 bool Region::wrote_into_buffers_unexpectedly() {
   RegionState& state = *state_;
   const uint64_t written = state.buffers_at_forward.finish();
-  if (written != 0) {
-    if (site_->buffers_learned.exchange(true)) {
-      site_->written_buffers.fetch_or(written);
-    } else {
-      site_->written_buffers.store(written);
-    }
+  if (site_->buffers_learned.exchange(true)) {
+    site_->written_buffers.fetch_or(written);
+  } else {
+    site_->written_buffers.store(written);
   }
   if (!state.buffers_at_forward.lost()) return false;
   const std::string what =

@@ -28,14 +28,18 @@ struct RunningNormImpl : torch::nn::Module {
     torch::Tensor h = fc(x);
     if (is_training()) {
       const torch::NoGradGuard no_grad;
-      if (updates >= 1) running_mean.mul_(0.5).add_(h.mean(0) * 0.5);
-      if (updates >= 2) running_scale.mul_(0.5).add_(h.std(0) * 0.5);
+      // Through `.data()`, the writes move no version counter.
+      torch::Tensor mean = through_data ? running_mean.data() : running_mean;
+      torch::Tensor scale = through_data ? running_scale.data() : running_scale;
+      if (updates >= 1) mean.mul_(0.5).add_(h.mean(0) * 0.5);
+      if (updates >= 2) scale.mul_(0.5).add_(h.std(0) * 0.5);
     }
     return torch::tanh((h - running_mean) / running_scale);
   }
   torch::nn::Linear fc;
   torch::Tensor running_mean, running_scale;
   int updates = 2;
+  bool through_data = false;
 };
 TORCH_MODULE(RunningNorm);
 
@@ -52,9 +56,11 @@ void append_gradients_and_buffers(After& after, torch::nn::Module& module) {
 
 // A step for each of `updates` (what the module updates in it); with `options`, the module runs
 // through ckpt::checkpoint (an argument of it: one call site).
-After train(const ckpt::CheckpointOptions* options, const std::vector<int>& updates) {
+After train(const ckpt::CheckpointOptions* options, const std::vector<int>& updates,
+            bool through_data = false) {
   torch::manual_seed(0);
   RunningNorm norm;
+  norm->through_data = through_data;
   After after;
   ckpt::test::WarningCapture warnings;
   for (int update : updates) {
@@ -152,17 +158,24 @@ TEST(BuffersReadAfterWriteTest, UnversionedWritesAndGrowingBuffersRecomputeExact
   }
 }
 
-// A call site copies every buffer until a forward there writes one, then those written. A later
-// forward that writes another keeps that call's graph (the buffer's value before is gone), with a
-// warning, and the calls after it copy that buffer too.
+// A call site's first forward copies every buffer and keeps the copies of those it wrote (here
+// none); the calls after it copy those. A later forward that writes another keeps that call's
+// graph (the buffer's value before is gone), with a warning, and the calls after it copy that
+// buffer too. A write through `.data()`, which moves no version counter, is seen as the operator
+// runs (before, a site that had copied the buffer could only tell by its values).
 TEST(BuffersReadAfterWriteTest, AWriteNoEarlierCallMadeKeepsThatCallsGraph) {
   const std::vector<int> updates{0, 1, 2, 2};
-  const After plain = train(nullptr, updates);
-  const ckpt::CheckpointOptions options;
-  const After checkpointed = train(&options, updates);
-  expect_same(checkpointed, plain);
-  ASSERT_EQ(checkpointed.warnings.size(), 1u);
-  EXPECT_NE(checkpointed.warnings[0].find("keeps its activations"), std::string::npos);
+  for (bool through_data : {false, true}) {
+    SCOPED_TRACE(through_data ? "through .data()" : "in place");
+    const After plain = train(nullptr, updates, through_data);
+    const ckpt::CheckpointOptions options;
+    const After checkpointed = train(&options, updates, through_data);
+    expect_same(checkpointed, plain);
+    ASSERT_EQ(checkpointed.warnings.size(), 2u);  // the mean's first write, the scale's
+    for (const std::string& warning : checkpointed.warnings) {
+      EXPECT_NE(warning.find("keeps its activations"), std::string::npos);
+    }
+  }
 }
 
 // Nested: the outer region's recompute runs the inner region's forward again, which must find
