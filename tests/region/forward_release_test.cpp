@@ -34,28 +34,38 @@ at::Tensor chain_of_four(const at::Tensor& x) {
   return h.sum();
 }
 
-// The forward's peak above what it started with is the forward's without autograd: before, the
-// region held the whole graph, saved tensors and all, until its function returned (2 MiB more).
-TEST(ForwardReleaseTest, AForwardPeaksAsOneWithoutAutograd) {
+// The peak of `forward` above what lived before it, with and without autograd (a tracker each).
+struct ForwardPeaks {
   ckpt::MemoryTracker tracker;
-  const auto x = torch::randn({256, 1024}, torch::requires_grad());
-  const auto peak_of = [&](const auto& forward) {
+  template <class Forward>
+  int64_t of(const Forward& forward) {
     const int64_t before = tracker.current_bytes();
     tracker.reset_peak();
     const at::Tensor out = forward();
     return tracker.peak_bytes() - before;
-  };
-  const int64_t without_autograd = peak_of([&] {
-    torch::NoGradGuard no_grad;
-    return chain_of_four(x);
-  });
-  const int64_t plain = peak_of([&] { return chain_of_four(x); });
-  EXPECT_GE(plain, without_autograd + (2 << 20));
-  const int64_t megabyte = 1 << 20;
+  }
+  template <class Forward>
+  int64_t without_autograd(const Forward& forward) {
+    return of([&] {
+      torch::NoGradGuard no_grad;
+      return forward();
+    });
+  }
+};
+
+const int64_t megabyte = 1 << 20;
+
+// The forward's peak above what it started with is the forward's without autograd: before, the
+// region held the whole graph, saved tensors and all, until its function returned (2 MiB more).
+TEST(ForwardReleaseTest, AForwardPeaksAsOneWithoutAutograd) {
+  ForwardPeaks peaks;
+  const auto x = torch::randn({256, 1024}, torch::requires_grad());
+  const int64_t without_autograd = peaks.without_autograd([&] { return chain_of_four(x); });
+  EXPECT_GE(peaks.of([&] { return chain_of_four(x); }), without_autograd + 2 * megabyte);
   for (const auto& options : both_variants()) {
     SCOPED_TRACE(variant_name(options));
     const int64_t checkpointed =
-        peak_of([&] { return ckpt::checkpoint(options, chain_of_four, x); });
+        peaks.of([&] { return ckpt::checkpoint(options, chain_of_four, x); });
     // The RNG stash and the region's bookkeeping: some KB.
     EXPECT_LT(checkpointed, without_autograd + megabyte / 8);
   }
@@ -74,26 +84,15 @@ struct Masked : torch::nn::Module {
 // back by the second run (AnIntermediateStoredOutsideRunsTheFunctionAgainOnce). The first call at
 // a call site copies every buffer for its recompute, to learn which ones the function writes.
 TEST(ForwardReleaseTest, ABufferTheFunctionOnlyReadsIsNotCopied) {
-  ckpt::MemoryTracker tracker;
+  ForwardPeaks peaks;
   auto module = std::make_shared<Masked>();
   const auto x = torch::randn({256, 1024}, torch::requires_grad());
-  const auto peak_of = [&](const auto& forward) {
-    const int64_t before = tracker.current_bytes();
-    tracker.reset_peak();
-    const at::Tensor out = forward();
-    return tracker.peak_bytes() - before;
-  };
-  const int64_t without_autograd = peak_of([&] {
-    torch::NoGradGuard no_grad;
-    return module->forward(x);
-  });
-  const int64_t megabyte = 1 << 20;
+  const int64_t without_autograd = peaks.without_autograd([&] { return module->forward(x); });
   for (const auto& options : both_variants()) {
     SCOPED_TRACE(variant_name(options));
-    for (int call = 0; call < 2; ++call) {
-      const int64_t checkpointed = peak_of([&] { return ckpt::checkpoint(options, module, x); });
-      if (call == 1) EXPECT_LT(checkpointed, without_autograd + megabyte / 8);
-    }
+    const auto call = [&] { return ckpt::checkpoint(options, module, x); };
+    peaks.of(call);  // the call site's first call: it learns which buffers the function writes
+    EXPECT_LT(peaks.of(call), without_autograd + megabyte / 8);
   }
 }
 
