@@ -1,5 +1,7 @@
 #include "training_modes.h"
 
+#include <algorithm>
+
 namespace ckpt {
 namespace detail {
 namespace {
@@ -21,6 +23,10 @@ TrainingModes::TrainingModes(const std::vector<std::shared_ptr<torch::nn::Module
       modes_.emplace_back(std::move(module), training);
     }
   }
+}
+
+bool TrainingModes::all_training() const {
+  return std::all_of(modes_.begin(), modes_.end(), [](const auto& mode) { return mode.second; });
 }
 
 TrainingModeScope::TrainingModeScope(const TrainingModes& modes) {

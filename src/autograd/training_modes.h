@@ -19,6 +19,8 @@ class TrainingModes {
  public:
   TrainingModes() = default;
   explicit TrainingModes(const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+  /// Whether every one of the modules was in training mode.
+  bool all_training() const;
 
  private:
   friend class TrainingModeScope;

@@ -570,15 +570,19 @@ bool Region::wrote_into_inputs_unexpectedly() {
 
 // The function wrote into a buffer of its modules that this call did not copy (one no forward at
 // this call site had written before), so a recompute would start from the value the forward left.
-// The call site copies it from now on. A first call that writes none teaches that too: a buffer
-// the function only reads (a causal mask) is copied at the first call only.
+// The call site copies it from now on. The first call in training teaches which buffers the
+// function writes, none included (a buffer it only reads, a causal mask, is then copied no more);
+// a call with a module in eval mode teaches nothing: in training the same function writes more
+// (BatchNorm's statistics and step count).
 bool Region::wrote_into_buffers_unexpectedly() {
   RegionState& state = *state_;
   const uint64_t written = state.buffers_at_forward.finish();
-  if (site_->buffers_learned.exchange(true)) {
-    site_->written_buffers.fetch_or(written);
-  } else {
-    site_->written_buffers.store(written);
+  if (state.training.all_training() || site_->buffers_learned.load()) {
+    if (site_->buffers_learned.exchange(true)) {
+      site_->written_buffers.fetch_or(written);
+    } else {
+      site_->written_buffers.store(written);
+    }
   }
   if (!state.buffers_at_forward.lost()) return false;
   const std::string what =
