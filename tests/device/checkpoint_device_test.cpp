@@ -3,6 +3,7 @@
 // arguments on two devices; DefaultDeviceType; autocast replay on the device type.
 
 #include <ckpt/ckpt.h>
+#include <ckpt/memory_tracker.h>
 #include <ckpt/planned_sequential.h>
 
 #include "device/device_suite.h"
@@ -110,6 +111,70 @@ TEST_P(CheckpointDeviceTest, BlocksAndNestedRegionsGiveThePlainGradients) {
     };
     expect_exact(*both, input, nested,
                  [&](const at::Tensor& x) { return plain(torch::dropout(x, 0.2, true)); });
+  }
+}
+
+// Keeps an intermediate for a loss of its own, outside the region's results.
+struct StashingImpl : torch::nn::Module {
+  StashingImpl() : linear(register_module("linear", torch::nn::Linear(32, 32))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    stashed = torch::dropout(linear(x), 0.3, true).tanh();
+    return stashed.pow(3).sigmoid();
+  }
+  torch::nn::Linear linear;
+  at::Tensor stashed;
+};
+TORCH_MODULE(Stashing);
+
+// A region's forward on the device lets go of its graph as it goes, as on the CPU: it peaks as
+// the forward without autograd does (the device allocator's statistics). A function that keeps
+// an intermediate outside the region runs again from the same device random state: the plain
+// step's values, and its gradients up to the order in which the two paths' sums arrive.
+TEST_P(CheckpointDeviceTest, AForwardLetsGoOfItsGraphAsOnTheCpu) {
+  CKPT_SKIP_IF(missing_rng());
+  if (!missing_memory_statistics()) {
+    ckpt::MemoryTracker tracker(device());
+    const auto x = torch::randn({256, 1024}, on()).requires_grad_();
+    const auto chain = [](const at::Tensor& t) {  // each statement's temporaries die with it
+      at::Tensor h = t.tanh();
+      h = h.sigmoid();
+      h = h.exp();
+      return h.tanh().sum();
+    };
+    const auto peak_of = [&](const auto& forward) {
+      const int64_t before = tracker.current_bytes();
+      tracker.reset_peak();
+      const at::Tensor out = forward();
+      return tracker.peak_bytes() - before;
+    };
+    const int64_t without_autograd = peak_of([&] {
+      torch::NoGradGuard no_grad;
+      return chain(x);
+    });
+    EXPECT_GE(peak_of([&] { return chain(x); }), without_autograd + (2 << 20));
+    EXPECT_LE(peak_of([&] { return ckpt::checkpoint(chain, x); }), without_autograd);
+  }
+  Stashing module;
+  module->to(device());
+  const auto input = torch::randn({8, 32}, on());
+  const auto step = [&](bool checkpointed) {
+    auto x = input.detach().requires_grad_();
+    const at::Tensor out = checkpointed ? ckpt::checkpoint(module, x) : module(x);
+    const at::Tensor loss = out.sum() + module->stashed.square().sum();
+    loss.backward();
+    std::vector<at::Tensor> result{out, x.grad()};
+    for (auto& g : take_grads(*module)) result.push_back(g);
+    return result;
+  };
+  const auto state = rng_state(0);
+  const auto checkpointed = step(true);
+  set_rng_state(0, state);
+  const auto plain = step(false);
+  EXPECT_TRUE(bit_equal(checkpointed[0], plain[0]));
+  for (size_t i = 1; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(checkpointed[i], plain[i], 1e-5, 1e-6))
+        << i << ": " << (checkpointed[i] - plain[i]).abs().max().item<float>() << " of "
+        << plain[i].abs().max().item<float>();
   }
 }
 
