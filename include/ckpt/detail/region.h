@@ -240,9 +240,9 @@ class Region {
 
  private:
   /// For the forward call: grad mode off for the reentrant variant and on otherwise; the release
-  /// of the graph's saved tensors as the forward goes (with a snapshot of the modules' buffers
-  /// for a second run); and with a selective policy, the operator interception that keeps the
-  /// outputs it saves.
+  /// of the graph's saved tensors as the forward goes (with a copy of each of the modules' buffers
+  /// taken before its first write, for a second run); and with a selective policy, the operator
+  /// interception that keeps the outputs it saves.
   class ForwardScope {
    public:
     explicit ForwardScope(Region& region);
