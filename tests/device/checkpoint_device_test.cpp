@@ -152,7 +152,8 @@ TEST_P(CheckpointDeviceTest, AForwardLetsGoOfItsGraphAsOnTheCpu) {
       return chain(x);
     });
     EXPECT_GE(peak_of([&] { return chain(x); }), without_autograd + (2 << 20));
-    EXPECT_LE(peak_of([&] { return ckpt::checkpoint(chain, x); }), without_autograd);
+    // The region's bookkeeping on the device, if any: some KB (as on the CPU).
+    EXPECT_LT(peak_of([&] { return ckpt::checkpoint(chain, x); }), without_autograd + (1 << 17));
   }
   Stashing module;
   module->to(device());
