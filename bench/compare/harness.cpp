@@ -59,6 +59,17 @@ struct Stats {
   double median = 0, iqr = 0;
 };
 
+// The chain planner's profile, and the wall time it took.
+struct ProfiledChain {
+  plan::Chain chain;
+  double milliseconds = 0;
+};
+
+double milliseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 // Median and interquartile range (linear interpolation, as Python's statistics.quantiles with
 // the "exclusive" method is close enough for n >= 15).
 Stats stats(const std::vector<double>& v) {
@@ -328,10 +339,12 @@ BenchRow planner_row(const Methods& methods, const std::string& name, const std:
 
 // A PlannedSequential method for one budget, or a row that says why there is none.
 void add_planned_method(Methods& methods, const std::string& name, torch::nn::Sequential model,
-                        const plan::Chain& profile, const StorageModes& modes, int64_t budget,
+                        const ProfiledChain& profiled, const StorageModes& modes, int64_t budget,
                         const std::string& label, int64_t input_bytes, int64_t min_budget,
                         double plain_time) {
+  const plan::Chain& profile = profiled.chain;
   BenchRow row = planner_row(methods, name, "ckpt_planned", budget, label, input_bytes, min_budget);
+  row.planning_ms = profiled.milliseconds;
   if (budget < min_budget) {
     add_method(methods, row, nullptr);
     return;
@@ -346,8 +359,7 @@ void add_planned_method(Methods& methods, const std::string& name, torch::nn::Se
     add_method(methods, row, nullptr);
     return;
   }
-  row.solver_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  row.solver_ms = milliseconds_since(t0);
   row.predicted_peak_bytes = planned->prediction().peak_bytes - input_bytes;
   row.predicted_overhead = planned->prediction().time / plain_time;
   row.forward_count = planned->prediction().forward_count;
@@ -390,8 +402,8 @@ void add_predicted_optimum(Methods& methods, const std::string& name, const plan
 // be a fresh mapping and its page faults (1.4x on the MLP, whose activations are 128 KiB). The
 // workbench's steps start from its gradient buffers, so the parameters' gradients are not
 // counted: counted, every prediction was high by the gradients made before its peak.
-plan::Chain profile_for_planner(const BenchOptions& options, const std::string& name,
-                                Workbench& bench) {
+ProfiledChain profile_for_planner(const BenchOptions& options, const std::string& name,
+                                  Workbench& bench) {
   std::cerr << "ckpt bench: " << name << ": profiling the chain for the planner\n";
   const std::vector<torch::nn::AnyModule> stages(bench.model->begin(), bench.model->end());
   ProfileOptions profile_options;
@@ -399,17 +411,20 @@ plan::Chain profile_for_planner(const BenchOptions& options, const std::string& 
   profile_options.storage_modes(models::parse_storage_modes(options.storage_modes));
   if (options.quick) profile_options.repeats(1).warmup(0);
   use_large_mmap_threshold();
-  return profile_chain(stages, bench.x.detach(), profile_options);
+  const auto t0 = std::chrono::steady_clock::now();
+  plan::Chain chain = profile_chain(stages, bench.x.detach(), profile_options);
+  return {std::move(chain), milliseconds_since(t0)};
 }
 
-void add_planned_methods(const std::string& name, const plan::Chain& profile,
+void add_planned_methods(const std::string& name, const ProfiledChain& profiled,
                          const StorageModes& modes, Workbench& bench, MemoryTracker& tracker,
                          int warmup, bool rss, Methods& methods) {
+  const plan::Chain& profile = profiled.chain;
   const int64_t min_budget = plan::min_feasible_budget_bytes(profile);
   const auto input_bytes = static_cast<int64_t>(bench.x.nbytes());
   const double plain_time = plan::simulate(profile, plan::solve_no_checkpoint(profile)).time;
   for (const auto& [budget, label] : planned_budgets(methods, input_bytes, min_budget)) {
-    add_planned_method(methods, name, bench.model, profile, modes, budget, label, input_bytes,
+    add_planned_method(methods, name, bench.model, profiled, modes, budget, label, input_bytes,
                        min_budget, plain_time);
     Method& added = *methods.back();
     if (added.forward) try_warm_and_measure(bench, added, tracker, warmup, rss);
@@ -433,6 +448,7 @@ void add_model_planned_methods(const std::string& name, const StorageModes& mode
   };
   std::optional<MeasuredModel> measured;
   int64_t min_budget = 0;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     PlannedModel probe(bench.model, Budget::minimum(), options);
     // Its steps hold nothing from one to the next, as the bench's don't: an output kept in a
@@ -446,17 +462,18 @@ void add_model_planned_methods(const std::string& name, const StorageModes& mode
               << std::string(e.what_without_backtrace()).substr(0, 80) << "\n";
     return;
   }
+  const double planning_ms = milliseconds_since(t0);
   for (const auto& [budget, label] : planned_budgets(methods, 0, min_budget)) {
     BenchRow row = planner_row(methods, name, "ckpt_model_planned", budget, label, 0, min_budget);
+    row.planning_ms = planning_ms;
     if (budget < min_budget) {
       add_method(methods, row, nullptr);
       continue;
     }
     auto planned = std::make_shared<PlannedModel>(bench.model, Budget::bytes(budget), options);
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto solve_start = std::chrono::steady_clock::now();
     planned->plan(*measured);
-    row.solver_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    row.solver_ms = milliseconds_since(solve_start);
     row.predicted_peak_bytes = planned->solution().prediction.peak_bytes;
     row.predicted_overhead = planned->solution().prediction.time / measured->profile.step_time;
     Method* added = add_method(methods, row, [planned, loss_of](const torch::Tensor&) {
@@ -552,7 +569,7 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
   const torch::Device device(options.device);
   Methods methods = sequential_methods(name, bench.model, segments, !device.is_cpu(),
                                        options.every_segment_count);
-  const std::optional<plan::Chain> profile =
+  const std::optional<ProfiledChain> profile =
       options.planned ? std::optional(profile_for_planner(options, name, bench)) : std::nullopt;
   // Memory phase: every method's warm-up and measured step, with small allocations returned to
   // the system so that RSS follows the live tensors.
@@ -668,6 +685,12 @@ std::string markdown_row(const BenchRow& row, const std::vector<BenchRow>& rows)
   std::string note = row.note;
   if (row.solver_ms >= 0)
     note += (note.empty() ? "" : "; ") + ("solve " + fixed(row.solver_ms, 1) + " ms");
+  const BenchRow* none = find(rows, row.model, "none", 0);
+  if (row.planning_ms >= 0 && row.solver_ms >= 0 && none != nullptr && none->step_ms > 0) {
+    // Issue 48's first step: what planning costs, profile and solve, in plain steps.
+    note += "; profile " + fixed(row.planning_ms / 1000, 2) + " s, planning " +
+            fixed((row.planning_ms + row.solver_ms) / none->step_ms, 1) + "× none's step";
+  }
   std::ostringstream md;
   md << "| " << row.method << " | " << row.setting << " | "
      << (row.forward_count > 0 ? std::to_string(row.forward_count) : "—") << " | "

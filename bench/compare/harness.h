@@ -55,7 +55,11 @@ struct BenchRow {
   double predicted_overhead = 0;
   double step_iqr_ms = 0;  // interquartile range of the timed steps
   double solver_ms = -1;   // planned rows: wall time of solving the profiled chain
-  std::string note;        // e.g. why a planned budget is infeasible
+  // Planned rows: wall time of profiling the model for this row's planner, once per planner and
+  // model (its budgets share the profile); PlannedModel's includes solving for its smallest plan.
+  // With solver_ms, what a step that plans costs before it runs (issue 48's "first step").
+  double planning_ms = -1;
+  std::string note;  // e.g. why a planned budget is infeasible
 };
 
 /// Runs every selected model and method; prints progress to stderr.

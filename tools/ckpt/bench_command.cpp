@@ -132,7 +132,9 @@ void write_json(const std::vector<bench::BenchRow>& rows, const BenchArgs& args)
                     {"predicted_overhead", row.predicted_overhead},
                     {"memory_ratio", row.memory_ratio},
                     {"rss_memory_ratio", row.rss_memory_ratio},
-                    {"forward_count", row.forward_count}});
+                    {"forward_count", row.forward_count},
+                    {"solver_ms", row.solver_ms},
+                    {"planning_ms", row.planning_ms}});
   }
   const std::string document =
       nlohmann::json{
