@@ -67,7 +67,10 @@ struct ModelProfileOptions {
   /// (which must then run "checkpointed") don't keep them, but run it again in their backward to
   /// get them. Its outputs' memory is free from where the model lets go of them until then.
   /// Measured in extra steps (about L + 1 for chains of L), each running some candidates so.
-  /// Default: true
+  /// Where a candidate's outputs go to one beyond the longest chain from it (a U-Net encoder's
+  /// skip), every length is measured again with the chains' starts recomputed for their first
+  /// taker only, later ones keeping theirs ("recomputed, skips kept", "recomputed, chain of 2,
+  /// skips kept"). Default: true
   TORCH_ARG(bool, recompute_outputs) = true;
   /// The longest chain of "recomputed" candidates measured: with 2 or more, a candidate whose
   /// inputs are themselves recomputed outputs may be recomputed too (running it again runs its

@@ -138,7 +138,8 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
       : plan_(plan),
         names_(names),
         offloads_(offloads),
-        groups_(std::make_shared<Groups>(plan.regions.size())) {}
+        groups_(std::make_shared<Groups>(plan.regions.size())),
+        first_taker_(plan.regions.size(), -1) {}
 
   std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
                                          std::vector<at::Tensor>& inputs,
@@ -155,9 +156,11 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
     offloads_.take_last();  // a group that finished before it is not its own
     // Its region's memory and report are named after it: "blocks.3/region 1".
     label_.emplace(resolved);
+    std::vector<int> producers;
+    auto sources = recomputable_.sources_for(inputs, producers);
+    keep_skips(c, producers, sources);
     if (plan_.regions[c]) {  // a region drops the outputs of "recomputed" candidates it takes
-      std::vector<int> producers;
-      request.input_sources = recomputable_.sources_for(inputs, producers);
+      request.input_sources = std::move(sources);
       request.recomputable_outputs = plan_.recomputable[c];
       if (plan_.parts_checkpointed[c]) request.inner_candidates = plan_.regions[c];
     }
@@ -194,6 +197,24 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   }
 
  private:
+  // A "recomputed, skips kept" producer's outputs are let go of by the first candidate that takes
+  // one, as the profile measured it; a later one keeps what it takes.
+  void keep_skips(size_t c, const std::vector<int>& producers,
+                  std::vector<std::shared_ptr<const detail::RecomputeSource>>& sources) {
+    for (size_t i = 0; i < producers.size(); ++i) {
+      const int p = producers[i];
+      if (p < 0) continue;
+      const plan::OptionRun& run = run_of(static_cast<size_t>(p));
+      if (!run.skips_kept || run.chain_length > 1) continue;  // a chain's end: to every taker
+      int& first = first_taker_[p];
+      if (first < 0) first = static_cast<int>(c);
+      if (first != static_cast<int>(c)) sources[i] = nullptr;
+    }
+  }
+  const plan::OptionRun& run_of(size_t c) const {
+    return plan_.measured.profile.candidates[c].options[plan_.solution.choice[c]].run;
+  }
+
   // A "kept" candidate's graph. The outputs of every candidate are watched: a later candidate's
   // graph (or the loss's) may hold them, which is known only at the step's end.
   void report_candidate(const std::vector<at::Tensor>& outputs) {
@@ -262,6 +283,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   std::vector<CandidateOutput> outputs_;
   size_t next_ = 0;
   detail::RecomputableOutputs recomputable_;  // this step's "recomputed" candidates' outputs
+  std::vector<int> first_taker_;              // by candidate: the first that took its outputs
   std::optional<MemoryLabel> label_;  // the running candidate's (candidates do not nest here)
 };
 

@@ -243,23 +243,30 @@ class NotingHooks final : public torch::autograd::SavedVariableHooks {
 // starts a chain (depth 1); one whose inputs come from outputs of depth below `length` continues
 // it (the deepest plus one), and ends it at `length` where it was not measured at that depth
 // before; the rest (which takes such an output) runs checkpointed and runs the chain again in its
-// backward. Every region drops the recomputable outputs it takes.
+// backward. Every region drops the recomputable outputs it takes; with `keeps_skips`, those of a
+// chain's start only where it is the first to take one (later takers keep theirs).
 struct RecomputeTrial {
-  RecomputeTrial(std::vector<bool> copies_inputs, int length)
+  RecomputeTrial(std::vector<bool> copies_inputs, int length, bool keeps_skips)
       : length(length),
+        keeps_skips(keeps_skips),
         copies_inputs(std::move(copies_inputs)),
         measured(this->copies_inputs.size()),
-        consumers(this->copies_inputs.size()) {}
+        consumers(this->copies_inputs.size()),
+        takers(this->copies_inputs.size()) {}
   int length;                                 // of the chains this trial measures
+  bool keeps_skips;                           // chain starts: recomputed for their first taker
   std::vector<bool> copies_inputs;            // by candidate: writes into its arguments
   std::vector<bool> measured;                 // by candidate: at the end of a chain so far
   std::vector<std::set<int>> consumers;       // by candidate: those that dropped its outputs
+  std::vector<std::set<int>> takers;          // by candidate: those that took its outputs
   std::vector<int> depth;                     // by candidate, in the current step (0: kept outputs)
+  std::vector<int> first_taker;               // by candidate, in the current step (-1: none yet)
   std::vector<std::map<int, int>> producers;  // by candidate: the depth of each it dropped from
   detail::RecomputableOutputs outputs;        // the current step's
 
   void start_step() {
     depth.assign(measured.size(), 0);
+    first_taker.assign(measured.size(), -1);
     producers.assign(measured.size(), {});
     outputs = detail::RecomputableOutputs();
   }
@@ -267,6 +274,7 @@ struct RecomputeTrial {
   void request(int c, const std::vector<at::Tensor>& inputs, detail::RegionRequest& request) {
     std::vector<int> from;
     request.input_sources = outputs.sources_for(inputs, from);
+    keep_skips(c, from, request.input_sources);
     if (static_cast<size_t>(c) >= measured.size()) return;
     if (copies_inputs[c]) {  // it keeps copies of its arguments: dropping them would free nothing
       request.input_sources.clear();
@@ -283,6 +291,23 @@ struct RecomputeTrial {
     request.recomputable_outputs = true;
     depth[c] = deepest + 1;
     if (depth[c] == length) measured[c] = true;
+  }
+
+ private:
+  // As `PlannedModel` runs a "recomputed, skips kept" candidate: the first candidate that takes
+  // one of its outputs drops them, later ones keep theirs (`from`: -1 there).
+  void keep_skips(int c, std::vector<int>& from,
+                  std::vector<std::shared_ptr<const detail::RecomputeSource>>& sources) {
+    for (size_t i = 0; i < from.size(); ++i) {
+      const int p = from[i];
+      if (p >= 0) takers[p].insert(c);
+      if (p < 0 || depth[p] != 1 || !keeps_skips) continue;
+      int& first = first_taker[p];
+      if (first < 0) first = c;
+      if (first == c) continue;
+      sources[i] = nullptr;
+      from[i] = -1;
+    }
   }
 };
 
@@ -1063,8 +1088,9 @@ double at_least_plain_time(const CandidateCosts& kept, const CandidateCosts& mod
 // producers it dropped outputs of, with their depths.
 struct TrialRun {
   std::shared_ptr<StepRecord> step;
-  Matching matching;  // where each plain event is in `step`
-  int length = 1;     // of the chains it measured
+  Matching matching;         // where each plain event is in `step`
+  int length = 1;            // of the chains it measured
+  bool keeps_skips = false;  // its chains' starts were recomputed for their first taker only
   std::vector<int> depth;
   std::vector<std::map<int, int>> producers;
 };
@@ -1128,19 +1154,35 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
   return candidate;
 }
 
+// Whether option `op` of candidate `p` holds none of its outputs that `taker` takes until its own
+// backward: a "recomputed" option lets go of them; one with skips kept, towards a later taker
+// than its first, runs as the "checkpointed" region it is (`lets_go`: measured, by option).
+bool lets_go_towards(const std::vector<plan::CandidateOption>& options,
+                     const std::vector<bool>& lets_go, int op, int taker, int first_taker) {
+  const plan::OptionRun& run = options[op].run;
+  if (run.outputs_recomputed && (!run.skips_kept || first_taker == taker)) return true;
+  if (run.outputs_recomputed) {
+    const auto checkpointed = std::find_if(options.begin(), options.end(), [](const auto& o) {
+      return o.run.name() == plan::OptionRun::in_mode(kCheckpointedMode).name();
+    });
+    op = static_cast<int>(checkpointed - options.begin());
+  }
+  return static_cast<size_t>(op) < lets_go.size() && lets_go[op];
+}
+
 // Each "producers let go" option excludes every option of its producers that holds its outputs
-// until its own backward (`lets_go`, by candidate and option; a "recomputed" one lets go of them).
+// until its own backward (`lets_go_towards`; `first_takers`, by candidate).
 void exclude_producers_that_hold(plan::ModelProfile& profile,
                                  const std::vector<ProducersLetGoOption>& added,
-                                 const std::vector<std::vector<bool>>& lets_go) {
+                                 const std::vector<std::vector<bool>>& lets_go,
+                                 const std::vector<int>& first_takers) {
   for (const auto& [c, o, producers] : added) {
     auto& excludes = profile.candidates[c].options[o].excludes;
     for (int p : producers) {
       const auto& options = profile.candidates[p].options;
       for (int op = 0; op < static_cast<int>(options.size()); ++op) {
-        const bool lets_go_there = options[op].run.outputs_recomputed ||
-                                   (static_cast<size_t>(op) < lets_go[p].size() && lets_go[p][op]);
-        if (!lets_go_there) excludes.push_back({p, op});
+        if (!lets_go_towards(options, lets_go[p], op, c, first_takers[p]))
+          excludes.push_back({p, op});
       }
     }
   }
@@ -1182,7 +1224,8 @@ int64_t dropped_in_forward(const CandidateRecord& plain, const CandidateRecord& 
 // taker. Where `c` dropped its producers' outputs, its own backward ran them again: their options
 // count that (`c` is their taker), so its backward's peak and time are the checkpointed step's.
 plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& checkpointed,
-                                        const TrialRun& trial, int c, const std::set<int>& takers) {
+                                        const TrialRun& trial, int c, const std::set<int>& takers,
+                                        bool skips_kept) {
   const Span span = span_of(plain, c);
   const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
   const Span trial_span = span_of(*trial.step, c);
@@ -1217,7 +1260,8 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
     }
     seconds += chain_seconds(checkpointed, trial, c);
   }
-  return option_in(plan::OptionRun::recomputed(trial.length), seconds, 0, std::move(deltas));
+  return option_in(plan::OptionRun::recomputed(trial.length, skips_kept), seconds, 0,
+                   std::move(deltas));
 }
 
 // Runs a trial's steps (each with every candidate checkpointed) until every candidate ended a
@@ -1233,51 +1277,97 @@ void run_trials(const StepSetup& setup, const StepRecord& plain, const Checkpoin
     check_same_candidates(plain, *step, plan::OptionRun::recomputed(1).name());
     if (std::find(trial.depth.begin(), trial.depth.end(), trial.length) == trial.depth.end()) break;
     Matching matching = matching_events(plain, *step);
-    runs.push_back(
-        {std::move(step), std::move(matching), trial.length, trial.depth, trial.producers});
+    runs.push_back({std::move(step), std::move(matching), trial.length, trial.keeps_skips,
+                    trial.depth, trial.producers});
     if (std::find(trial.measured.begin(), trial.measured.end(), false) == trial.measured.end())
       break;
   }
 }
 
-// A "recomputed" option offered: its chain's depth (0: not such an option), and what its trial
-// step had of its producers.
-struct ChainOption {
-  int depth = 0;
-  const std::map<int, int>* producers = nullptr;
+// Who takes each candidate's recomputable outputs in the trials (`RecomputeTrial::takers`), as
+// `PlannedModel` finds them: the first (the lowest index: candidates are numbered in forward
+// order; -1: none) and whether later ones take some too (then "recomputed, skips kept" differs
+// from "recomputed").
+struct Takers {
+  std::vector<int> first;
+  std::vector<bool> later;
+
+  explicit Takers(const std::vector<std::set<int>>& takers) {
+    for (const auto& of_one : takers) {
+      first.push_back(of_one.empty() ? -1 : *of_one.begin());
+      later.push_back(of_one.size() > 1);
+    }
+  }
+  // Whether candidate `c`, in `run`'s step, kept its later takers' outputs (at depth 1) or ends a
+  // chain whose start did: its options from such a step differ from the other trial's.
+  bool keeps_skips(const TrialRun& run, int c) const {
+    if (!run.keeps_skips || run.depth[c] == 0) return false;
+    if (run.depth[c] == 1) return later[c];
+    const auto& producers = run.producers[c];
+    return std::any_of(producers.begin(), producers.end(),
+                       [&](const auto& p) { return keeps_skips(run, p.first); });
+  }
 };
 
-// Whether producer option `p` and taker option `t` (of a candidate that takes p's outputs) may
-// be chosen together: the taker as it was measured (a chain end measured with this producer at
-// this depth, a chain start with none), and a producer whose outputs are recomputed only with a
-// taker that runs "checkpointed" or is measured so.
-bool compatible(const ChainOption& p, const ChainOption& t, const plan::OptionRun& taker,
-                int producer) {
+// A "recomputed" option offered: its chain's depth (0: not such an option), whether it keeps
+// skips (`Takers::keeps_skips`), and each producer it dropped outputs of in its trial step, with
+// that producer's depth and whether it kept skips there.
+struct ChainOption {
+  int depth = 0;
+  bool keeps_skips = false;
+  std::map<int, std::pair<int, bool>> producers{};
+};
+
+// Whether producer option `p` lets go of its outputs towards `taker`: a chain's start that keeps
+// skips only towards its first taker.
+bool drops_towards(const ChainOption& p, int producer, int taker, const Takers& takers) {
+  return p.depth > 0 && (p.depth > 1 || !p.keeps_skips || takers.first[producer] == taker);
+}
+
+// Whether producer option `p` and taker option `t` (of candidate `taker`, which takes p's
+// outputs) may be chosen together: the taker as it was measured (a chain end measured with this
+// producer at this depth and so recomputed, a chain start with none dropped), and a producer
+// whose outputs the taker drops only with a taker that runs "checkpointed" or is measured so.
+bool compatible(const ChainOption& p, const ChainOption& t, const plan::OptionRun& taker_run,
+                int producer, int taker, const Takers& takers) {
+  const int depth = drops_towards(p, producer, taker, takers) ? p.depth : 0;
   if (t.depth > 0) {
-    const auto found = t.producers->find(producer);
-    return p.depth == (found == t.producers->end() ? 0 : found->second);
+    const auto found = t.producers.find(producer);
+    if (found == t.producers.end()) return depth == 0;
+    return std::pair(depth, p.keeps_skips) == found->second;
   }
-  return p.depth == 0 || (taker.mode == kCheckpointedMode && !taker.outputs_recomputed &&
-                          !taker.takers_kept && !taker.parts_checkpointed);
+  return depth == 0 || (taker_run.mode == kCheckpointedMode && !taker_run.outputs_recomputed &&
+                        !taker_run.takers_kept && !taker_run.parts_checkpointed);
 }
 
 // Adds the "recomputed" options to each candidate that a trial step ended a chain with, whose
-// outputs some region took and let go of, and whose chain's producers offer theirs. Then
-// excludes the pairs of producer and taker options that were not measured together.
+// outputs some region took and let go of, and whose chain's producers offer theirs (from trials
+// whose chains start keeping skips, only where a start has later takers). Then excludes the pairs
+// of producer and taker options that were not measured together.
 void add_recomputed_options(plan::ModelProfile& profile, const StepRecord& plain,
                             const ModeRun& checkpointed, const std::vector<TrialRun>& runs,
-                            const std::vector<std::set<int>>& consumers) {
+                            const std::vector<std::set<int>>& consumers, const Takers& takers) {
   std::vector<std::map<int, ChainOption>> chains(profile.candidates.size());  // by option
-  std::map<std::pair<int, int>, int> option_at;  // (candidate, depth) -> option
+  std::map<std::tuple<int, int, bool>, int> option_at;  // (candidate, depth, keeps skips)
   for (const TrialRun& run : runs) {
     for (int c = 0; c < static_cast<int>(run.depth.size()); ++c) {
-      if (run.depth[c] != run.length || consumers[c].empty() || option_at.count({c, run.length}))
+      const bool keeps_skips = takers.keeps_skips(run, c);
+      if (run.depth[c] != run.length || consumers[c].empty() || run.keeps_skips != keeps_skips ||
+          option_at.count({c, run.length, keeps_skips}))
         continue;
       if (span_of(plain, c).backward_begin < 0) continue;  // no gradient
-      const bool chained = std::all_of(run.producers[c].begin(), run.producers[c].end(),
-                                       [&](const auto& p) { return option_at.count(p) > 0; });
+      ChainOption chain{run.length, keeps_skips};
+      for (const auto& [producer, depth] : run.producers[c])
+        chain.producers[producer] = {depth, takers.keeps_skips(run, producer)};
+      const bool chained =
+          std::all_of(chain.producers.begin(), chain.producers.end(), [&](const auto& p) {
+            return option_at.count({p.first, p.second.first, p.second.second}) > 0;
+          });
       if (!chained) continue;
-      plan::CandidateOption option = recomputed_option(plain, checkpointed, run, c, consumers[c]);
+      const bool own_skips_kept = keeps_skips && run.length == 1;
+      const std::set<int> rerun_by = own_skips_kept ? std::set<int>{takers.first[c]} : consumers[c];
+      plan::CandidateOption option =
+          recomputed_option(plain, checkpointed, run, c, rerun_by, keeps_skips);
       if (std::none_of(option.peak_delta.begin(), option.peak_delta.end(),
                        [](int64_t d) { return d < 0; })) {
         continue;
@@ -1285,8 +1375,8 @@ void add_recomputed_options(plan::ModelProfile& profile, const StepRecord& plain
       auto& options = profile.candidates[c].options;
       options.push_back(std::move(option));
       const int o = static_cast<int>(options.size()) - 1;
-      option_at[{c, run.length}] = o;
-      chains[c][o] = {run.length, &run.producers[c]};
+      option_at[{c, run.length, keeps_skips}] = o;
+      chains[c][o] = std::move(chain);
     }
   }
   const auto chain_of = [&](int c, int o) {
@@ -1300,7 +1390,7 @@ void add_recomputed_options(plan::ModelProfile& profile, const StepRecord& plain
       auto& taker = profile.candidates[t].options;
       for (int op = 0; op < static_cast<int>(producer.size()); ++op) {
         for (int ot = 0; ot < static_cast<int>(taker.size()); ++ot) {
-          if (compatible(chain_of(p, op), chain_of(t, ot), taker[ot].run, p)) continue;
+          if (compatible(chain_of(p, op), chain_of(t, ot), taker[ot].run, p, t, takers)) continue;
           // Option 0 excludes nothing (storing everything stays valid): the other side lists it.
           if (op != 0)
             producer[op].excludes.push_back({t, ot});
@@ -1597,16 +1687,30 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   });
   std::vector<TrialRun> runs;
   std::vector<std::set<int>> consumers(plain->candidates.size());
+  std::vector<std::set<int>> takers_seen(plain->candidates.size());
   if (options.recompute_outputs() && checkpointed != modes.end()) {
     const std::optional<CheckpointOptions> region = detail::candidate_region(
         options.storage_modes().at(kCheckpointedMode, "ckpt::profile_model"), settings, device,
         options.preserve_rng_state());
-    for (int length = 1; length <= options.max_recompute_chain(); ++length) {
-      RecomputeTrial trial(copies_inputs, length);
+    // Where a candidate's outputs go to one beyond the longest chain from it (a U-Net encoder's
+    // skip, to its decoder block), each length is measured twice: chains whose start lets every
+    // taker drop its outputs, and chains whose start keeps them for its later takers. Nearer
+    // takers (a residual block's shortcut) take part in the chain's own recompute.
+    const int longest = options.max_recompute_chain();
+    bool far_takers = false;
+    const auto trials = [&](int length, bool keeps_skips) {
+      RecomputeTrial trial(copies_inputs, length, keeps_skips);
       run_trials(setup, *plain, *region, rng, trial, runs);
-      for (size_t c = 0; c < consumers.size(); ++c) {
+      for (int c = 0; c < static_cast<int>(consumers.size()); ++c) {
         consumers[c].insert(trial.consumers[c].begin(), trial.consumers[c].end());
+        takers_seen[c].insert(trial.takers[c].begin(), trial.takers[c].end());
+        far_takers =
+            far_takers || (!takers_seen[c].empty() && *takers_seen[c].rbegin() > c + longest);
       }
+    };
+    for (int length = 1; length <= longest; ++length) {
+      trials(length, false);
+      if (far_takers) trials(length, true);
     }
   }
   std::vector<ProducersLetGoOption> producers_let_go;
@@ -1620,10 +1724,13 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   MeasuredModel measured = measured_model(*plain, modes, cuts, device, producers_let_go, lets_go);
   const std::vector<KeptTakersOption> added =
       add_kept_takers_options(measured.profile, *plain, with_kept_takers, takers);
-  if (!runs.empty())
-    add_recomputed_options(measured.profile, *plain, *checkpointed, runs, consumers);
+  const Takers recompute_takers(takers_seen);
+  if (!runs.empty()) {
+    add_recomputed_options(measured.profile, *plain, *checkpointed, runs, consumers,
+                           recompute_takers);
+  }
   exclude_all_but_kept(measured.profile, added, takers);
-  exclude_producers_that_hold(measured.profile, producers_let_go, lets_go);
+  exclude_producers_that_hold(measured.profile, producers_let_go, lets_go, recompute_takers.first);
   return measured;
 }
 

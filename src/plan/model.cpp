@@ -214,17 +214,19 @@ OptionRun OptionRun::in_mode(std::string mode, bool takers_kept, bool parts_chec
   return run;
 }
 
-OptionRun OptionRun::recomputed(int chain_length) {
+OptionRun OptionRun::recomputed(int chain_length, bool skips_kept) {
   OptionRun run = in_mode("checkpointed");
   run.outputs_recomputed = true;
   run.chain_length = std::max(chain_length, 1);
+  run.skips_kept = skips_kept;
   return run;
 }
 
 std::string OptionRun::name() const {
   if (outputs_recomputed) {
-    return chain_length <= 1 ? "recomputed"
-                             : "recomputed, chain of " + std::to_string(chain_length);
+    const std::string chain =
+        chain_length <= 1 ? "recomputed" : "recomputed, chain of " + std::to_string(chain_length);
+    return skips_kept ? chain + ", skips kept" : chain;
   }
   std::string base = mode.empty() ? "stored" : mode;
   if (parts_checkpointed) base += ", parts checkpointed";

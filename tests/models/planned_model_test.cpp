@@ -652,7 +652,10 @@ TEST_F(PlannedModelTest, RecomputedCandidatesOfAUNetWrittenAsUsersWriteIt) {
         ckpt::profile_model(model.ptr(), [&] { return loss_of(model); });
     for (const auto& candidate : measured.profile.candidates) {
       for (const auto& option : candidate.options) {
-        if (option.run.outputs_recomputed) recomputable.emplace_back(candidate.name, option.name);
+        // Alone beside checkpointed candidates: a chain's end is valid only beside its chain
+        // (the random valid plans of the U-Net below run those).
+        if (option.run.outputs_recomputed && option.run.chain_length <= 1)
+          recomputable.emplace_back(candidate.name, option.name);
       }
     }
     std::map<std::string, std::string> plan;
@@ -671,6 +674,115 @@ TEST_F(PlannedModelTest, RecomputedCandidatesOfAUNetWrittenAsUsersWriteIt) {
     SCOPED_TRACE("planner's run " + std::to_string(run));
     expect_planned_like_plain<ReluOutsideUNet>(make(), make(), loss_of, ckpt::Budget::minimum(),
                                                1.0, none_over_counted);
+  }
+}
+
+// An encoder block whose features go to the next block and, as a skip, to the decoder five blocks
+// on, beyond the longest chain of recomputed candidates (a U-Net in seven candidates); it counts
+// its runs.
+struct SkipEncoderImpl : torch::nn::Module {
+  SkipEncoderImpl() : linear(register_module("linear", torch::nn::Linear(64, 64))) {}
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x) {
+    ++runs;
+    torch::Tensor features = torch::tanh(linear(x));
+    return {features, features * 0.5};
+  }
+  torch::nn::Linear linear;
+  int runs = 0;
+};
+TORCH_MODULE(SkipEncoder);
+
+struct SkipDecoderImpl : torch::nn::Module {
+  SkipDecoderImpl() : linear(register_module("linear", torch::nn::Linear(64, 64))) {}
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& skip) {
+    return torch::tanh(linear(x)) * skip;
+  }
+  torch::nn::Linear linear;
+};
+TORCH_MODULE(SkipDecoder);
+
+struct SkipNetImpl : torch::nn::Module {
+  SkipNetImpl() {
+    namespace nn = torch::nn;
+    for (int i = 0; i < 5; ++i)
+      middle->push_back(nn::Sequential(nn::Linear(64, 256), nn::Tanh(), nn::Linear(256, 64)));
+    register_module("encoder", encoder);
+    register_module("middle", middle);
+    register_module("decoder", decoder);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto [skip, h] = ckpt::candidate(encoder, x);
+    for (size_t i = 0; i < middle->size(); ++i)
+      h = ckpt::candidate(middle->ptr<torch::nn::SequentialImpl>(i), h);
+    return ckpt::candidate(decoder, h, skip);
+  }
+  SkipEncoder encoder;
+  torch::nn::ModuleList middle;
+  SkipDecoder decoder;
+};
+TORCH_MODULE(SkipNet);
+
+// Issue 48: "recomputed, skips kept". The encoder's outputs are let go of by the next candidate
+// only, which runs it again in its backward; the decoder, a region too, keeps the skip it takes
+// and does not (a "recomputed" encoder runs once more there). The plain step's bits, the peak
+// within the prediction; it excludes no option of the decoder, and every one of the next
+// candidate but "checkpointed" and the chains of two measured from it.
+TEST_F(PlannedModelTest, ARecomputedCandidateWithSkipsKeptRunsAgainForItsFirstTakerOnly) {
+  const torch::Tensor x = torch::randn({256, 64});
+  const auto make = [] {
+    torch::manual_seed(3);
+    return SkipNet();
+  };
+  const auto loss_of = [&](SkipNet& model) { return model->forward(x).pow(2).mean(); };
+  auto model = make();
+  const ckpt::MeasuredModel measured =
+      ckpt::profile_model(model.ptr(), [&] { return loss_of(model); });
+  const auto& candidates = measured.profile.candidates;
+  ASSERT_EQ(candidates.size(), 7u);
+  const auto& encoder = candidates[0].options;
+  const auto kept = std::find_if(encoder.begin(), encoder.end(),
+                                 [](const auto& o) { return o.name == "recomputed, skips kept"; });
+  ASSERT_NE(kept, encoder.end());
+  EXPECT_TRUE(kept->run.outputs_recomputed && kept->run.skips_kept);
+  for (const auto& ref : kept->excludes) EXPECT_NE(ref.candidate, 6);
+  for (int o = 0; o < static_cast<int>(candidates[1].options.size()); ++o) {
+    const std::string& name = candidates[1].options[o].name;
+    const bool excluded =
+        std::any_of(kept->excludes.begin(), kept->excludes.end(),
+                    [&](const auto& ref) { return ref.candidate == 1 && ref.option == o; });
+    EXPECT_EQ(excluded, name != "checkpointed" && name != "checkpointed, producers let go" &&
+                            name != "recomputed, chain of 2, skips kept")
+        << name;
+  }
+  // The next block ends chains of two both ways: from the encoder recomputed for every taker, and
+  // for it alone.
+  std::set<std::string> chains;
+  for (const auto& option : candidates[1].options) {
+    if (option.run.chain_length == 2) chains.insert(option.name);
+  }
+  EXPECT_EQ(chains, (std::set<std::string>{"recomputed, chain of 2",
+                                           "recomputed, chain of 2, skips kept"}));
+
+  std::map<std::string, std::string> forced;
+  for (const auto& candidate : candidates) forced[candidate.name] = "checkpointed";
+  forced["encoder"] = "recomputed, skips kept";
+  expect_planned_like_plain<SkipNet>(make(), make(), loss_of, ckpt::Budget::fraction(1.0), 0.02,
+                                     none_over_counted, ckpt::test::only_plan(forced));
+  for (const auto& [option, runs] :
+       std::vector<std::pair<std::string, int>>{{"recomputed, skips kept", 3}, {"recomputed", 4}}) {
+    SCOPED_TRACE(option);
+    auto planned_model = make();
+    ckpt::PlannedModel planned(planned_model, ckpt::Budget::fraction(1.0));
+    const LossFn loss_fn = [&] { return loss_of(planned_model); };
+    ckpt::MeasuredModel edited = ckpt::profile_model(planned_model.ptr(), loss_fn);
+    std::map<std::string, std::string> plan = forced;
+    plan["encoder"] = option;
+    ckpt::test::only_plan(plan)(edited);
+    planned.plan(std::move(edited));
+    planned_model->encoder->runs = 0;
+    planned.run(loss_fn).backward();
+    // Its forward, its own recompute, the next block's, and the decoder's where it drops the skip.
+    EXPECT_EQ(planned_model->encoder->runs, runs);
   }
 }
 
@@ -790,6 +902,8 @@ TEST_F(RecomputedOutputsTest, AChainEndCombinesOnlyWithItsChain) {
   int ends = 0;
   for (int t = 0; t < static_cast<int>(candidates.size()); ++t) {
     for (int o = 0; o < static_cast<int>(candidates[t].options.size()); ++o) {
+      // A block's shortcut takes its input within any chain's reach: no option keeps it.
+      EXPECT_FALSE(candidates[t].options[o].run.skips_kept) << candidates[t].options[o].name;
       const int longest = ckpt::ModelProfileOptions().max_recompute_chain();
       int length = 2;
       while (length <= longest && candidates[t].options[o].name != ckpt::recomputed_mode(length)) {

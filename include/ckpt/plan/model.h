@@ -32,6 +32,12 @@ struct OptionRun {
   /// Of such an option: how many candidates whose outputs are recomputed the chain it ends has
   /// (1: itself alone). Default: 0
   int chain_length = 0;
+  /// Of such an option ending a chain of one: only the first candidate that takes its outputs
+  /// lets go of them and runs it again; later ones (a U-Net decoder taking its encoder's skip)
+  /// keep what they take, as from a checkpointed candidate ("recomputed, skips kept"). Of a
+  /// longer chain's end: the chain starts with such a candidate ("recomputed, chain of 2, skips
+  /// kept"); its own outputs go to every taker. Default: false
+  bool skips_kept = false;
   /// Measured in a step where the candidates that take its outputs without saving them run
   /// plainly, so valid only with those kept ("takers kept"). Default: false
   bool takers_kept = false;
@@ -50,11 +56,12 @@ struct OptionRun {
   /// A region in the storage mode `mode`.
   static OptionRun in_mode(std::string mode, bool takers_kept = false,
                            bool parts_checkpointed = false);
-  /// A checkpointed region that lets go of its outputs, ending a chain of `chain_length`.
-  static OptionRun recomputed(int chain_length);
+  /// A checkpointed region that lets go of its outputs, ending a chain of `chain_length`; with
+  /// `skips_kept`, only towards the first candidate that takes them.
+  static OptionRun recomputed(int chain_length, bool skips_kept = false);
   /// How plans, reports and `PlannedModel::mode_of` name it: "stored", "checkpointed",
   /// "selective, takers kept", "checkpointed, parts checkpointed", "checkpointed, producers
-  /// let go", "recomputed", "recomputed, chain of 2".
+  /// let go", "recomputed", "recomputed, skips kept", "recomputed, chain of 2".
   std::string name() const;
 };
 
