@@ -203,9 +203,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
                   std::vector<std::shared_ptr<const detail::RecomputeSource>>& sources) {
     for (size_t i = 0; i < producers.size(); ++i) {
       const int p = producers[i];
-      if (p < 0) continue;
-      const plan::OptionRun& run = run_of(static_cast<size_t>(p));
-      if (!run.skips_kept || run.chain_length > 1) continue;  // a chain's end: to every taker
+      if (p < 0 || !run_of(static_cast<size_t>(p)).later_takers_keep_outputs()) continue;
       int& first = first_taker_[p];
       if (first < 0) first = static_cast<int>(c);
       if (first != static_cast<int>(c)) sources[i] = nullptr;

@@ -1160,7 +1160,8 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
 bool lets_go_towards(const std::vector<plan::CandidateOption>& options,
                      const std::vector<bool>& lets_go, int op, int taker, int first_taker) {
   const plan::OptionRun& run = options[op].run;
-  if (run.outputs_recomputed && (!run.skips_kept || first_taker == taker)) return true;
+  if (run.outputs_recomputed && (!run.later_takers_keep_outputs() || first_taker == taker))
+    return true;
   if (run.outputs_recomputed) {
     const auto checkpointed = std::find_if(options.begin(), options.end(), [](const auto& o) {
       return o.run.name() == plan::OptionRun::in_mode(kCheckpointedMode).name();

@@ -51,6 +51,11 @@ struct OptionRun {
   /// through its backward, as a stored producer's graph keeps them. Default: false
   bool producers_let_go = false;
 
+  /// Whether takers after the first keep its outputs: a chain of one with skips kept.
+  bool later_takers_keep_outputs() const {
+    return outputs_recomputed && skips_kept && chain_length <= 1;
+  }
+
   /// Runs plainly, keeping everything (option 0 of every candidate).
   static OptionRun stored() { return {}; }
   /// A region in the storage mode `mode`.
