@@ -274,6 +274,9 @@ struct RecomputeTrial {
   void request(int c, const std::vector<at::Tensor>& inputs, detail::RegionRequest& request) {
     std::vector<int> from;
     request.input_sources = outputs.sources_for(inputs, from);
+    for (const int p : from) {
+      if (p >= 0) takers[p].insert(c);
+    }
     keep_skips(c, from, request.input_sources);
     if (static_cast<size_t>(c) >= measured.size()) return;
     if (copies_inputs[c]) {  // it keeps copies of its arguments: dropping them would free nothing
@@ -298,10 +301,10 @@ struct RecomputeTrial {
   // one of its outputs drops them, later ones keep theirs (`from`: -1 there).
   void keep_skips(int c, std::vector<int>& from,
                   std::vector<std::shared_ptr<const detail::RecomputeSource>>& sources) {
+    if (!keeps_skips) return;
     for (size_t i = 0; i < from.size(); ++i) {
       const int p = from[i];
-      if (p >= 0) takers[p].insert(c);
-      if (p < 0 || depth[p] != 1 || !keeps_skips) continue;
+      if (p < 0 || depth[p] != 1) continue;
       int& first = first_taker[p];
       if (first < 0) first = c;
       if (first == c) continue;
@@ -1154,6 +1157,13 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
   return candidate;
 }
 
+// Whether `run` is the plain "checkpointed" region: no outputs recomputed, nothing kept beside
+// it, no parts.
+bool plain_checkpointed(const plan::OptionRun& run) {
+  return run.mode == kCheckpointedMode && !run.outputs_recomputed && !run.takers_kept &&
+         !run.parts_checkpointed && !run.producers_let_go;
+}
+
 // Whether option `op` of candidate `p` holds none of its outputs that `taker` takes until its own
 // backward: a "recomputed" option lets go of them; one with skips kept, towards a later taker
 // than its first, runs as the "checkpointed" region it is (`lets_go`: measured, by option).
@@ -1163,9 +1173,8 @@ bool lets_go_towards(const std::vector<plan::CandidateOption>& options,
   if (run.outputs_recomputed && (!run.later_takers_keep_outputs() || first_taker == taker))
     return true;
   if (run.outputs_recomputed) {
-    const auto checkpointed = std::find_if(options.begin(), options.end(), [](const auto& o) {
-      return o.run.name() == plan::OptionRun::in_mode(kCheckpointedMode).name();
-    });
+    const auto checkpointed = std::find_if(options.begin(), options.end(),
+                                           [](const auto& o) { return plain_checkpointed(o.run); });
     op = static_cast<int>(checkpointed - options.begin());
   }
   return static_cast<size_t>(op) < lets_go.size() && lets_go[op];
@@ -1226,7 +1235,7 @@ int64_t dropped_in_forward(const CandidateRecord& plain, const CandidateRecord& 
 // count that (`c` is their taker), so its backward's peak and time are the checkpointed step's.
 plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& checkpointed,
                                         const TrialRun& trial, int c, const std::set<int>& takers,
-                                        bool skips_kept) {
+                                        const plan::OptionRun& how) {
   const Span span = span_of(plain, c);
   const CandidateInStep kept{plain.candidates[c], span, costs_of(plain, span, c)};
   const Span trial_span = span_of(*trial.step, c);
@@ -1261,8 +1270,7 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
     }
     seconds += chain_seconds(checkpointed, trial, c);
   }
-  return option_in(plan::OptionRun::recomputed(trial.length, skips_kept), seconds, 0,
-                   std::move(deltas));
+  return option_in(how, seconds, 0, std::move(deltas));
 }
 
 // Runs a trial's steps (each with every candidate checkpointed) until every candidate ended a
@@ -1337,8 +1345,11 @@ bool compatible(const ChainOption& p, const ChainOption& t, const plan::OptionRu
     if (found == t.producers.end()) return depth == 0;
     return std::pair(depth, p.keeps_skips) == found->second;
   }
-  return depth == 0 || (taker_run.mode == kCheckpointedMode && !taker_run.outputs_recomputed &&
-                        !taker_run.takers_kept && !taker_run.parts_checkpointed);
+  // "Producers let go" is measured with producers that hold none of their outputs: a recomputed
+  // one qualifies.
+  plan::OptionRun as_measured = taker_run;
+  as_measured.producers_let_go = false;
+  return depth == 0 || plain_checkpointed(as_measured);
 }
 
 // Adds the "recomputed" options to each candidate that a trial step ended a chain with, whose
@@ -1365,10 +1376,10 @@ void add_recomputed_options(plan::ModelProfile& profile, const StepRecord& plain
             return option_at.count({p.first, p.second.first, p.second.second}) > 0;
           });
       if (!chained) continue;
-      const bool own_skips_kept = keeps_skips && run.length == 1;
-      const std::set<int> rerun_by = own_skips_kept ? std::set<int>{takers.first[c]} : consumers[c];
-      plan::CandidateOption option =
-          recomputed_option(plain, checkpointed, run, c, rerun_by, keeps_skips);
+      const plan::OptionRun how = plan::OptionRun::recomputed(run.length, keeps_skips);
+      const std::set<int> rerun_by =
+          how.later_takers_keep_outputs() ? std::set<int>{takers.first[c]} : consumers[c];
+      plan::CandidateOption option = recomputed_option(plain, checkpointed, run, c, rerun_by, how);
       if (std::none_of(option.peak_delta.begin(), option.peak_delta.end(),
                        [](int64_t d) { return d < 0; })) {
         continue;
