@@ -3,7 +3,7 @@
 // models and ckpt train's GPT (issue 29, item 3). Peaks come from the counting allocator, above
 // what lived before the step; every step starts without parameter gradients (zero_grad()).
 //
-//   first_step [--quick] [--budget 50%]
+//   first_step [--quick] [--budget 50%] [--measure-every-stage]
 
 #include <ckpt/memory_tracker.h>
 #include <ckpt/planned_sequential.h>
@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,7 +44,7 @@ Measured measure(torch::nn::Module& model, const std::function<at::Tensor()>& st
 }
 
 void report(const std::string& name, torch::nn::Sequential chain, const at::Tensor& input,
-            const std::string& budget) {
+            const std::string& budget, const ckpt::ProfileOptions& profiling_options) {
   const auto loss = [](const at::Tensor& y) { return y.to(at::kFloat).pow(2).mean(); };
   Measured plain;
   for (int i = 0; i < 3; ++i) {  // the last of three: allocator and caches warm
@@ -52,11 +53,13 @@ void report(const std::string& name, torch::nn::Sequential chain, const at::Tens
   std::vector<torch::nn::AnyModule> stages;
   for (const auto& stage : *chain) stages.push_back(stage);
   const Measured profiling = measure(*chain, [&] {
-    ckpt::profile_chain(stages, input);
+    ckpt::profile_chain(stages, input, profiling_options);
     return at::zeros({1}).requires_grad_().sum();
   });
-  ckpt::PlannedSequential planned(chain, ckpt::Budget::parse(budget),
-                                  ckpt::PlannedSequentialOptions().fall_back_to_minimum(true));
+  ckpt::PlannedSequential planned(
+      chain, ckpt::Budget::parse(budget),
+      ckpt::PlannedSequentialOptions().fall_back_to_minimum(true).profiler(
+          std::make_shared<ckpt::MeasuringProfiler>(profiling_options)));
   const Measured first = measure(*planned, [&] { return loss(planned(input)); });
   const Measured second = measure(*planned, [&] { return loss(planned(input)); });
   std::printf(
@@ -75,24 +78,31 @@ int main(int argc, char** argv) {
   std::string budget = "50%";
   CLI::App app{
       "The first step of a PlannedSequential (profiling and solving) against a plain step"};
+  bool every_stage = false;
   app.add_flag("--quick", quick, "small models (a smoke test)");
+  app.add_flag(
+      "--measure-every-stage", every_stage,
+      "measure every stage, repeated ones too (ProfileOptions::reuse_repeated_stages off)");
   app.add_option("--budget", budget,
                  "the plans' budget: bytes (\"512MiB\"), a share (\"50%\"), min")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  std::printf("budget %s\n\n", budget.c_str());
+  const auto options = ckpt::ProfileOptions().reuse_repeated_stages(!every_stage);
+  std::printf("budget %s, %s\n\n", budget.c_str(),
+              every_stage ? "every stage measured" : "repeated stages measured once");
   std::printf(
       "| model | plain step | plain peak | profile_chain's time | its peak | first planned step | "
       "its peak | next step's peak |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const char* name : {"mlp", "resnet", "transformer"}) {
     const auto config = ckpt::models::model_config(name, quick);
-    report(name, ckpt::models::build_model(config), ckpt::models::make_input(config), budget);
+    report(name, ckpt::models::build_model(config), ckpt::models::make_input(config), budget,
+           options);
   }
   ckpt::models::GptConfig gpt;  // ckpt train's defaults
   gpt.vocab = 65;
   gpt.layers = quick ? 2 : 8;
   torch::manual_seed(0);
   report("gpt (ckpt train)", ckpt::models::make_gpt(gpt),
-         at::randint(gpt.vocab, {8, gpt.context}, at::kLong), budget);
+         at::randint(gpt.vocab, {8, gpt.context}, at::kLong), budget, options);
   return 0;
 }

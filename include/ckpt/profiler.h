@@ -63,6 +63,14 @@ struct ProfileOptions {
   /// they exist before every step (`zero_grad(false)`): then they are part of what lives before
   /// the step, and neither counts them. Default: true
   TORCH_ARG(bool, count_parameter_gradients) = true;
+  /// Measure a stage once and give later stages whose forwards are the same its measurement (a
+  /// transformer's blocks, a ResNet's blocks after the first of each stage): the same operators on
+  /// tensors of the same shapes, from the same places (the input, the k-th parameter, the n-th
+  /// result), recording the same autograd nodes, holding and peaking at the same bytes. A stage
+  /// with a node of its own (a custom `Function`), a hook, a generator argument, or parameters or
+  /// buffers shared with another stage is measured as usual (docs/memory-model.md, "Repeated
+  /// stages"). Default: true
+  TORCH_ARG(bool, reuse_repeated_stages) = true;
 };
 
 /// Measures each stage of a chain on a sample input: forward and backward time (median, seconds)

@@ -32,6 +32,16 @@ bool any_tensor_pre_hooks(N& node, long) {
   return !node.pre_hooks().empty();
 }
 
+// retain_grad()'s hooks live apart since 2.0.
+template <class N>
+auto any_retains_grad_hooks(N& node, int) -> decltype(node.retains_grad_hooks(), bool()) {
+  return !node.retains_grad_hooks().empty();
+}
+template <class N>
+bool any_retains_grad_hooks(N& /*node*/, long) {
+  return false;
+}
+
 }  // namespace
 
 WeakNodePtr weak_node(torch::autograd::Node& node) {
@@ -109,6 +119,11 @@ bool inside_backward() {
 
 bool has_tensor_pre_hooks(torch::autograd::AccumulateGrad& accumulator) {
   return any_tensor_pre_hooks(accumulator, 0);
+}
+
+bool has_hooks(torch::autograd::Node& node) {
+  return any_tensor_pre_hooks(node, 0) || any_retains_grad_hooks(node, 0) ||
+         !node.post_hooks().empty();
 }
 
 bool has_post_accumulate_grad_hooks(const at::Tensor& leaf) {

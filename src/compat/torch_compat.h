@@ -99,6 +99,9 @@ static_assert(CKPT_TORCH_AT_LEAST(2, 13) ==
 /// (tensor hooks live apart from other pre-hooks since 2.0).
 bool has_tensor_pre_hooks(torch::autograd::AccumulateGrad& accumulator);
 
+/// Whether a node has hooks of any kind (tensor, pre, retain_grad, post).
+bool has_hooks(torch::autograd::Node& node);
+
 /// Whether a leaf has post-accumulate-grad hooks (2.1+, `register_post_accumulate_grad_hook`):
 /// they run inside the accumulator, so its gradient must reach the accumulator itself.
 bool has_post_accumulate_grad_hooks(const at::Tensor& leaf);

@@ -3,6 +3,7 @@
 #include <ckpt/profiler.h>
 
 #include "autograd/buffer_guard.h"
+#include "autograd/forward_record.h"
 #include "autograd/graph.h"
 #include "autograd/host_offload.h"
 #include "autograd/outside_state.h"
@@ -231,15 +232,27 @@ struct OutsideReach {
   // makes each first (the last that uses it).
   std::vector<at::Tensor> captured_leaves;
   std::vector<int64_t> gradient_bytes;
+  // With a tracker: each stage's forward as `ForwardRecord` writes it, followed by the bytes
+  // it held and its peak; empty where the record can't vouch for it.
+  std::vector<std::string> signatures;
 };
+
+// A stage's parameters and buffers, in order.
+std::vector<at::Tensor> owned_tensors(const torch::nn::AnyModule& stage) {
+  std::vector<at::Tensor> owned = stage.ptr()->parameters();
+  for (const at::Tensor& buffer : stage.ptr()->buffers()) owned.push_back(buffer);
+  return owned;
+}
 
 // One grad-enabled forward of each stage, from a fresh leaf, before anything is measured: the
 // captured leaves, whose gradients profiling must not leave in their `.grad` and the plan must
 // count. A stage that writes into a tensor no stage owns (the running statistics of a module it
 // does not register) is refused: profiling would move it, and a stage that runs again would move
 // it twice or read what its first forward left. The caller restores the RNG and the buffers.
+// With `tracker`, also each stage's signature (`OutsideReach::signatures`).
 OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
-                           const at::Tensor& sample_input, const char* function) {
+                           const at::Tensor& sample_input, const char* function,
+                           MemoryTracker* tracker = nullptr) {
   const auto modules = stage_modules(stages);
   std::unordered_set<const c10::TensorImpl*> registered;
   for (const auto& module : modules) {
@@ -254,10 +267,16 @@ OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
   for (size_t i = 0; i < stages.size(); ++i) {
     const at::Tensor input = x.detach().requires_grad_(input_grad);
     at::Tensor output;
+    std::optional<detail::ForwardRecord> signature;
+    if (tracker != nullptr) signature.emplace(input, owned_tensors(stages[i]));
+    const int64_t before = tracker != nullptr ? tracker->current_bytes() : 0;
+    if (tracker != nullptr) tracker->reset_peak();
     {
       detail::OutsideStateWatch watch({input}, modules);  // puts back what the stage writes
       {
         const detail::DispatchModeGuard watching(watch);
+        std::optional<detail::DispatchModeGuard> recording;
+        if (signature) recording.emplace(*signature);
         output = torch::nn::AnyModule(stages[i]).forward<at::Tensor>(input);
       }
       TORCH_CHECK(!watch.saw_writes(), function, ": stage #", i,
@@ -276,6 +295,14 @@ OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
       } else {
         last_stage[impl] = i;
       }
+    }
+    if (signature) {
+      const int64_t held = tracker->current_bytes() - before;
+      const int64_t peak = tracker->peak_bytes() - before;
+      std::string record = signature->finish(output);
+      if (!record.empty())
+        record += "held " + std::to_string(held) + " peak " + std::to_string(peak);
+      reach.signatures.push_back(std::move(record));
     }
     input_grad = detail::is_differentiable(output);
     x = output.detach();
@@ -418,6 +445,24 @@ at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
   return std::move(no_grad.output);
 }
 
+// The earlier stage whose measurement stage `i` may take over: one whose forward wrote the same
+// signature, where neither shares buffers or parameters with another stage (the executor keeps
+// and collects those apart); none where the stage is the first of its kind.
+std::optional<size_t> repeated_stage(const torch::nn::AnyModule& stage, size_t i,
+                                     const OutsideReach& reach, const Leaves& single_stage_leaves,
+                                     const std::vector<uint64_t>& shared_buffers,
+                                     std::unordered_map<std::string, size_t>& first_with) {
+  if (i >= reach.signatures.size() || reach.signatures[i].empty() || shared_buffers[i] != 0) {
+    return std::nullopt;
+  }
+  for (const at::Tensor& parameter : stage.ptr()->parameters()) {
+    if (single_stage_leaves.count(parameter.unsafeGetTensorImpl()) == 0) return std::nullopt;
+  }
+  const auto [found, first] = first_with.emplace(reach.signatures[i], i);
+  if (first) return std::nullopt;
+  return found->second;
+}
+
 // The bandwidth of offloading's copies, measured on the largest data a stage offloads (at least
 // 1 MiB, at most 256 MiB); 0 where no stage offloads.
 double host_bandwidth_of(const plan::Chain& chain, c10::Device device) {
@@ -443,7 +488,8 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
   const detail::ManualOffloadScope offloads;
   const detail::RngRestore generators({sample_input}, detail::infer_device_type({sample_input}));
   const detail::BufferGuard buffers(stage_modules(stages));
-  const OutsideReach reach = survey_stages(stages, sample_input, "ckpt::profile_chain");
+  const OutsideReach reach = survey_stages(stages, sample_input, "ckpt::profile_chain",
+                                           options.reuse_repeated_stages() ? &tracker : nullptr);
   const SwappedGradients captured_gradients(reach.captured_leaves);
 
   plan::Chain chain;
@@ -454,15 +500,24 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
   const Leaves single_stage_leaves = detail::single_stage_leaves(stages);
   const std::vector<uint64_t> shared_buffers =
       detail::buffers_shared_between(stage_modules(stages));
+  std::unordered_map<std::string, size_t> first_with_signature;
   at::Tensor x = sample_input.detach();
   for (size_t i = 0; i < stages.size(); ++i) {
     auto stage = stages[i];
-    const SwappedGradients grads({stage.ptr()}, SwappedGradients::Start::None);
-    const bool input_grad = i > 0 ? detail::is_differentiable(x) : sample_input.requires_grad();
+    const std::optional<size_t> earlier =
+        repeated_stage(stage, i, reach, single_stage_leaves, shared_buffers, first_with_signature);
     plan::Stage measured{};
-    x = measure_stage(stage, x, input_grad, single_stage_leaves, shared_buffers[i], options,
-                      tracker, measured);
-    if (options.count_parameter_gradients()) measured.gradient_bytes = gradient_bytes[i];
+    if (earlier) {
+      measured = chain.stages[*earlier];
+      const at::NoGradGuard no_grad;  // only its output, for the next stage
+      x = stage.forward<at::Tensor>(x);
+    } else {
+      const SwappedGradients grads({stage.ptr()}, SwappedGradients::Start::None);
+      const bool input_grad = i > 0 ? detail::is_differentiable(x) : sample_input.requires_grad();
+      x = measure_stage(stage, x, input_grad, single_stage_leaves, shared_buffers[i], options,
+                        tracker, measured);
+    }
+    measured.gradient_bytes = options.count_parameter_gradients() ? gradient_bytes[i] : 0;
     chain.stages.push_back(measured);
   }
   x = at::Tensor();  // the last stage's output would sit beside the plain step
