@@ -4,6 +4,9 @@
 #include <ckpt/profiler.h>
 
 #include "device/device_suite.h"
+#include "support/dropout_block.h"
+#include "support/linear_blocks.h"
+#include "support/same_sizes.h"
 
 #include <chrono>
 #include <thread>
@@ -86,6 +89,34 @@ TEST_P(ProfilerDeviceTest, SizesAreWhatTheDeviceHolds) {
   const at::Tensor output = linear(copy);
   EXPECT_EQ(chain.input_bytes, input_block);
   EXPECT_EQ(chain.stages[1].output_bytes, tracker.current_bytes() - before - input_block);
+}
+
+// Repeated stages measured once (ProfileOptions::reuse_repeated_stages) get the sizes measuring
+// each gives on the device too, where blocks are rounded to 512 bytes and the first stage of a kind
+// runs once before its measure: dropout's draws, and a weight used twice in a stage.
+TEST_P(ProfilerDeviceTest, RepeatedStagesProfileAsMeasuredOnes) {
+  std::vector<torch::nn::AnyModule> stages;
+  for (int i = 0; i < 3; ++i) {
+    ckpt::test::DropoutBlock block;
+    block->to(device());
+    stages.emplace_back(block);
+  }
+  for (int i = 0; i < 2; ++i) {
+    ckpt::test::NormalisedLinear block(64);
+    block->to(device());
+    stages.emplace_back(block);
+  }
+  const auto x = torch::randn({6, 64}, torch::TensorOptions().device(device()));
+  const auto options = [](bool reuse) {
+    return ckpt::ProfileOptions()
+        .storage_modes(ckpt::StorageModes::standard())
+        .reuse_repeated_stages(reuse);
+  };
+  const ckpt::plan::Chain reused = ckpt::profile_chain(stages, x, options(true));
+  ckpt::test::expect_same_sizes(reused, ckpt::profile_chain(stages, x, options(false)));
+  // Taken over, times and all (the first block's input needs no gradient: a kind of its own).
+  EXPECT_EQ(reused.stages[2].backward_time, reused.stages[1].backward_time);
+  EXPECT_EQ(reused.stages[4].backward_time, reused.stages[3].backward_time);
 }
 
 CKPT_INSTANTIATE_DEVICE_SUITE(ProfilerDeviceTest);

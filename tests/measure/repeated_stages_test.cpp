@@ -6,6 +6,7 @@
 #include <ckpt/plan/solvers.h>
 #include <ckpt/profiler.h>
 
+#include "support/same_sizes.h"
 #include "support/support.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -77,33 +78,6 @@ std::vector<torch::nn::AnyModule> stages_of(const std::vector<Block>& blocks) {
   return stages;
 }
 
-// Every size of the planner's model, stage by stage and option by option.
-void expect_same_sizes(const ckpt::plan::Chain& reused, const ckpt::plan::Chain& measured) {
-  ASSERT_EQ(reused.size(), measured.size());
-  EXPECT_EQ(reused.input_bytes, measured.input_bytes);
-  for (size_t i = 0; i < reused.stages.size(); ++i) {
-    SCOPED_TRACE("stage " + std::to_string(i));
-    const ckpt::plan::Stage& a = reused.stages[i];
-    const ckpt::plan::Stage& b = measured.stages[i];
-    EXPECT_EQ(a.output_bytes, b.output_bytes);
-    EXPECT_EQ(a.saved_bytes, b.saved_bytes);
-    EXPECT_EQ(a.forward_tmp_bytes, b.forward_tmp_bytes);
-    EXPECT_EQ(a.forward_all_tmp_bytes, b.forward_all_tmp_bytes);
-    EXPECT_EQ(a.backward_tmp_bytes, b.backward_tmp_bytes);
-    EXPECT_EQ(a.gradient_bytes, b.gradient_bytes);
-    EXPECT_EQ(a.random_state_bytes, b.random_state_bytes);
-    EXPECT_EQ(a.buffer_bytes, b.buffer_bytes);
-    EXPECT_EQ(a.kept_buffer_bytes, b.kept_buffer_bytes);
-    ASSERT_EQ(a.alternatives.size(), b.alternatives.size());
-    for (size_t k = 0; k < a.alternatives.size(); ++k) {
-      EXPECT_EQ(a.alternatives[k].name, b.alternatives[k].name);
-      EXPECT_EQ(a.alternatives[k].saved_bytes, b.alternatives[k].saved_bytes);
-      EXPECT_EQ(a.alternatives[k].forward_tmp_bytes, b.alternatives[k].forward_tmp_bytes);
-      EXPECT_EQ(a.alternatives[k].backward_tmp_bytes, b.alternatives[k].backward_tmp_bytes);
-    }
-  }
-}
-
 ckpt::ProfileOptions options(bool reuse) {
   return ckpt::ProfileOptions()
       .storage_modes(ckpt::StorageModes::standard())
@@ -122,7 +96,7 @@ std::vector<int> calls_while_reusing(const std::vector<Variant>& variants) {
   const ckpt::plan::Chain reused = ckpt::profile_chain(stages, x, options(true));
   std::vector<int> calls;
   for (const Block& block : blocks) calls.push_back(block->calls);
-  expect_same_sizes(reused, ckpt::profile_chain(stages, x, options(false)));
+  ckpt::test::expect_same_sizes(reused, ckpt::profile_chain(stages, x, options(false)));
   return calls;
 }
 
@@ -163,8 +137,8 @@ TEST(RepeatedStagesTest, AStageWhoseParametersAnotherSharesIsMeasured) {
   const Block other(32, Variant::Plain);
   const std::vector<torch::nn::AnyModule> stages = stages_of({shared, other, shared});
   const torch::Tensor x = torch::randn({16, 32}, torch::requires_grad());
-  expect_same_sizes(ckpt::profile_chain(stages, x, options(true)),
-                    ckpt::profile_chain(stages, x, options(false)));
+  ckpt::test::expect_same_sizes(ckpt::profile_chain(stages, x, options(true)),
+                                ckpt::profile_chain(stages, x, options(false)));
 }
 
 TEST(RepeatedStagesTest, ReusedStagesPlanAsMeasuredOnes) {
