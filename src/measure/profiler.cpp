@@ -234,7 +234,7 @@ struct OutsideReach {
   std::vector<int64_t> gradient_bytes;
   // With a tracker: each stage's forward as `ForwardRecord` writes it, followed by the bytes
   // it held and its peak; empty where the record can't vouch for it.
-  std::vector<std::string> signatures;
+  std::vector<std::string> records;
 };
 
 // A stage's parameters and buffers, in order.
@@ -249,7 +249,7 @@ std::vector<at::Tensor> owned_tensors(const torch::nn::AnyModule& stage) {
 // count. A stage that writes into a tensor no stage owns (the running statistics of a module it
 // does not register) is refused: profiling would move it, and a stage that runs again would move
 // it twice or read what its first forward left. The caller restores the RNG and the buffers.
-// With `tracker`, also each stage's signature (`OutsideReach::signatures`).
+// With `tracker`, also each stage's record (`OutsideReach::records`).
 OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
                            const at::Tensor& sample_input, const char* function,
                            MemoryTracker* tracker = nullptr) {
@@ -267,8 +267,8 @@ OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
   for (size_t i = 0; i < stages.size(); ++i) {
     const at::Tensor input = x.detach().requires_grad_(input_grad);
     at::Tensor output;
-    std::optional<detail::ForwardRecord> signature;
-    if (tracker != nullptr) signature.emplace(input, owned_tensors(stages[i]));
+    std::optional<detail::ForwardRecord> recorder;
+    if (tracker != nullptr) recorder.emplace(input, owned_tensors(stages[i]));
     const int64_t before = tracker != nullptr ? tracker->current_bytes() : 0;
     if (tracker != nullptr) tracker->reset_peak();
     {
@@ -276,7 +276,7 @@ OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
       {
         const detail::DispatchModeGuard watching(watch);
         std::optional<detail::DispatchModeGuard> recording;
-        if (signature) recording.emplace(*signature);
+        if (recorder) recording.emplace(*recorder);
         output = torch::nn::AnyModule(stages[i]).forward<at::Tensor>(input);
       }
       TORCH_CHECK(!watch.saw_writes(), function, ": stage #", i,
@@ -296,13 +296,13 @@ OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
         last_stage[impl] = i;
       }
     }
-    if (signature) {
+    if (recorder) {
       const int64_t held = tracker->current_bytes() - before;
       const int64_t peak = tracker->peak_bytes() - before;
-      std::string record = signature->finish(output);
+      std::string record = recorder->finish(output);
       if (!record.empty())
         record += "held " + std::to_string(held) + " peak " + std::to_string(peak);
-      reach.signatures.push_back(std::move(record));
+      reach.records.push_back(std::move(record));
     }
     input_grad = detail::is_differentiable(output);
     x = output.detach();
@@ -446,19 +446,19 @@ at::Tensor measure_stage(torch::nn::AnyModule& stage, const at::Tensor& x, bool 
 }
 
 // The earlier stage whose measurement stage `i` may take over: one whose forward wrote the same
-// signature, where neither shares buffers or parameters with another stage (the executor keeps
+// record, where neither shares buffers or parameters with another stage (the executor keeps
 // and collects those apart); none where the stage is the first of its kind.
 std::optional<size_t> repeated_stage(const torch::nn::AnyModule& stage, size_t i,
                                      const OutsideReach& reach, const Leaves& single_stage_leaves,
                                      const std::vector<uint64_t>& shared_buffers,
                                      std::unordered_map<std::string, size_t>& first_with) {
-  if (i >= reach.signatures.size() || reach.signatures[i].empty() || shared_buffers[i] != 0) {
+  if (i >= reach.records.size() || reach.records[i].empty() || shared_buffers[i] != 0) {
     return std::nullopt;
   }
   for (const at::Tensor& parameter : stage.ptr()->parameters()) {
     if (single_stage_leaves.count(parameter.unsafeGetTensorImpl()) == 0) return std::nullopt;
   }
-  const auto [found, first] = first_with.emplace(reach.signatures[i], i);
+  const auto [found, first] = first_with.emplace(reach.records[i], i);
   if (first) return std::nullopt;
   return found->second;
 }
@@ -500,12 +500,12 @@ plan::Chain profile_and_calibrate(const std::vector<torch::nn::AnyModule>& stage
   const Leaves single_stage_leaves = detail::single_stage_leaves(stages);
   const std::vector<uint64_t> shared_buffers =
       detail::buffers_shared_between(stage_modules(stages));
-  std::unordered_map<std::string, size_t> first_with_signature;
+  std::unordered_map<std::string, size_t> first_with_record;
   at::Tensor x = sample_input.detach();
   for (size_t i = 0; i < stages.size(); ++i) {
     auto stage = stages[i];
     const std::optional<size_t> earlier =
-        repeated_stage(stage, i, reach, single_stage_leaves, shared_buffers, first_with_signature);
+        repeated_stage(stage, i, reach, single_stage_leaves, shared_buffers, first_with_record);
     plan::Stage measured{};
     if (earlier) {
       measured = chain.stages[*earlier];
