@@ -8,6 +8,7 @@
 // "Repeated stages").
 
 #include "autograd/dispatch_mode.h"
+#include "autograd/value_text.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>
@@ -26,6 +27,8 @@ namespace detail {
 class ForwardRecord : public DispatchMode {
  public:
   ForwardRecord(const at::Tensor& input, const std::vector<at::Tensor>& owned);
+  ForwardRecord(const ForwardRecord&) = delete;
+  ForwardRecord& operator=(const ForwardRecord&) = delete;
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) override;
 
   /// The record, completed with the forward's `output` and the graph it reaches back to the
@@ -38,16 +41,11 @@ class ForwardRecord : public DispatchMode {
   std::string finish(const at::Tensor& output);
 
  private:
-  void write_value(const c10::IValue& value);
-  void write_tensor(const at::Tensor& tensor);
   void write_graph(const at::Tensor& output);
   int64_t origin_of(const at::Tensor& tensor) const;
   void note_result(const at::Tensor& tensor);
-  template <class T>
-  void write(const T& word);
 
-  std::string record_;
-  bool comparable_ = true;
+  ValueText text_;  // tensors with where their data came from
   // Where each storage came from: 1 the input, 2 + k the k-th owned tensor, later ones results.
   // The weak references keep a freed storage's address from being reused while it is recorded.
   struct Origin {

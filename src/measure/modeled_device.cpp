@@ -3,10 +3,12 @@
 #include <ckpt/memory_tracker.h>
 
 #include "autograd/dispatch_mode.h"
+#include "autograd/value_text.h"
 #include "compat/torch_compat.h"
 #include "compat/version.h"
 #include "measure/meta_memory.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
@@ -331,16 +333,85 @@ class ModeledMode final : public detail::DispatchMode {
     return false;
   }
 
+  // What an operator without a meta kernel gave on zero-filled CPU tensors, by return: the
+  // argument it aliases, or the geometry of each tensor it made; and the kernel's scratch.
+  struct TensorGeometry {
+    std::vector<int64_t> sizes, strides;
+    at::TensorOptions options;
+  };
+  struct CpuReturn {
+    int aliased = -1;  // the argument it is, or -1
+    bool list = false;
+    std::vector<std::optional<TensorGeometry>> tensors;  // none: undefined
+  };
+  struct CpuResult {
+    std::vector<CpuReturn> returns;
+    int64_t scratch = 0;
+  };
+
   // Runs the operator's CPU kernel on zero-filled tensors of the arguments' shapes, and returns
   // meta tensors of its outputs' shapes (the arguments themselves where the operator writes
   // them). With `count_cpu_scratch`, charges what the kernel held beside its arguments and
-  // outputs as a short-lived meta allocation.
+  // outputs as a short-lived meta allocation. On zeros, what a kernel makes and holds depends on
+  // the arguments' geometry and values alone: a call like one seen before (every tensor meta)
+  // gets that one's answer without running it again (a ResNet's BatchNorm on every call).
   void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                   const std::string& label) {
     const auto& schema = op.schema();
     const size_t arity = schema.arguments().size();
     const std::vector<c10::IValue> metas(stack->end() - static_cast<std::ptrdiff_t>(arity),
                                          stack->end());
+    const std::optional<std::string> key = call_key(label, metas);
+    const auto known = key ? cpu_results_.find(*key) : cpu_results_.end();
+    if (known != cpu_results_.end()) {
+      stack->resize(stack->size() - arity);
+      for (const CpuReturn& result : known->second.returns) stack->push_back(made(result, metas));
+      charge_scratch(known->second.scratch);
+      return;
+    }
+    const CpuResult result = run_on_zeros(op, stack, label, metas);
+    if (key) cpu_results_.emplace(*key, result);
+  }
+
+  // The call's arguments as text, where every tensor among them is meta (a real tensor's values,
+  // or a write into it, would not be in the answer); none otherwise.
+  static std::optional<std::string> call_key(const std::string& label,
+                                             const std::vector<c10::IValue>& arguments) {
+    bool all_meta = true;
+    for (const c10::IValue& argument : arguments) {
+      detail::for_each_tensor(argument, [&](const at::Tensor& t) { all_meta &= t.is_meta(); });
+    }
+    detail::ValueText text;
+    text.string(label);
+    text.word(at::get_num_threads());  // a kernel's scratch may depend on it
+    for (const c10::IValue& argument : arguments) text.value(argument);
+    if (!all_meta || !text.complete()) return std::nullopt;
+    return text.take();
+  }
+
+  // A return as `result` describes it: the argument it aliases, or fresh meta tensors.
+  static c10::IValue made(const CpuReturn& result, const std::vector<c10::IValue>& metas) {
+    if (result.aliased >= 0) return metas[static_cast<size_t>(result.aliased)];
+    std::vector<at::Tensor> tensors;
+    for (const auto& geometry : result.tensors) {
+      tensors.push_back(geometry ? at::empty_strided(geometry->sizes, geometry->strides,
+                                                     geometry->options.device(c10::kMeta))
+                                 : at::Tensor());
+    }
+    if (result.list) return tensors;
+    return tensors.empty() ? c10::IValue() : c10::IValue(tensors.front());
+  }
+
+  void charge_scratch(int64_t scratch) const {
+    if (profile_.count_cpu_scratch && scratch > 0) {
+      at::empty({scratch}, at::TensorOptions().dtype(at::kByte).device(c10::kMeta));
+    }
+  }
+
+  CpuResult run_on_zeros(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                         const std::string& label, const std::vector<c10::IValue>& metas) {
+    const auto& schema = op.schema();
+    const size_t arity = metas.size();
     MemoryTracker tracker(c10::Device(c10::kCPU), MemoryScope::CallingThread);
     std::unordered_map<const c10::TensorImpl*, at::Tensor> cpu_of;
     const auto to_cpu = [&](const at::Tensor& t) {
@@ -363,7 +434,8 @@ class ModeledMode final : public detail::DispatchMode {
                   "shapes: ",
                   error.what_without_backtrace());
     }
-    const int64_t scratch = tracker.peak_bytes() - tracker.current_bytes();
+    CpuResult result;
+    result.scratch = tracker.peak_bytes() - tracker.current_bytes();
     cpu_of.clear();
     const auto& returns = schema.returns();
     for (size_t j = 0; j < returns.size(); ++j) {
@@ -371,29 +443,33 @@ class ModeledMode final : public detail::DispatchMode {
       TORCH_CHECK(out.isTensor() || out.isTensorList() || out.isNone(),
                   "ckpt::ModeledDevice: ", label, " returns a ", out.tagKind(),
                   ", a value computed from tensor data, which meta tensors do not have.");
+      CpuReturn described;
       const auto* written = returns[j].alias_info();
-      out = written != nullptr ? aliased_argument(schema, metas, *written, out)
-                               : map_tensors(out, [](const at::Tensor& t) {
-                                   return t.defined()
-                                              ? at::empty_strided(t.sizes(), t.strides(),
-                                                                  t.options().device(c10::kMeta))
-                                              : t;
-                                 });
+      described.aliased = written != nullptr ? aliased_index(schema, *written) : -1;
+      described.list = out.isTensorList();
+      if (described.aliased < 0) {
+        map_tensors(out, [&](const at::Tensor& t) {
+          described.tensors.push_back(t.defined()
+                                          ? std::optional<TensorGeometry>(TensorGeometry{
+                                                t.sizes().vec(), t.strides().vec(), t.options()})
+                                          : std::nullopt);
+          return t;
+        });
+      }
+      out = made(described, metas);
+      result.returns.push_back(std::move(described));
     }
-    if (profile_.count_cpu_scratch && scratch > 0) {
-      at::empty({scratch}, at::TensorOptions().dtype(at::kByte).device(c10::kMeta));
-    }
+    charge_scratch(result.scratch);
+    return result;
   }
 
-  // The argument a return aliases (an in-place or out= operator's self or out).
-  static c10::IValue aliased_argument(const c10::FunctionSchema& schema,
-                                      const std::vector<c10::IValue>& metas,
-                                      const c10::AliasInfo& alias, const c10::IValue& fallback) {
+  // The argument a return aliases (an in-place or out= operator's self or out), or -1.
+  static int aliased_index(const c10::FunctionSchema& schema, const c10::AliasInfo& alias) {
     for (size_t i = 0; i < schema.arguments().size(); ++i) {
       const auto* info = schema.arguments()[i].alias_info();
-      if (info != nullptr && info->beforeSets() == alias.beforeSets()) return metas[i];
+      if (info != nullptr && info->beforeSets() == alias.beforeSets()) return static_cast<int>(i);
     }
-    return fallback;
+    return -1;
   }
 
   template <class Fn>
@@ -420,6 +496,7 @@ class ModeledMode final : public detail::DispatchMode {
 
   DeviceProfile profile_;
   std::unordered_set<std::string> on_cpu_;  // operators without a meta kernel, seen once
+  std::unordered_map<std::string, CpuResult> cpu_results_;  // by call_key
 };
 
 thread_local bool t_modeling = false;

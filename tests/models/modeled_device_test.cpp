@@ -288,3 +288,39 @@ TEST(ModeledDeviceTest, MetaAllocationsOperatorsWithoutMetaKernelsAndTheClock) {
 }
 
 }  // namespace modeled_device_test
+
+namespace modeled_device_test {
+
+// An operator without a meta kernel runs on zero-filled CPU tensors once per call of its kind: a
+// call with the same arguments' geometry and values takes that answer again (the same meta
+// outputs and the same scratch charged) without running the kernel; another geometry runs it.
+// Its in-place form still returns its argument from the answer kept.
+TEST(ModeledDeviceTest, AnOperatorWithoutAMetaKernelRunsOnTheCpuOncePerKindOfCall) {
+  const ckpt::ModeledDevice device(cpu_profile());
+  ckpt::MemoryTracker cpu(torch::kCPU, ckpt::MemoryScope::CallingThread);
+  ckpt::MemoryTracker meta(torch::kMeta);
+  const auto call = [&](const torch::Tensor& x) {
+    cpu.reset_peak();
+    meta.reset_peak();
+    const int64_t cpu_before = cpu.current_bytes();
+    const int64_t meta_before = meta.current_bytes();
+    const torch::Tensor y = torch::relu(x);
+    EXPECT_TRUE(y.is_meta());
+    EXPECT_EQ(y.sizes(), x.sizes());
+    EXPECT_EQ(y.strides(), x.strides());
+    return std::make_pair(cpu.peak_bytes() - cpu_before, meta.peak_bytes() - meta_before);
+  };
+  const torch::Tensor x = torch::empty({32, 48}, torch::kMeta);
+  const auto first = call(x);
+  EXPECT_GT(first.first, 0) << "the kernel ran on CPU tensors";
+  const auto again = call(torch::empty({32, 48}, torch::kMeta));
+  EXPECT_EQ(again.first, 0) << "nothing ran on the CPU";
+  EXPECT_EQ(again.second, first.second) << "the same meta allocations";
+  EXPECT_GT(call(torch::empty({48, 32}, torch::kMeta)).first, 0) << "another shape runs it";
+  EXPECT_GT(call(x.t()).first, 0) << "other strides run it";
+  torch::Tensor in_place = torch::empty({32, 48}, torch::kMeta);
+  EXPECT_TRUE(torch::relu_(in_place).is_same(in_place));
+  EXPECT_TRUE(torch::relu_(in_place).is_same(in_place)) << "the kept answer: its argument";
+}
+
+}  // namespace modeled_device_test
