@@ -381,11 +381,12 @@ class ModeledMode final : public detail::DispatchMode {
     for (const c10::IValue& argument : arguments) {
       detail::for_each_tensor(argument, [&](const at::Tensor& t) { all_meta &= t.is_meta(); });
     }
+    if (!all_meta) return std::nullopt;
     detail::ValueText text;
     text.string(label);
     text.word(at::get_num_threads());  // a kernel's scratch may depend on it
     for (const c10::IValue& argument : arguments) text.value(argument);
-    if (!all_meta || !text.complete()) return std::nullopt;
+    if (!text.complete()) return std::nullopt;
     return text.take();
   }
 

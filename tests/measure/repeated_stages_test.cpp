@@ -48,6 +48,12 @@ struct BlockImpl : torch::nn::Module {
       : first(register_module("first", torch::nn::Linear(width, width))),
         second(register_module("second", torch::nn::Linear(width, width))),
         variant(variant) {}
+  // A plain block of the same layers as `other` (the same parameters, its own call count).
+  explicit BlockImpl(const BlockImpl& other)
+      : torch::nn::Module(),
+        first(register_module("first", other.first)),
+        second(register_module("second", other.second)),
+        variant(Variant::Plain) {}
 
   torch::Tensor forward(const torch::Tensor& x) {
     ++calls;
@@ -139,6 +145,15 @@ TEST(RepeatedStagesTest, AStageWhoseParametersAnotherSharesIsMeasured) {
   const torch::Tensor x = torch::randn({16, 32}, torch::requires_grad());
   ckpt::test::expect_same_sizes(ckpt::profile_chain(stages, x, options(true)),
                                 ckpt::profile_chain(stages, x, options(false)));
+  // Two blocks of the same layers, each with its own count: the same record, but the executor
+  // collects their gradients apart from single-stage ones, so both are measured.
+  const Block first(32, Variant::Plain);
+  const Block twin(*first);
+  const ckpt::plan::Chain twins = ckpt::profile_chain(stages_of({first, twin}), x, options(true));
+  EXPECT_GT(first->calls, kReusedCalls);
+  EXPECT_GT(twin->calls, kReusedCalls);
+  ckpt::test::expect_same_sizes(twins,
+                                ckpt::profile_chain(stages_of({first, twin}), x, options(false)));
 }
 
 TEST(RepeatedStagesTest, ReusedStagesPlanAsMeasuredOnes) {
