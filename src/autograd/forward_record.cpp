@@ -87,15 +87,16 @@ void ForwardRecord::write_graph(const at::Tensor& output) {
   if (output.requires_grad()) meet(torch::autograd::impl::gradient_edge(output));
   for (size_t next = 0; next < pending.size(); ++next) {
     Node& node = *pending[next];
+    if (compat::has_hooks(node)) text_.mark_incomplete();
     if (const auto* accumulator = dynamic_cast<const torch::autograd::AccumulateGrad*>(&node)) {
       // A leaf of another stage, captured, or gone (its accumulator then has no variable).
       const auto leaf = leaves_.find(accumulator->variable.unsafeGetTensorImpl());
-      if (leaf == leaves_.end() || compat::has_hooks(node)) text_.mark_incomplete();
+      if (leaf == leaves_.end()) text_.mark_incomplete();
       text_.word('A');
       text_.word(leaf != leaves_.end() ? leaf->second : 0);
       continue;
     }
-    if (!is_generated(node) || compat::has_hooks(node)) text_.mark_incomplete();
+    if (!is_generated(node)) text_.mark_incomplete();
     text_.word('N');
     text_.string(node.name());
     text_.word(node.next_edges().size());

@@ -122,8 +122,13 @@ bool has_tensor_pre_hooks(torch::autograd::AccumulateGrad& accumulator) {
 }
 
 bool has_hooks(torch::autograd::Node& node) {
-  return any_tensor_pre_hooks(node, 0) || any_retains_grad_hooks(node, 0) ||
-         !node.post_hooks().empty();
+  // An accumulator reads its tensor hooks from its leaf, which may be gone (then it has none, and
+  // asking would throw inside a noexcept accessor).
+  const auto* accumulator = dynamic_cast<torch::autograd::AccumulateGrad*>(&node);
+  const bool pre_hooks = accumulator != nullptr && !accumulator->variable.defined()
+                             ? !node.pre_hooks().empty()
+                             : any_tensor_pre_hooks(node, 0);
+  return pre_hooks || any_retains_grad_hooks(node, 0) || !node.post_hooks().empty();
 }
 
 bool has_post_accumulate_grad_hooks(const at::Tensor& leaf) {
