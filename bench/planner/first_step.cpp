@@ -1,21 +1,27 @@
 // What planning costs: the first step of a PlannedSequential (profiling, solving, then the step)
 // against a plain training step of the same chain, in time and in peak memory, for the bench
-// models and ckpt train's GPT (issue 29, item 3). Peaks come from the counting allocator, above
-// what lived before the step; every step starts without parameter gradients (zero_grad()).
+// models and ckpt train's GPT (issue 29, item 3); then the first step of a PlannedModel on the
+// bench models whose blocks mark candidates and on the bench U-Net, with the "recomputed" chains
+// measured as the budget needs them (the default) and every option measured. Peaks come from the
+// counting allocator, above what lived before the step; every step starts without parameter
+// gradients (zero_grad()).
 //
 //   first_step [--quick] [--budget 50%] [--measure-every-stage]
 
 #include <ckpt/memory_tracker.h>
+#include <ckpt/planned_model.h>
 #include <ckpt/planned_sequential.h>
 #include <ckpt/profiler.h>
 
 #include "bench_models.h"
 #include "gpt.h"
+#include "marked_models.h"
 
 #include <ATen/ops/randint.h>
 #include <torch/nn/module.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -71,6 +77,31 @@ void report(const std::string& name, torch::nn::Sequential chain, const at::Tens
       static_cast<double>(second.peak) / static_cast<double>(plain.peak));
 }
 
+// A PlannedModel's first step, measuring as needed (`as_needed`) or every option, against a
+// plain step of the same model.
+void report_model(const std::string& name, const std::shared_ptr<torch::nn::Module>& model,
+                  const std::function<at::Tensor()>& loss, const std::string& budget) {
+  Measured plain;
+  for (int i = 0; i < 3; ++i) plain = measure(*model, loss);
+  std::printf("| %s | %.3f s | %.1f MiB |", name.c_str(), plain.seconds, plain.peak / 1048576.0);
+  for (const bool as_needed : {true, false}) {
+    ckpt::PlannedModel planned(model, ckpt::Budget::parse(budget),
+                               ckpt::PlannedModelOptions().measure_as_needed(as_needed));
+    const Measured first = measure(*model, [&] { return planned.run(loss); });
+    int longest = 0;  // the longest "recomputed" chain the plan could choose from
+    for (const auto& candidate : planned.measured().profile.candidates) {
+      for (const auto& option : candidate.options) {
+        if (option.run.outputs_recomputed) longest = std::max(longest, option.run.chain_length);
+      }
+    }
+    std::printf(" %.2f s (%.1fx), peak %.2fx, chains to %d, plan %.2fx |", first.seconds,
+                first.seconds / plain.seconds,
+                static_cast<double>(first.peak) / static_cast<double>(plain.peak), longest,
+                planned.solution().prediction.time / planned.measured().profile.step_time);
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,5 +135,27 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   report("gpt (ckpt train)", ckpt::models::make_gpt(gpt),
          at::randint(gpt.vocab, {8, gpt.context}, at::kLong), budget, options);
+
+  std::printf(
+      "\n| PlannedModel | plain step | plain peak | first step, chains measured as needed | "
+      "every option measured |\n|---|---:|---:|---|---|\n");
+  for (const char* name : {"resnet", "transformer"}) {
+    const auto config = ckpt::models::model_config(name, quick);
+    auto chain = ckpt::models::build_model(config);
+    report_model(
+        name, chain.ptr(),
+        [chain, x = ckpt::models::make_input(config)]() mutable {
+          return chain->forward(x).pow(2).mean();
+        },
+        budget);
+  }
+  const auto unet_config = ckpt::models::unet_config(quick);
+  auto unet = ckpt::models::make_unet(unet_config);
+  report_model(
+      "unet", unet.ptr(),
+      [unet, x = ckpt::models::unet_input(unet_config)]() mutable {
+        return unet->forward(x).pow(2).mean();
+      },
+      budget);
   return 0;
 }

@@ -121,6 +121,47 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
                             const std::function<at::Tensor()>& loss_fn,
                             const ModelProfileOptions& options = {});
 
+/// `profile_model` in parts, for a planner that measures only what its budget needs: the
+/// constructor measures the plain step and every storage mode, `measure_longer_chains` the
+/// "recomputed" chains one length longer at a time (each length about L + 1 more steps), and
+/// `measured()` gives what is measured so far as the planner's model. Each call runs the step
+/// (the same step each time: the same candidates in the same order) and leaves the parameters'
+/// gradients, the buffers and the RNG state as they were. One thread uses it at a time.
+///
+/// Example:
+/// ```
+/// ckpt::ModelProfiler profiler(model, loss_fn);
+/// while (!profiler.complete() && !good_enough(profiler.measured())) {
+///   profiler.measure_longer_chains(loss_fn);
+/// }
+/// ```
+class ModelProfiler {
+ public:
+  /// Measures the plain step and each storage mode; the errors are `profile_model`'s.
+  ModelProfiler(const std::shared_ptr<torch::nn::Module>& model,
+                const std::function<at::Tensor()>& loss_fn,
+                const ModelProfileOptions& options = {});
+  ~ModelProfiler();
+  ModelProfiler(ModelProfiler&&) noexcept;
+  ModelProfiler& operator=(ModelProfiler&&) noexcept;
+
+  /// The longest chain of "recomputed" candidates measured so far (0: none).
+  int chains_measured() const;
+  /// Whether every option the options ask for is measured: chains up to
+  /// `max_recompute_chain`, or none where the "recomputed" mode is off.
+  bool complete() const;
+  /// Measures the chains one candidate longer than `chains_measured()`, running `loss_fn`, the
+  /// step measured at construction. An error once `complete()`.
+  void measure_longer_chains(const std::function<at::Tensor()>& loss_fn);
+  /// What is measured so far, as `profile_model` gives it once complete.
+  MeasuredModel measured() const;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
 namespace detail {
 /// Names module candidates after their path in a model ("encoder.2").
 class CandidateNames {

@@ -69,6 +69,15 @@ struct PlannedModelOptions {
   /// The longest chain of "recomputed" candidates offered
   /// (`ModelProfileOptions::max_recompute_chain`). Default: 4
   TORCH_ARG(int, max_recompute_chain) = 4;
+  /// Measure the "recomputed" chains, most of a first step's profiling (about L + 1 steps for
+  /// each length L, against one per storage mode), only as far as the budget needs: the first
+  /// step measures the plain step and the storage modes, and measures chains one length longer
+  /// (`ModelProfiler::measure_longer_chains`) only while no plan of what is measured fits the
+  /// budget. A plan may then be slower than the fastest of every option (a recomputed candidate
+  /// that would let a neighbour keep everything); `Budget::minimum()` and
+  /// `OutOfMemory::Replan` (whose plans for less need the smallest) measure every option.
+  /// Default: true
+  TORCH_ARG(bool, measure_as_needed) = true;
   /// The share of the budget a plan leaves free: it is solved for `(1 - headroom)` times the
   /// budget (the smallest feasible budget grows to match). The measured peak has come out a few
   /// KiB above the prediction (0.02% on the bench U-Net, bench/results.md "Any model"); this keeps
@@ -179,6 +188,8 @@ class PlannedModel {
   void replan_for_less(c10::OutOfMemoryError& error, std::optional<int64_t> held_bytes,
                        bool in_backward);
   at::Tensor run_planned(const std::function<at::Tensor()>& loss_fn);
+  // Whether some plan of `profile`'s options fits the budget, its headroom included.
+  bool fits_budget(const plan::ModelProfile& profile) const;
   // Solves `measured` for `budget`: the plan, not yet the current one.
   Plan make_plan(MeasuredModel measured, const Budget& budget) const;
   const Plan& current() const;

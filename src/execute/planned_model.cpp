@@ -88,12 +88,18 @@ plan::ModelSolverOptions solver_options(const PlannedModelOptions& options) {
   return solver;
 }
 
+detail::BudgetLimits budget_limits(const plan::ModelProfile& profile,
+                                   const plan::ModelSolverOptions& solver,
+                                   const PlannedModelOptions& options) {
+  return {"ckpt::PlannedModel", profile.plain_peak_bytes(), plan::min_model_budget(profile, solver),
+          options.headroom()};
+}
+
 detail::ResolvedBudget plan_budget(const plan::ModelProfile& profile,
                                    const plan::ModelSolverOptions& solver, const Budget& requested,
                                    const PlannedModelOptions& options) {
   const int64_t plain_peak = profile.plain_peak_bytes();
-  const detail::BudgetLimits limits{"ckpt::PlannedModel", plain_peak,
-                                    plan::min_model_budget(profile, solver), options.headroom()};
+  const detail::BudgetLimits limits = budget_limits(profile, solver, options);
   return detail::resolve_budget(
       requested, limits, options.fall_back_to_minimum(), [&](int64_t bytes, int64_t smallest) {
         return InfeasibleBudget(
@@ -434,15 +440,27 @@ at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn)
 }
 
 void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
-  plan(profile_model(model_, loss_fn,
-                     ModelProfileOptions()
-                         .storage_modes(options_.storage_modes())
-                         .selective_policy(options_.selective_policy())
-                         .count_parameter_gradients(options_.count_parameter_gradients())
-                         .preserve_rng_state(options_.preserve_rng_state())
-                         .recompute_outputs(options_.recompute_outputs())
-                         .max_recompute_chain(options_.max_recompute_chain())
-                         .host_budget_bytes(options_.host_budget_bytes())));
+  ModelProfiler profiler(model_, loss_fn,
+                         ModelProfileOptions()
+                             .storage_modes(options_.storage_modes())
+                             .selective_policy(options_.selective_policy())
+                             .count_parameter_gradients(options_.count_parameter_gradients())
+                             .preserve_rng_state(options_.preserve_rng_state())
+                             .recompute_outputs(options_.recompute_outputs())
+                             .max_recompute_chain(options_.max_recompute_chain())
+                             .host_budget_bytes(options_.host_budget_bytes()));
+  const bool every_option = !options_.measure_as_needed() || budget_.is_minimum() ||
+                            options_.on_out_of_memory() == OutOfMemory::Replan;
+  std::optional<MeasuredModel> measured;
+  while (!profiler.complete()) {
+    if (!every_option) {
+      measured = profiler.measured();
+      if (fits_budget(measured->profile)) break;
+    }
+    profiler.measure_longer_chains(loss_fn);
+    measured.reset();
+  }
+  plan(measured ? std::move(*measured) : profiler.measured());
   // Profiling left the model as it found it.
   plan_->conditions = std::make_shared<const detail::StepConditions>(
       detail::StepConditions::current(*model_, plan_->measured.device.type()));
@@ -450,6 +468,12 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
 
 void PlannedModel::plan(MeasuredModel measured) {
   plan_ = make_plan(std::move(measured), budget_);
+}
+
+bool PlannedModel::fits_budget(const plan::ModelProfile& profile) const {
+  const detail::BudgetLimits limits = budget_limits(profile, solver_options(options_), options_);
+  const int64_t smallest = detail::smallest_budget(limits);
+  return budget_.resolve(limits.plain_peak_bytes, smallest) >= smallest;
 }
 
 PlannedModel::Plan PlannedModel::make_plan(MeasuredModel measured, const Budget& budget) const {

@@ -81,7 +81,7 @@ std::string CandidateNames::resolve(const std::string& name,
 
 }  // namespace detail
 
-namespace {
+namespace model_profiling {
 
 using detail::Clock;
 
@@ -474,7 +474,7 @@ struct StepSetup {
   bool watch_outside = true;
 };
 
-}  // namespace
+}  // namespace model_profiling
 
 void detail::check_step_loss(const at::Tensor& loss) {
   TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(),
@@ -497,7 +497,7 @@ std::optional<CheckpointOptions> detail::candidate_region(const StorageMode& mod
   return region;
 }
 
-namespace {
+namespace model_profiling {
 
 // The leaves a backward from `loss` accumulates into that are not parameters of `model`.
 std::vector<at::Tensor> leaves_outside(const torch::nn::Module& model, const at::Tensor& loss) {
@@ -1626,11 +1626,140 @@ MeasuredModel measured_model(const StepRecord& plain, const std::vector<ModeRun>
   return measured;
 }
 
-}  // namespace
+}  // namespace model_profiling
 
-MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
-                            const std::function<at::Tensor()>& loss_fn,
-                            const ModelProfileOptions& options) {
+// What a `ModelProfiler` keeps between its calls: the steps measured so far. (The profiler's
+// helpers live in a named namespace, not an anonymous one, because this struct holds their types.)
+struct ModelProfiler::State {
+  using StepRecord = model_profiling::StepRecord;
+  using ModeRun = model_profiling::ModeRun;
+  using TrialRun = model_profiling::TrialRun;
+
+  std::shared_ptr<torch::nn::Module> model;
+  ModelProfileOptions options;
+  c10::Device device;
+  detail::CandidateNames names;
+  bool watch_outside = true;
+  std::shared_ptr<StepRecord> found, plain;
+  std::vector<std::set<int>> takers;  // unsaving takers, as the `found` step saw them
+  std::vector<bool> copies_inputs;    // by candidate: writes into its arguments
+  std::vector<ModeRun> modes, with_kept_takers;
+  std::optional<CheckpointOptions> trial_region;  // where the "recomputed" chains are measured
+  std::vector<TrialRun> runs;
+  std::vector<std::set<int>> consumers, takers_seen;
+  bool far_takers = false;
+  int chains = 0;  // the longest chain measured
+
+  State(std::shared_ptr<torch::nn::Module> model, ModelProfileOptions options, c10::Device device)
+      : model(std::move(model)), options(std::move(options)), device(device), names(*this->model) {}
+};
+
+namespace model_profiling {
+
+// One call's worth of profiling: a tracker on this thread, and the random state put back at its
+// end (the steps each start from it).
+struct ProfilingCall {
+  MemoryTracker tracker;
+  StepSetup setup;
+  detail::RngStash rng;
+
+  ProfilingCall(ModelProfiler::State& state, const std::function<at::Tensor()>& loss_fn)
+      : tracker(state.device,
+                state.device.is_cpu() ? MemoryScope::CallingThread : MemoryScope::Process),
+        setup{state.model,        loss_fn,      &state.names,
+              &tracker,           state.device, state.options.count_parameter_gradients(),
+              state.watch_outside},
+        rng(state.model->parameters(), detail::infer_device_type(state.model->parameters())) {}
+  ~ProfilingCall() { rng.restore(); }
+  ProfilingCall(const ProfilingCall&) = delete;
+  ProfilingCall& operator=(const ProfilingCall&) = delete;
+};
+
+// The plain steps: the one that finds the candidates and what each forward saves (it warms caches
+// and allocators too), then the one measured.
+void measure_plain(ModelProfiler::State& s, ProfilingCall& call) {
+  s.found =
+      record_step(call.setup, {std::nullopt, {}, nullptr, detail::saved_tensor_hooks_available()});
+  s.watch_outside = call.setup.watch_outside = s.found->wrote_outside;  // a dispatch mode costs
+  call.rng.restore();
+  s.plain = record_step(call.setup, {std::nullopt});
+  const bool same = same_candidates(*s.found, *s.plain);
+  s.takers =
+      same ? unsaving_takers(*s.found) : std::vector<std::set<int>>(s.plain->candidates.size());
+  TORCH_CHECK(!s.plain->candidates.empty(),
+              "ckpt::PlannedModel: the step reached no candidate. Mark the blocks the planner may "
+              "choose for in the model's forward: x = ckpt::candidate(block, x);");
+  // A region whose function writes into its argument keeps its activations the first time, and
+  // its call site copies the argument from then on (measure_mode measures such a step again):
+  // its copy is kept anyway, so it drops no argument in the recompute trials.
+  s.copies_inputs.assign(s.plain->candidates.size(), false);
+  if (!same) return;
+  for (size_t c = 0; c < s.copies_inputs.size(); ++c) {
+    s.copies_inputs[c] = s.found->candidates[c].writes_into_inputs;
+  }
+}
+
+// One step per storage mode (more where it offloads, or where candidates have parts).
+void measure_modes(ModelProfiler::State& s, ProfilingCall& call) {
+  const StorageSettings settings{s.options.selective_policy()};
+  const std::vector<bool> kept = kept_takers(s.takers);
+  for (const StorageMode& mode : s.options.storage_modes().all()) {
+    std::optional<CheckpointOptions> region =
+        detail::candidate_region(mode, settings, s.device, s.options.preserve_rng_state());
+    if (!region) continue;
+    const std::vector<std::vector<bool>> groups =
+        measured_together(*s.plain, region->offload(), s.options.host_budget_bytes());
+    for (const std::vector<bool>& group : groups) {
+      ModeRun run{mode.name, !region->offload(), nullptr, {}, group};
+      measure_mode(call.setup, *s.plain, call.rng, *region, kept, run, s.modes, s.with_kept_takers);
+    }
+    // Candidates with parts marked inside them: checkpointed with their parts checkpointed too.
+    if (mode.name != kCheckpointedMode || region->offload()) continue;
+    std::vector<bool> with_parts(s.plain->candidates.size());
+    for (size_t c = 0; c < with_parts.size(); ++c)
+      with_parts[c] = s.plain->candidates[c].inner_markers > 0;
+    if (std::find(with_parts.begin(), with_parts.end(), true) == with_parts.end()) continue;
+    ModeRun run{mode.name, true, nullptr, {}, with_parts, /*parts=*/true};
+    measure_mode(call.setup, *s.plain, call.rng, *region, kept, run, s.modes, s.with_kept_takers);
+  }
+  const bool checkpointed = std::any_of(s.modes.begin(), s.modes.end(), [](const ModeRun& m) {
+    return m.name == kCheckpointedMode && !m.parts;
+  });
+  if (s.options.recompute_outputs() && checkpointed) {
+    s.trial_region = detail::candidate_region(
+        s.options.storage_modes().at(kCheckpointedMode, "ckpt::profile_model"), settings, s.device,
+        s.options.preserve_rng_state());
+  }
+}
+
+// The trial steps of chains of `length`. Where a candidate's outputs go to one beyond the longest
+// chain from it (a U-Net encoder's skip, to its decoder block), each length is measured twice:
+// chains whose start lets every taker drop its outputs, and chains whose start keeps them for its
+// later takers. Nearer takers (a residual block's shortcut) take part in the chain's own
+// recompute.
+void measure_chains(ModelProfiler::State& s, ProfilingCall& call, int length) {
+  const auto trials = [&](bool keeps_skips) {
+    RecomputeTrial trial(s.copies_inputs, length, keeps_skips);
+    run_trials(call.setup, *s.plain, *s.trial_region, call.rng, trial, s.runs);
+    for (size_t c = 0; c < s.consumers.size(); ++c) {
+      s.consumers[c].insert(trial.consumers[c].begin(), trial.consumers[c].end());
+      s.takers_seen[c].insert(trial.takers[c].begin(), trial.takers[c].end());
+      s.far_takers = s.far_takers || (!s.takers_seen[c].empty() &&
+                                      *s.takers_seen[c].rbegin() >
+                                          static_cast<int>(c) + s.options.max_recompute_chain());
+    }
+  };
+  trials(false);
+  if (s.far_takers) trials(true);
+  s.chains = length;
+}
+
+}  // namespace model_profiling
+
+ModelProfiler::ModelProfiler(const std::shared_ptr<torch::nn::Module>& model,
+                             const std::function<at::Tensor()>& loss_fn,
+                             const ModelProfileOptions& options) {
+  using namespace model_profiling;
   TORCH_CHECK(model != nullptr, "ckpt::profile_model: the model is empty (a null module holder).");
   TORCH_CHECK(options.max_recompute_chain() >= 1,
               "ckpt::profile_model: max_recompute_chain must be at least 1 (a recomputed "
@@ -1640,110 +1769,73 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
   TORCH_CHECK(MemoryTracker::can_measure(device),
               "ckpt::PlannedModel: can't measure the memory of ", device,
               " with this LibTorch; plan on the CPU or on a device whose memory it counts.");
-  MemoryTracker tracker(device,
-                        device.is_cpu() ? MemoryScope::CallingThread : MemoryScope::Process);
-  const detail::CandidateNames names(*model);
-  StepSetup setup{model, loss_fn, &names, &tracker, device, options.count_parameter_gradients()};
-  const std::vector<at::Tensor> parameters = model->parameters();
-  const detail::RngStash rng(parameters, detail::infer_device_type(parameters));
-  struct PutBack {
-    const detail::RngStash& rng;
-    ~PutBack() { rng.restore(); }
-  } put_back{rng};
+  state_ = std::make_unique<State>(model, options, device);
+  ProfilingCall call(*state_, loss_fn);
+  measure_plain(*state_, call);
+  measure_modes(*state_, call);
+  state_->consumers.resize(state_->plain->candidates.size());
+  state_->takers_seen.resize(state_->plain->candidates.size());
+}
 
-  // Finds the candidates and what each one's forward saves; warms caches and allocators.
-  const auto found =
-      record_step(setup, {std::nullopt, {}, nullptr, detail::saved_tensor_hooks_available()});
-  setup.watch_outside = found->wrote_outside;  // a dispatch mode costs time: only where needed
-  rng.restore();
-  const auto plain = record_step(setup, {std::nullopt});
-  const std::vector<std::set<int>> takers =
-      same_candidates(*found, *plain) ? unsaving_takers(*found)
-                                      : std::vector<std::set<int>>(plain->candidates.size());
-  const std::vector<bool> kept = kept_takers(takers);
-  TORCH_CHECK(!plain->candidates.empty(),
-              "ckpt::PlannedModel: the step reached no candidate. Mark the blocks the planner may "
-              "choose for in the model's forward: x = ckpt::candidate(block, x);");
-  std::vector<ModeRun> modes, with_kept_takers;
-  const StorageSettings settings{options.selective_policy()};
-  // A region whose function writes into its argument keeps its activations the first time, and
-  // its call site copies the argument from then on (measure_mode measures such a step again):
-  // its copy is kept anyway, so it drops no argument in the recompute trials.
-  std::vector<bool> copies_inputs(plain->candidates.size());
-  if (same_candidates(*found, *plain)) {
-    for (size_t c = 0; c < copies_inputs.size(); ++c) {
-      copies_inputs[c] = found->candidates[c].writes_into_inputs;
-    }
-  }
-  for (const StorageMode& mode : options.storage_modes().all()) {
-    std::optional<CheckpointOptions> region =
-        detail::candidate_region(mode, settings, device, options.preserve_rng_state());
-    if (!region) continue;
-    const std::vector<std::vector<bool>> groups =
-        measured_together(*plain, region->offload(), options.host_budget_bytes());
-    for (const std::vector<bool>& group : groups) {
-      ModeRun run{mode.name, !region->offload(), nullptr, {}, group};
-      measure_mode(setup, *plain, rng, *region, kept, run, modes, with_kept_takers);
-    }
-    // Candidates with parts marked inside them: checkpointed with their parts checkpointed too.
-    if (mode.name != kCheckpointedMode || region->offload()) continue;
-    std::vector<bool> with_parts(plain->candidates.size());
-    for (size_t c = 0; c < with_parts.size(); ++c)
-      with_parts[c] = plain->candidates[c].inner_markers > 0;
-    if (std::find(with_parts.begin(), with_parts.end(), true) == with_parts.end()) continue;
-    ModeRun run{mode.name, true, nullptr, {}, with_parts, /*parts=*/true};
-    measure_mode(setup, *plain, rng, *region, kept, run, modes, with_kept_takers);
-  }
-  const auto checkpointed = std::find_if(modes.begin(), modes.end(), [](const ModeRun& m) {
-    return m.name == kCheckpointedMode && !m.parts;
-  });
-  std::vector<TrialRun> runs;
-  std::vector<std::set<int>> consumers(plain->candidates.size());
-  std::vector<std::set<int>> takers_seen(plain->candidates.size());
-  if (options.recompute_outputs() && checkpointed != modes.end()) {
-    const std::optional<CheckpointOptions> region = detail::candidate_region(
-        options.storage_modes().at(kCheckpointedMode, "ckpt::profile_model"), settings, device,
-        options.preserve_rng_state());
-    // Where a candidate's outputs go to one beyond the longest chain from it (a U-Net encoder's
-    // skip, to its decoder block), each length is measured twice: chains whose start lets every
-    // taker drop its outputs, and chains whose start keeps them for its later takers. Nearer
-    // takers (a residual block's shortcut) take part in the chain's own recompute.
-    const int longest = options.max_recompute_chain();
-    bool far_takers = false;
-    const auto trials = [&](int length, bool keeps_skips) {
-      RecomputeTrial trial(copies_inputs, length, keeps_skips);
-      run_trials(setup, *plain, *region, rng, trial, runs);
-      for (int c = 0; c < static_cast<int>(consumers.size()); ++c) {
-        consumers[c].insert(trial.consumers[c].begin(), trial.consumers[c].end());
-        takers_seen[c].insert(trial.takers[c].begin(), trial.takers[c].end());
-        far_takers =
-            far_takers || (!takers_seen[c].empty() && *takers_seen[c].rbegin() > c + longest);
-      }
-    };
-    for (int length = 1; length <= longest; ++length) {
-      trials(length, false);
-      if (far_takers) trials(length, true);
-    }
-  }
-  std::vector<ProducersLetGoOption> producers_let_go;
-  std::vector<std::vector<bool>> lets_go;
+ModelProfiler::~ModelProfiler() = default;
+ModelProfiler::ModelProfiler(ModelProfiler&&) noexcept = default;
+ModelProfiler& ModelProfiler::operator=(ModelProfiler&&) noexcept = default;
+
+int ModelProfiler::chains_measured() const {
+  return state_->chains;
+}
+
+bool ModelProfiler::complete() const {
+  return !state_->trial_region || state_->chains >= state_->options.max_recompute_chain();
+}
+
+void ModelProfiler::measure_longer_chains(const std::function<at::Tensor()>& loss_fn) {
+  using namespace model_profiling;
+  TORCH_CHECK(!complete(), "ckpt::ModelProfiler: every option is measured already (chains of ",
+              state_->chains, " measured, ",
+              state_->trial_region ? "the longest the options ask for"
+                                   : "no \"recomputed\" options asked for",
+              "); check complete() first.");
+  ProfilingCall call(*state_, loss_fn);
+  measure_chains(*state_, call, state_->chains + 1);
+}
+
+MeasuredModel ModelProfiler::measured() const {
+  using namespace model_profiling;
+  const State& s = *state_;
+  // Each build marks the cuts in copies of the steps' matchings: the steps stay as measured.
+  std::vector<ModeRun> modes = s.modes, with_kept_takers = s.with_kept_takers;
+  std::vector<TrialRun> runs = s.runs;
   std::vector<std::pair<const StepRecord*, Matching*>> steps;
   for (auto* runs_of_mode : {&modes, &with_kept_takers}) {
     for (ModeRun& run : *runs_of_mode) steps.emplace_back(run.step.get(), &run.matching);
   }
   for (TrialRun& run : runs) steps.emplace_back(run.step.get(), &run.matching);
-  const SplitSegments cuts = split_segments(*plain, steps);
-  MeasuredModel measured = measured_model(*plain, modes, cuts, device, producers_let_go, lets_go);
+  const SplitSegments cuts = split_segments(*s.plain, steps);
+  std::vector<ProducersLetGoOption> producers_let_go;
+  std::vector<std::vector<bool>> lets_go;
+  MeasuredModel result = measured_model(*s.plain, modes, cuts, s.device, producers_let_go, lets_go);
   const std::vector<KeptTakersOption> added =
-      add_kept_takers_options(measured.profile, *plain, with_kept_takers, takers);
-  const Takers recompute_takers(takers_seen);
+      add_kept_takers_options(result.profile, *s.plain, with_kept_takers, s.takers);
+  const Takers recompute_takers(s.takers_seen);
   if (!runs.empty()) {
-    add_recomputed_options(measured.profile, *plain, *checkpointed, runs, consumers,
+    const auto checkpointed = std::find_if(modes.begin(), modes.end(), [](const ModeRun& m) {
+      return m.name == kCheckpointedMode && !m.parts;
+    });
+    add_recomputed_options(result.profile, *s.plain, *checkpointed, runs, s.consumers,
                            recompute_takers);
   }
-  exclude_all_but_kept(measured.profile, added, takers);
-  exclude_producers_that_hold(measured.profile, producers_let_go, lets_go, recompute_takers.first);
-  return measured;
+  exclude_all_but_kept(result.profile, added, s.takers);
+  exclude_producers_that_hold(result.profile, producers_let_go, lets_go, recompute_takers.first);
+  return result;
+}
+
+MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
+                            const std::function<at::Tensor()>& loss_fn,
+                            const ModelProfileOptions& options) {
+  ModelProfiler profiler(model, loss_fn, options);
+  while (!profiler.complete()) profiler.measure_longer_chains(loss_fn);
+  return profiler.measured();
 }
 
 }  // namespace ckpt
