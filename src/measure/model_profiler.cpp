@@ -1738,19 +1738,28 @@ void measure_modes(ModelProfiler::State& s, ProfilingCall& call) {
 // later takers. Nearer takers (a residual block's shortcut) take part in the chain's own
 // recompute.
 void measure_chains(ModelProfiler::State& s, ProfilingCall& call, int length) {
+  // Measured beside what is kept, which takes it only once every step of the length has run: a
+  // step that fails (the model reached other candidates) leaves the profiler as it was.
+  std::vector<TrialRun> runs = s.runs;
+  std::vector<std::set<int>> consumers = s.consumers, takers_seen = s.takers_seen;
+  bool far_takers = s.far_takers;
   const auto trials = [&](bool keeps_skips) {
     RecomputeTrial trial(s.copies_inputs, length, keeps_skips);
-    run_trials(call.setup, *s.plain, *s.trial_region, call.rng, trial, s.runs);
-    for (size_t c = 0; c < s.consumers.size(); ++c) {
-      s.consumers[c].insert(trial.consumers[c].begin(), trial.consumers[c].end());
-      s.takers_seen[c].insert(trial.takers[c].begin(), trial.takers[c].end());
-      s.far_takers = s.far_takers || (!s.takers_seen[c].empty() &&
-                                      *s.takers_seen[c].rbegin() >
-                                          static_cast<int>(c) + s.options.max_recompute_chain());
+    run_trials(call.setup, *s.plain, *s.trial_region, call.rng, trial, runs);
+    for (size_t c = 0; c < consumers.size(); ++c) {
+      consumers[c].insert(trial.consumers[c].begin(), trial.consumers[c].end());
+      takers_seen[c].insert(trial.takers[c].begin(), trial.takers[c].end());
+      far_takers = far_takers || (!takers_seen[c].empty() &&
+                                  *takers_seen[c].rbegin() >
+                                      static_cast<int>(c) + s.options.max_recompute_chain());
     }
   };
   trials(false);
-  if (s.far_takers) trials(true);
+  if (far_takers) trials(true);
+  s.runs = std::move(runs);
+  s.consumers = std::move(consumers);
+  s.takers_seen = std::move(takers_seen);
+  s.far_takers = far_takers;
   s.chains = length;
 }
 

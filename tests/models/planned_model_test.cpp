@@ -934,17 +934,19 @@ TEST_F(RecomputedOutputsTest, ChainsAreMeasuredOnlyAsFarAsTheBudgetNeeds) {
       ckpt::Budget::bytes(between), 0.02, none_over_counted);
 }
 
+// Each candidate's name and option, as a list.
+std::vector<std::string> option_names(const ckpt::MeasuredModel& measured) {
+  std::vector<std::string> all;
+  for (const auto& candidate : measured.profile.candidates) {
+    for (const auto& option : candidate.options) all.push_back(candidate.name + " " + option.name);
+  }
+  return all;
+}
+
 TEST_F(RecomputedOutputsTest, AProfilerInPartsMeasuresWhatProfileModelMeasures) {
   auto model = make();
   const LossFn loss = [&] { return loss_of(model); };
-  const auto names = [](const ckpt::MeasuredModel& measured) {
-    std::vector<std::string> all;
-    for (const auto& candidate : measured.profile.candidates) {
-      for (const auto& option : candidate.options)
-        all.push_back(candidate.name + " " + option.name);
-    }
-    return all;
-  };
+  const auto names = option_names;
   // The first profile in a process may offer an option later ones don't (on this ResNet, once,
   // a "takers kept" one; not traced): one is measured before the two compared here.
   ckpt::profile_model(model.ptr(), loss, ckpt::ModelProfileOptions().recompute_outputs(false));
@@ -963,6 +965,32 @@ TEST_F(RecomputedOutputsTest, AProfilerInPartsMeasuresWhatProfileModelMeasures) 
   EXPECT_TRUE(bit_equal(torch::rand({4}), next_draw)) << "the random stream moved";
   EXPECT_EQ(names(profiler.measured()), names(ckpt::profile_model(model.ptr(), loss)));
   EXPECT_THROW(profiler.measure_longer_chains(loss), c10::Error);
+}
+
+// A longer chain measured with a step that stops reaching a candidate after its first trial step
+// (as control flow might) is an error, and leaves the profiler as it was.
+TEST_F(RecomputedOutputsTest, AProfilerStepThatReachesOtherCandidatesChangesNothing) {
+  auto model = make();
+  const LossFn loss = [&] { return loss_of(model); };
+  ckpt::ModelProfiler profiler(model.ptr(), loss);
+  const std::vector<std::string> before = option_names(profiler.measured());
+  int calls = 0;
+  const LossFn skips_a_block_later = [&] {
+    if (calls++ == 0) return loss_of(model);
+    torch::Tensor y = input_;
+    int element = 0;
+    for (auto& block : *model) {
+      if (element++ != 2) y = block.forward(y);  // a block that keeps its input's shape
+    }
+    return y.pow(2).mean();
+  };
+  EXPECT_THROW(profiler.measure_longer_chains(skips_a_block_later), c10::Error);
+  EXPECT_GE(calls, 2);
+  EXPECT_EQ(profiler.chains_measured(), 0);
+  EXPECT_EQ(option_names(profiler.measured()), before);
+  profiler.measure_longer_chains(loss);
+  EXPECT_EQ(profiler.chains_measured(), 1);
+  EXPECT_GT(longest_chain_offered(profiler.measured()), 0);
 }
 
 // A chain's end was measured with its producer recomputed at the depth before it: with that
