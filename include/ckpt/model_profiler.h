@@ -156,6 +156,7 @@ class ModelProfiler {
   /// What is measured so far, as `profile_model` gives it once complete.
   MeasuredModel measured() const;
 
+  /// The steps measured so far (defined where they are measured).
   struct State;
 
  private:
