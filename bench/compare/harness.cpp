@@ -432,10 +432,37 @@ void add_planned_methods(const std::string& name, const ProfiledChain& profiled,
   add_predicted_optimum(methods, name, profile, input_bytes, plain_time);
 }
 
+// A PlannedModel's profile measured in parts, as its first step measures it (`measure_as_needed`):
+// after the storage modes, and after each longer chain, what is measured and the seconds so far.
+struct ProfileInParts {
+  std::vector<MeasuredModel> parts;
+  std::vector<double> milliseconds;
+};
+
+ProfileInParts profile_in_parts(Workbench& bench, const StorageModes& modes) {
+  // Its steps hold nothing from one to the next, as the bench's don't: an output kept in a
+  // captured variable until the next forward ends would read as memory that step frees.
+  const std::function<torch::Tensor()> loss = [model = bench.model, x = bench.x]() mutable {
+    return model->forward(x).square().mean();
+  };
+  ProfileInParts profile;
+  const auto t0 = std::chrono::steady_clock::now();
+  ModelProfiler profiler(
+      bench.model.ptr(), loss,
+      ModelProfileOptions().count_parameter_gradients(false).storage_modes(modes));
+  while (true) {
+    profile.milliseconds.push_back(milliseconds_since(t0));
+    profile.parts.push_back(profiler.measured());
+    if (profiler.complete()) return profile;
+    profiler.measure_longer_chains(loss);
+  }
+}
+
 // ckpt::PlannedModel on the same model, whose blocks mark their candidates inside (the MLPs mark
 // none: no rows), at the chain planner's budgets and with its storage modes. Its budgets leave out
 // the input, which lives before the step; the step starts from the gradient buffers the workbench
-// keeps.
+// keeps. Each budget is planned from the profile its first step would measure (the chains only as
+// far as the budget needs them), and its planning is that profile's time.
 void add_model_planned_methods(const std::string& name, const StorageModes& modes, Workbench& bench,
                                MemoryTracker& tracker, int warmup, bool rss, Methods& methods) {
   const PlannedModelOptions options =
@@ -446,36 +473,41 @@ void add_model_planned_methods(const std::string& name, const StorageModes& mode
       return out.square().mean();
     };
   };
-  std::optional<MeasuredModel> measured;
+  ProfileInParts profile;
   int64_t min_budget = 0;
-  const auto t0 = std::chrono::steady_clock::now();
   try {
+    profile = profile_in_parts(bench, modes);
     PlannedModel probe(bench.model, Budget::minimum(), options);
-    // Its steps hold nothing from one to the next, as the bench's don't: an output kept in a
-    // captured variable until the next forward ends would read as memory that step frees.
-    probe.plan(
-        [model = bench.model, x = bench.x]() mutable { return model->forward(x).square().mean(); });
-    measured = probe.measured();
+    probe.plan(MeasuredModel(profile.parts.back()));
     min_budget = probe.budget_bytes();
   } catch (const c10::Error& e) {
     std::cerr << "ckpt bench: " << name << ": no ckpt_model_planned rows: "
               << std::string(e.what_without_backtrace()).substr(0, 80) << "\n";
     return;
   }
-  const double planning_ms = milliseconds_since(t0);
   for (const auto& [budget, label] : planned_budgets(methods, 0, min_budget)) {
     BenchRow row = planner_row(methods, name, "ckpt_model_planned", budget, label, 0, min_budget);
-    row.planning_ms = planning_ms;
     if (budget < min_budget) {
+      row.planning_ms = profile.milliseconds.back();
       add_method(methods, row, nullptr);
       continue;
     }
     auto planned = std::make_shared<PlannedModel>(bench.model, Budget::bytes(budget), options);
-    const auto solve_start = std::chrono::steady_clock::now();
-    planned->plan(*measured);
-    row.solver_ms = milliseconds_since(solve_start);
+    // The first part a plan fits in, as the first step stops there.
+    for (size_t part = 0; part < profile.parts.size(); ++part) {
+      const auto solve_start = std::chrono::steady_clock::now();
+      try {
+        planned->plan(MeasuredModel(profile.parts[part]));
+      } catch (const InfeasibleBudget&) {
+        continue;
+      }
+      row.solver_ms = milliseconds_since(solve_start);
+      row.planning_ms = profile.milliseconds[part];
+      break;
+    }
+    const MeasuredModel& measured = planned->measured();
     row.predicted_peak_bytes = planned->solution().prediction.peak_bytes;
-    row.predicted_overhead = planned->solution().prediction.time / measured->profile.step_time;
+    row.predicted_overhead = planned->solution().prediction.time / measured.profile.step_time;
     Method* added = add_method(methods, row, [planned, loss_of](const torch::Tensor&) {
       torch::Tensor out;  // the chain's output: the workbench's loss is taken from it
       planned->run(loss_of(out));
