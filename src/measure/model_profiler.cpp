@@ -1640,8 +1640,8 @@ struct ModelProfiler::State {
   c10::Device device;
   detail::CandidateNames names;
   bool watch_outside = true;
-  std::shared_ptr<StepRecord> found, plain;
-  std::vector<std::set<int>> takers;  // unsaving takers, as the `found` step saw them
+  std::shared_ptr<StepRecord> plain;
+  std::vector<std::set<int>> takers;  // unsaving takers, as the first (untimed) step saw them
   std::vector<bool> copies_inputs;    // by candidate: writes into its arguments
   std::vector<ModeRun> modes, with_kept_takers;
   std::optional<CheckpointOptions> trial_region;  // where the "recomputed" chains are measured
@@ -1678,14 +1678,14 @@ struct ProfilingCall {
 // The plain steps: the one that finds the candidates and what each forward saves (it warms caches
 // and allocators too), then the one measured.
 void measure_plain(ModelProfiler::State& s, ProfilingCall& call) {
-  s.found =
+  const auto found =
       record_step(call.setup, {std::nullopt, {}, nullptr, detail::saved_tensor_hooks_available()});
-  s.watch_outside = call.setup.watch_outside = s.found->wrote_outside;  // a dispatch mode costs
+  s.watch_outside = call.setup.watch_outside = found->wrote_outside;  // a dispatch mode costs
   call.rng.restore();
   s.plain = record_step(call.setup, {std::nullopt});
-  const bool same = same_candidates(*s.found, *s.plain);
+  const bool same = same_candidates(*found, *s.plain);
   s.takers =
-      same ? unsaving_takers(*s.found) : std::vector<std::set<int>>(s.plain->candidates.size());
+      same ? unsaving_takers(*found) : std::vector<std::set<int>>(s.plain->candidates.size());
   TORCH_CHECK(!s.plain->candidates.empty(),
               "ckpt::PlannedModel: the step reached no candidate. Mark the blocks the planner may "
               "choose for in the model's forward: x = ckpt::candidate(block, x);");
@@ -1695,7 +1695,7 @@ void measure_plain(ModelProfiler::State& s, ProfilingCall& call) {
   s.copies_inputs.assign(s.plain->candidates.size(), false);
   if (!same) return;
   for (size_t c = 0; c < s.copies_inputs.size(); ++c) {
-    s.copies_inputs[c] = s.found->candidates[c].writes_into_inputs;
+    s.copies_inputs[c] = found->candidates[c].writes_into_inputs;
   }
 }
 

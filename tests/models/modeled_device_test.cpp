@@ -69,10 +69,6 @@ TEST(ModeledDeviceTest, AMetaProfileOfEveryBenchModelPredictsTheRealProfilesPeak
   }
 }
 
-}  // namespace modeled_device_test
-
-namespace modeled_device_test {
-
 // A step's peak above what lived before it, with the model's output consumed by a loss that
 // does not keep it (as in training).
 int64_t measured_step_peak(ckpt::PlannedSequential& planned, const torch::Tensor& x) {
@@ -161,10 +157,6 @@ TEST(ModeledDeviceTest, APlanMadeWithoutTheDeviceFitsWhenTheModelRunsIt) {
   }
 }
 
-}  // namespace modeled_device_test
-
-namespace modeled_device_test {
-
 // A model that reads a value in its forward, or takes a boolean mask, can't be planned without
 // its values: the error names the operator.
 TEST(ModeledDeviceTest, ReadingValuesIsRefusedWithTheOperatorsName) {
@@ -217,10 +209,6 @@ TEST(ModeledDeviceTest, ADeviceProfileRoundTripsThroughItsFileAndBadFilesSayWhy)
   CKPT_EXPECT_THROWS_WITH(ckpt::DeviceProfile::load(path), "random_state_bytes must be at least 0");
 }
 
-}  // namespace modeled_device_test
-
-namespace modeled_device_test {
-
 // PlannedModel's profiler too: a U-Net whose blocks mark candidates, profiled on the meta device,
 // predicts the peaks of its real profile for the same choices.
 TEST(ModeledDeviceTest, AMetaProfileOfAMarkedModelPredictsTheRealProfilesPeaks) {
@@ -253,10 +241,6 @@ TEST(ModeledDeviceTest, AMetaProfileOfAMarkedModelPredictsTheRealProfilesPeaks) 
   }
 }
 
-}  // namespace modeled_device_test
-
-namespace modeled_device_test {
-
 // The pieces a meta profile stands on: allocations counted with the device's granularity, an
 // operator without a meta kernel (relu, in C++) run on the CPU with its shapes, an in-place one
 // returning its own argument, and the clock charging a matrix product by its arithmetic.
@@ -286,10 +270,6 @@ TEST(ModeledDeviceTest, MetaAllocationsOperatorsWithoutMetaKernelsAndTheClock) {
   small.reset();  // freeing gives its block back
   EXPECT_EQ(tracker.current_bytes(), with_small - 512);
 }
-
-}  // namespace modeled_device_test
-
-namespace modeled_device_test {
 
 // An operator without a meta kernel runs on zero-filled CPU tensors once per call of its kind: a
 // call with the same arguments' geometry and values takes that answer again (the same meta
