@@ -159,6 +159,14 @@ class BufferCopies {
 // which is below the grad-enabled forward's (no autograd graph is built), whether it draws
 // random numbers on the CPU (the executor's stash of a stage that runs again is then kept), and
 // the executor's copies of its buffers.
+// Whether an unmeasured no-grad forward of the stage moves the CPU generator's state.
+bool moves_cpu_generator(torch::nn::AnyModule& stage, const at::Tensor& x) {
+  detail::RngStash stash({x}, detail::infer_device_type({x}));
+  stage.forward<at::Tensor>(x);
+  stash.note_forward_end();
+  return stash.cpu_state().defined();
+}
+
 NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Tensor& x,
                                       uint64_t shared_buffers, const ProfileOptions& options,
                                       MemoryTracker& tracker) {
@@ -182,15 +190,19 @@ NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Ten
     const double time = seconds_since(start, device);
     result.tmp_bytes = std::max(
         result.tmp_bytes, tracker.peak_bytes() - before - allocated_storage_bytes(result.output));
+    const bool modeled_draw = detail::modeled_random_draws() != modeled_draws;
     if (stash) {
       stash->note_forward_end();
-      result.draws_random =
-          stash->cpu_state().defined() || detail::modeled_random_draws() != modeled_draws;
+      result.draws_random = stash->cpu_state().defined();
     }
     if (buffers) {
       result.buffer_bytes = buffers->all_bytes();
       result.kept_buffer_bytes = buffers->kept_bytes();
     }
+    // Another thread's draws, or a random state it put back, move the generator too: seldom in
+    // two runs, where a stage that draws moves it in each.
+    if (stash && result.draws_random) result.draws_random = moves_cpu_generator(stage, x);
+    if (stash && modeled_draw) result.draws_random = true;
     if (r >= options.warmup()) times.push_back(time);
   }
   result.time = median(times);

@@ -571,7 +571,10 @@ TEST_F(PlannedSequentialTest, AnOptionOfUnknownNameIsAClearError) {
 }
 
 // Threads planning side by side once measured each other's memory (a process-wide tracker) and
-// failed with "no schedule fits": each profile now counts its own thread's allocations.
+// failed with "no schedule fits": each profile now counts its own thread's allocations. Another
+// thread's draws (its model's initialization) or the random state its profile put back then moved
+// the generator during a stage's forward, taken for the stage drawing (6 runs in 300): a stage now
+// has to move it in a second run too.
 TEST_F(PlannedSequentialTest, ConcurrentPlanningGivesThePlanOfPlanningAlone) {
   // The budget and every size of the profile (its times vary from run to run).
   const auto plan_once = [](ckpt::PlannedSequential& planned) {
