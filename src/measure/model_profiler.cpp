@@ -252,13 +252,15 @@ struct RecomputeTrial {
         copies_inputs(std::move(copies_inputs)),
         measured(this->copies_inputs.size()),
         consumers(this->copies_inputs.size()),
-        takers(this->copies_inputs.size()) {}
+        takers(this->copies_inputs.size()),
+        let_go(this->copies_inputs.size()) {}
   int length;                                 // of the chains this trial measures
   bool keeps_skips;                           // chain starts: recomputed for their first taker
   std::vector<bool> copies_inputs;            // by candidate: writes into its arguments
   std::vector<bool> measured;                 // by candidate: at the end of a chain so far
   std::vector<std::set<int>> consumers;       // by candidate: those that dropped its outputs
   std::vector<std::set<int>> takers;          // by candidate: those that took its outputs
+  std::vector<bool> let_go;                   // by candidate: its outputs recomputable in a step
   std::vector<int> depth;                     // by candidate, in the current step (0: kept outputs)
   std::vector<int> first_taker;               // by candidate, in the current step (-1: none yet)
   std::vector<std::map<int, int>> producers;  // by candidate: the depth of each it dropped from
@@ -292,8 +294,36 @@ struct RecomputeTrial {
     }
     if (deepest >= length || (deepest + 1 == length && measured[c])) return;
     request.recomputable_outputs = true;
+    let_go[c] = true;
     depth[c] = deepest + 1;
     if (depth[c] == length) measured[c] = true;
+  }
+
+  // Whether one more step would end a chain: `request` replayed on the takers this trial's steps
+  // saw, so that the step that would end none needn't run. Where a candidate would let its outputs
+  // go that no step of the trial let go (its takers unseen), or skips are kept (whether a taker
+  // drops then depends on the order it takes them in), the step runs.
+  bool ends_a_chain_next() const {
+    if (keeps_skips) return true;
+    const size_t n = measured.size();
+    std::vector<std::vector<int>> producers_of(n);
+    for (size_t p = 0; p < n; ++p) {
+      for (const int c : takers[p]) {
+        if (c >= 0 && static_cast<size_t>(c) < n) producers_of[c].push_back(static_cast<int>(p));
+      }
+    }
+    std::vector<int> next(n, 0);
+    for (size_t c = 0; c < n; ++c) {
+      int deepest = 0;
+      if (!copies_inputs[c]) {
+        for (const int p : producers_of[c]) deepest = std::max(deepest, next[p]);
+      }
+      if (deepest >= length || (deepest + 1 == length && measured[c])) continue;
+      if (!let_go[c]) return true;
+      next[c] = deepest + 1;
+      if (next[c] == length) return true;
+    }
+    return false;
   }
 
  private:
@@ -1280,6 +1310,7 @@ void run_trials(const StepSetup& setup, const StepRecord& plain, const Checkpoin
   // A chain of L is covered in L + 1 steps; other graphs may take a few more.
   const int steps = std::max(trial.length + 1, 4);
   for (int s = 0; s < steps; ++s) {
+    if (s > 0 && !trial.ends_a_chain_next()) break;
     trial.start_step();
     rng.restore();
     auto step = record_step(setup, {region, {}, &trial});

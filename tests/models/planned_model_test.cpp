@@ -967,6 +967,47 @@ TEST_F(RecomputedOutputsTest, AProfilerInPartsMeasuresWhatProfileModelMeasures) 
   EXPECT_THROW(profiler.measure_longer_chains(loss), c10::Error);
 }
 
+// Issue 48: a trial step that would end no chain is not run. Along a chain of 8 candidates, the
+// steps end chains of 2 at 5 candidates in 3 steps, of 3 at 3 in 2, of 4 at 1 in 2; each took one
+// more step before, that ended none, with the same options offered.
+struct TwoLayersImpl : torch::nn::Module {
+  torch::nn::Linear a{register_module("a", torch::nn::Linear(32, 32))};
+  torch::nn::Linear b{register_module("b", torch::nn::Linear(32, 32))};
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(b(torch::tanh(a(x)))); }
+};
+TORCH_MODULE(TwoLayers);
+
+TEST(ModelProfilerTest, ATrialStepThatWouldEndNoChainIsNotRun) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int i = 0; i < 8; ++i) model->push_back(TwoLayers());
+  ckpt::apply_candidates(*model, [](const std::string&, const torch::nn::Module&) { return true; });
+  const torch::Tensor x = torch::randn({16, 32});
+  int steps = 0;
+  const LossFn loss = [&] {
+    ++steps;
+    return model->forward(x).pow(2).mean();
+  };
+  const std::map<int, std::pair<int, std::set<size_t>>> expected{{1, {2, {0, 1, 2, 3, 4, 5, 6}}},
+                                                                 {2, {3, {1, 3, 4, 5, 6}}},
+                                                                 {3, {2, {2, 5, 6}}},
+                                                                 {4, {2, {3}}}};
+  ckpt::ModelProfiler profiler(model.ptr(), loss);
+  for (const auto& [length, steps_and_ends] : expected) {
+    steps = 0;
+    profiler.measure_longer_chains(loss);
+    std::set<size_t> ends;  // the candidates offered an option that ends a chain of `length`
+    const ckpt::MeasuredModel measured = profiler.measured();
+    for (size_t c = 0; c < measured.profile.candidates.size(); ++c) {
+      for (const auto& option : measured.profile.candidates[c].options) {
+        if (option.run.outputs_recomputed && option.run.chain_length == length) ends.insert(c);
+      }
+    }
+    EXPECT_EQ(steps, steps_and_ends.first) << "chains of " << length;
+    EXPECT_EQ(ends, steps_and_ends.second) << "chains of " << length;
+  }
+}
+
 // A longer chain measured with a step that stops reaching a candidate after its first trial step
 // (as control flow might) is an error, and leaves the profiler as it was.
 TEST_F(RecomputedOutputsTest, AProfilerStepThatReachesOtherCandidatesChangesNothing) {
