@@ -119,7 +119,8 @@ class PlannedModel {
       : PlannedModel(std::shared_ptr<torch::nn::Module>(model.ptr()), budget, std::move(options)) {}
 
   /// Runs `loss_fn` (the forward to the step's loss) with each candidate in its planned storage
-  /// mode and returns the loss; call `backward()` on it. Plans first if needed. With
+  /// mode and returns the loss; call `backward()` on it. Plans first if needed, running `loss_fn`
+  /// several times: each call must compute the same step (read the batch before it). With
   /// `on_out_of_memory(OutOfMemory::Replan)`, a step that runs out of device memory in `run` or
   /// in the loss's `backward()` runs again under a plan for less (`OutOfMemory`); that
   /// backward must be `loss.backward()` (not `torch::autograd::grad`, nor a second backward of

@@ -1063,9 +1063,38 @@ bool same_candidates(const StepRecord& a, const StepRecord& b) {
       [](const auto& x, const auto& y) { return x.profiled.name == y.profiled.name; });
 }
 
+bool same_shape(const TensorShape& a, const TensorShape& b) {
+  return a.sizes == b.sizes && a.dtype == b.dtype && a.device == b.device &&
+         a.requires_grad == b.requires_grad;
+}
+
+// The candidates of two steps with the same names took tensors of the same shapes: a step
+// function that reads its next batch itself gives each profiling step another.
+void check_same_inputs(const StepRecord& plain, const StepRecord& other, const std::string& mode) {
+  for (size_t c = 0; c < plain.candidates.size(); ++c) {
+    const ProfiledCandidate& expected = plain.candidates[c].profiled;
+    const ProfiledCandidate& got = other.candidates[c].profiled;
+    for (size_t i = 0; i < std::max(expected.inputs.size(), got.inputs.size()); ++i) {
+      const TensorShape none{{}, c10::ScalarType::Undefined};
+      const TensorShape& a = i < expected.inputs.size() ? expected.inputs[i] : none;
+      const TensorShape& b = i < got.inputs.size() ? got.inputs[i] : none;
+      TORCH_CHECK(same_shape(a, b), "ckpt::PlannedModel: input ", i, " of candidate \"",
+                  expected.name, "\" is ", b.to_string(),
+                  " in the profiled step with every candidate ", mode,
+                  " where the plain step gave it ", a.to_string(),
+                  ". Profiling runs the step function several times and measures one step: the "
+                  "same inputs each call. Read the batch before the function, and let it use that "
+                  "batch (run([&] { return loss_of(model->forward(batch)); })).");
+    }
+  }
+}
+
 void check_same_candidates(const StepRecord& plain, const StepRecord& other,
                            const std::string& mode) {
-  if (same_candidates(plain, other)) return;
+  if (same_candidates(plain, other)) {
+    check_same_inputs(plain, other, mode);
+    return;
+  }
   std::ostringstream first, second;
   for (const auto& c : plain.candidates) first << " " << c.profiled.name;
   for (const auto& c : other.candidates) second << " " << c.profiled.name;
@@ -1715,6 +1744,7 @@ void measure_plain(ModelProfiler::State& s, ProfilingCall& call) {
   call.rng.restore();
   s.plain = record_step(call.setup, {std::nullopt});
   const bool same = same_candidates(*found, *s.plain);
+  if (same) check_same_inputs(*s.plain, *found, "stored (the first, unmeasured step)");
   s.takers =
       same ? unsaving_takers(*found) : std::vector<std::set<int>>(s.plain->candidates.size());
   TORCH_CHECK(!s.plain->candidates.empty(),

@@ -1008,6 +1008,34 @@ TEST(ModelProfilerTest, ATrialStepThatWouldEndNoChainIsNotRun) {
   }
 }
 
+// A step function that reads the next batch itself gives profiling's steps other inputs each
+// call: measured on other shapes than the plain step's, the profile would mix them, and its plan
+// hold other sizes than predicted. Each profiling step's candidates take the plain step's shapes,
+// or the profile is a clear error that says how to write the step.
+TEST(ModelProfilerTest, AStepFunctionThatChangesItsBatchIsAClearError) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int i = 0; i < 4; ++i) model->push_back(TwoLayers());
+  ckpt::apply_candidates(*model, [](const std::string&, const torch::nn::Module&) { return true; });
+  int calls = 0;
+  const LossFn next_batch = [&] {
+    const int64_t rows = calls++ % 2 == 0 ? 16 : 48;
+    return model->forward(torch::randn({rows, 32})).pow(2).mean();
+  };
+  const std::vector<torch::Tensor> buffers_before = buffers_of(*model);
+  try {
+    ckpt::PlannedModel planned(model, ckpt::Budget::fraction(0.9));
+    planned.run(next_batch);
+    FAIL() << "planned on steps of other batches";
+  } catch (const c10::Error& error) {
+    const std::string message = error.what_without_backtrace();
+    EXPECT_TRUE(has(message, "input 0 of candidate \"0\" is Float[16, 32]")) << message;
+    EXPECT_TRUE(has(message, "where the plain step gave it Float[48, 32]")) << message;
+    EXPECT_TRUE(has(message, "runs the step function several times")) << message;
+  }
+  for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
 // A longer chain measured with a step that stops reaching a candidate after its first trial step
 // (as control flow might) is an error, and leaves the profiler as it was.
 TEST_F(RecomputedOutputsTest, AProfilerStepThatReachesOtherCandidatesChangesNothing) {
