@@ -1631,6 +1631,21 @@ std::vector<std::vector<bool>> measured_together(const StepRecord& plain, bool o
 // Measures `run`'s mode (`region`) on the candidates `run.measured` marks, the others kept, into
 // `modes`; and where some candidates are takers to keep (`kept`), once more beside them kept, into
 // `with_kept_takers`.
+// Whether some candidate the mode's step ran in the mode kept less after its forward than the
+// plain step's, or held host memory: where none did (a selective policy that keeps every
+// convolution's output, in a convolutional network), the step offers no option.
+bool keeps_less_anywhere(const StepRecord& plain, const ModeRun& run) {
+  for (int c = 0; c < static_cast<int>(plain.candidates.size()); ++c) {
+    if (!run.measured.empty() && !run.measured[c]) continue;
+    const Span kept_span = span_of(plain, c), mode_span = span_of(*run.step, c);
+    if (kept_span.backward_begin < 0 || mode_span.backward_begin < 0) continue;
+    const CandidateCosts kept = costs_of(plain, kept_span, c);
+    const CandidateCosts mode = costs_of(*run.step, mode_span, c);
+    if (mode.forward_kept < kept.forward_kept || mode.host != 0) return true;
+  }
+  return false;
+}
+
 void measure_mode(const StepSetup& setup, const StepRecord& plain, const detail::RngStash& rng,
                   const CheckpointOptions& region, const std::vector<bool>& kept, ModeRun run,
                   std::vector<ModeRun>& modes, std::vector<ModeRun>& with_kept_takers) {
@@ -1651,6 +1666,7 @@ void measure_mode(const StepSetup& setup, const StepRecord& plain, const detail:
   run.matching = matching_events(plain, *run.step);
   modes.push_back(run);
   if (std::find(kept.begin(), kept.end(), true) == kept.end()) return;
+  if (!keeps_less_anywhere(plain, run)) return;  // nor would it with takers kept
   for (size_t c = 0; c < others.size(); ++c) others[c] = others[c] || kept[c];
   rng.restore();
   run.step = record_step(setup, {region, others, nullptr, false, parts});
