@@ -1336,7 +1336,7 @@ plan::CandidateOption recomputed_option(const StepRecord& plain, const ModeRun& 
 // chain in one, or a step ends none.
 void run_trials(const StepSetup& setup, const StepRecord& plain, const CheckpointOptions& region,
                 const detail::RngStash& rng, RecomputeTrial& trial, std::vector<TrialRun>& runs) {
-  // A chain of L is covered in L + 1 steps; other graphs may take a few more.
+  // At most L + 1 steps, or four, per length (docs/memory-model.md says how far they reach).
   const int steps = std::max(trial.length + 1, 4);
   for (int s = 0; s < steps; ++s) {
     if (s > 0 && !trial.ends_a_chain_next()) break;
@@ -1628,9 +1628,6 @@ std::vector<std::vector<bool>> measured_together(const StepRecord& plain, bool o
   return groups;
 }
 
-// Measures `run`'s mode (`region`) on the candidates `run.measured` marks, the others kept, into
-// `modes`; and where some candidates are takers to keep (`kept`), once more beside them kept, into
-// `with_kept_takers`.
 // Whether some candidate the mode's step ran in the mode kept less after its forward than the
 // plain step's, or held host memory: where none did (a selective policy that keeps every
 // convolution's output, in a convolutional network), the step offers no option.
@@ -1646,6 +1643,9 @@ bool keeps_less_anywhere(const StepRecord& plain, const ModeRun& run) {
   return false;
 }
 
+// Measures `run`'s mode (`region`) on the candidates `run.measured` marks, the others kept, into
+// `modes`; and where some candidates are takers to keep (`kept`), once more beside them kept, into
+// `with_kept_takers`.
 void measure_mode(const StepSetup& setup, const StepRecord& plain, const detail::RngStash& rng,
                   const CheckpointOptions& region, const std::vector<bool>& kept, ModeRun run,
                   std::vector<ModeRun>& modes, std::vector<ModeRun>& with_kept_takers) {

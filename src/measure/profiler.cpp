@@ -155,10 +155,6 @@ class BufferCopies {
   int64_t all_bytes_ = 0;
 };
 
-// The forward of forward_none and forward_input, repeatedly: its temporaries and its own time,
-// which is below the grad-enabled forward's (no autograd graph is built), whether it draws
-// random numbers on the CPU (the executor's stash of a stage that runs again is then kept), and
-// the executor's copies of its buffers.
 // Whether an unmeasured no-grad forward of the stage moves the CPU generator's state.
 bool moves_cpu_generator(torch::nn::AnyModule& stage, const at::Tensor& x) {
   detail::RngStash stash({x}, detail::infer_device_type({x}));
@@ -167,6 +163,10 @@ bool moves_cpu_generator(torch::nn::AnyModule& stage, const at::Tensor& x) {
   return stash.cpu_state().defined();
 }
 
+// The forward of forward_none and forward_input, repeatedly: its temporaries and its own time,
+// which is below the grad-enabled forward's (no autograd graph is built), whether it draws
+// random numbers on the CPU (the executor's stash of a stage that runs again is then kept), and
+// the executor's copies of its buffers.
 NoGradForward measure_no_grad_forward(torch::nn::AnyModule& stage, const at::Tensor& x,
                                       uint64_t shared_buffers, const ProfileOptions& options,
                                       MemoryTracker& tracker) {
