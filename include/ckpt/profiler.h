@@ -78,8 +78,10 @@ struct ProfileOptions {
 /// forward temporaries of each forward mode, backward temporaries, the parameter gradients each
 /// backward creates), counted by the counting allocator. A stage also gets a storage option for
 /// each of `options.storage_modes()` that keeps less (see `ProfileOptions::storage_modes`), which
-/// `PlannedSequential` runs with the same modes. Buffers (BatchNorm statistics) and the RNG state
-/// are left as they were.
+/// `PlannedSequential` runs with the same modes. Buffers (BatchNorm statistics), the RNG state and
+/// `sample_input` are left as they were. A stage that writes into its input in place (an
+/// in-place ReLU) is an error: each stage is measured on an input of its own, which it would
+/// overwrite (`PlannedSequential` runs such a stage together with the one before it).
 ///
 /// Example:
 /// ```

@@ -155,10 +155,12 @@ class BufferCopies {
   int64_t all_bytes_ = 0;
 };
 
-// Whether an unmeasured no-grad forward of the stage moves the CPU generator's state.
+// Whether an unmeasured no-grad forward of the stage moves the CPU generator's state. It runs on
+// a copy of the input: a stage that writes into its input (an in-place dropout) would otherwise
+// change the output measured before it, which the next stage takes.
 bool moves_cpu_generator(torch::nn::AnyModule& stage, const at::Tensor& x) {
   detail::RngStash stash({x}, detail::infer_device_type({x}));
-  stage.forward<at::Tensor>(x);
+  stage.forward<at::Tensor>(x.clone());
   stash.note_forward_end();
   return stash.cpu_state().defined();
 }
@@ -256,6 +258,32 @@ std::vector<at::Tensor> owned_tensors(const torch::nn::AnyModule& stage) {
   return owned;
 }
 
+// A stage that writes into its input (an in-place ReLU first in a stage): the profiler measures
+// each stage on an input of its own, which such a stage would overwrite.
+[[noreturn]] void refuse_writing_into_input(const char* function, size_t i,
+                                            const std::string& error) {
+  TORCH_CHECK(false, function, ": stage #", i,
+              " writes into its input in place (an in-place ReLU or dropout, say)", error,
+              ". The profiler measures each stage on an input of its own, which such a stage "
+              "overwrites. Plan the chain with ckpt::PlannedSequential, which runs such a stage "
+              "together with the stage before it, or make the stage write out of place.");
+}
+
+// The stage's forward on `input`, a leaf of the profiler's: autograd refuses a write into it
+// where it requires grad.
+at::Tensor forward_own_input(const torch::nn::AnyModule& stage, const at::Tensor& input,
+                             const char* function, size_t i) {
+  try {
+    return torch::nn::AnyModule(stage).forward<at::Tensor>(input);
+  } catch (const c10::Error& error) {
+    const std::string message = error.what_without_backtrace();
+    if (input.requires_grad() && message.find("in-place operation") != std::string::npos) {
+      refuse_writing_into_input(function, i, " (autograd: \"" + message + "\")");
+    }
+    throw;
+  }
+}
+
 // One grad-enabled forward of each stage, from a fresh leaf, before anything is measured: the
 // captured leaves, whose gradients profiling must not leave in their `.grad` and the plan must
 // count. A stage that writes into a tensor no stage owns (the running statistics of a module it
@@ -277,7 +305,10 @@ OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
   bool input_grad = sample_input.requires_grad();
   at::Tensor x = sample_input.detach();
   for (size_t i = 0; i < stages.size(); ++i) {
-    const at::Tensor input = x.detach().requires_grad_(input_grad);
+    // The first stage runs on a copy: one that writes into its input must not write into the
+    // caller's.
+    const at::Tensor input = (i == 0 ? x.clone() : x.detach()).requires_grad_(input_grad);
+    const int64_t input_version = input._version();
     at::Tensor output;
     std::optional<detail::ForwardRecord> recorder;
     if (tracker != nullptr) recorder.emplace(input, owned_tensors(stages[i]));
@@ -289,8 +320,9 @@ OutsideReach survey_stages(const std::vector<torch::nn::AnyModule>& stages,
         const detail::DispatchModeGuard watching(watch);
         std::optional<detail::DispatchModeGuard> recording;
         if (recorder) recording.emplace(*recorder);
-        output = torch::nn::AnyModule(stages[i]).forward<at::Tensor>(input);
+        output = forward_own_input(stages[i], input, function, i);
       }
+      if (input._version() != input_version) refuse_writing_into_input(function, i, "");
       TORCH_CHECK(!watch.saw_writes(), function, ": stage #", i,
                   " writes into a tensor that no stage of the chain registers (the running "
                   "statistics of a module it reaches without registering it, such as one a "

@@ -107,4 +107,32 @@ TEST(ProfilerTest, CalibrationLeavesSizesAlone) {
   calibrated.validate();
 }
 
+// A stage that writes into its input can't be measured on an input of its own: a clear error,
+// naming the stage and what to do, instead of autograd's about a leaf; and a first such stage
+// leaves the caller's sample as it was (it was written into, then autograd's error followed).
+TEST(ProfilerTest, AStageThatWritesIntoItsInputIsAClearErrorAndTheSampleStaysAsItWas) {
+  for (const bool first : {false, true}) {
+    SCOPED_TRACE(first ? "an in-place dropout first" : "an in-place ReLU second");
+    std::vector<torch::nn::AnyModule> stages;
+    if (first) {
+      stages.emplace_back(torch::nn::Dropout(torch::nn::DropoutOptions(0.5).inplace(true)));
+    }
+    stages.emplace_back(torch::nn::Linear(16, 16));
+    stages.emplace_back(torch::nn::ReLU(torch::nn::ReLUOptions(true)));
+    const torch::Tensor sample = torch::ones({4, 16});
+    try {
+      ckpt::profile_chain(stages, sample);
+      FAIL() << "profiled a stage that writes into its input";
+    } catch (const c10::Error& error) {
+      const std::string message = error.what_without_backtrace();
+      const std::string stage = first ? "stage #0" : "stage #1";
+      EXPECT_NE(message.find(stage + " writes into its input in place"), std::string::npos)
+          << message;
+      EXPECT_NE(message.find("Plan the chain with ckpt::PlannedSequential"), std::string::npos)
+          << message;
+    }
+    EXPECT_TRUE(torch::equal(sample, torch::ones({4, 16})));
+  }
+}
+
 }  // namespace profiler_test
