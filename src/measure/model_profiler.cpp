@@ -292,11 +292,19 @@ struct RecomputeTrial {
       producers[c][p] = depth[p];
       deepest = std::max(deepest, depth[p]);
     }
-    if (deepest >= length || (deepest + 1 == length && measured[c])) return;
+    depth[c] = depth_after(c, deepest);
+    if (depth[c] == 0) return;
     request.recomputable_outputs = true;
     let_go[c] = true;
-    depth[c] = deepest + 1;
     if (depth[c] == length) measured[c] = true;
+  }
+
+  // Candidate c's depth in a chain where the deepest producer it drops outputs of is at
+  // `deepest`: one more, or 0 (it keeps its outputs) past the length or where it ended a chain of
+  // the length already.
+  int depth_after(size_t c, int deepest) const {
+    if (deepest >= length || (deepest + 1 == length && measured[c])) return 0;
+    return deepest + 1;
   }
 
   // Whether one more step would end a chain: `request` replayed on the takers this trial's steps
@@ -318,10 +326,9 @@ struct RecomputeTrial {
       if (!copies_inputs[c]) {
         for (const int p : producers_of[c]) deepest = std::max(deepest, next[p]);
       }
-      if (deepest >= length || (deepest + 1 == length && measured[c])) continue;
-      if (!let_go[c]) return true;
-      next[c] = deepest + 1;
-      if (next[c] == length) return true;
+      next[c] = depth_after(c, deepest);
+      if (next[c] == 0) continue;
+      if (!let_go[c] || next[c] == length) return true;
     }
     return false;
   }
@@ -1074,8 +1081,8 @@ void check_same_inputs(const StepRecord& plain, const StepRecord& other, const s
   for (size_t c = 0; c < plain.candidates.size(); ++c) {
     const ProfiledCandidate& expected = plain.candidates[c].profiled;
     const ProfiledCandidate& got = other.candidates[c].profiled;
+    const TensorShape none{{}, c10::ScalarType::Undefined};  // an input one step lacks
     for (size_t i = 0; i < std::max(expected.inputs.size(), got.inputs.size()); ++i) {
-      const TensorShape none{{}, c10::ScalarType::Undefined};
       const TensorShape& a = i < expected.inputs.size() ? expected.inputs[i] : none;
       const TensorShape& b = i < got.inputs.size() ? got.inputs[i] : none;
       TORCH_CHECK(same_shape(a, b), "ckpt::PlannedModel: input ", i, " of candidate \"",
@@ -1168,6 +1175,12 @@ struct ProducersLetGoOption {
 
 // Candidate `c`'s options measured in the mode steps; `lets_go` gets by option whether its
 // outputs went before its backward began where it was measured (`lets_go_of_outputs`).
+// Whether a candidate in a mode kept less after its forward than it does plainly, or held host
+// memory: a mode's option is offered only then.
+bool keeps_less(const CandidateCosts& kept, const CandidateCosts& mode) {
+  return mode.forward_kept < kept.forward_kept || mode.host != 0;
+}
+
 plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<ModeRun>& modes,
                              const std::vector<bool>& split,
                              std::vector<ProducersLetGoOption>& producers_let_go,
@@ -1188,7 +1201,7 @@ plan::Candidate candidate_of(const StepRecord& plain, int c, const std::vector<M
     if (mode_span.backward_begin < 0) continue;
     const CandidateInStep mode{run.step->candidates[c], mode_span,
                                costs_of(*run.step, mode_span, c)};
-    if (mode.costs.forward_kept >= kept.costs.forward_kept && mode.costs.host == 0) continue;
+    if (!keeps_less(kept.costs, mode.costs)) continue;
     const double seconds = at_least_plain_time(kept.costs, mode.costs, run);
     plan::CandidateOption option =
         measured_option(run.option(), seconds, mode, peak_deltas(kept, mode, run.matching));
@@ -1636,9 +1649,7 @@ bool keeps_less_anywhere(const StepRecord& plain, const ModeRun& run) {
     if (!run.measured.empty() && !run.measured[c]) continue;
     const Span kept_span = span_of(plain, c), mode_span = span_of(*run.step, c);
     if (kept_span.backward_begin < 0 || mode_span.backward_begin < 0) continue;
-    const CandidateCosts kept = costs_of(plain, kept_span, c);
-    const CandidateCosts mode = costs_of(*run.step, mode_span, c);
-    if (mode.forward_kept < kept.forward_kept || mode.host != 0) return true;
+    if (keeps_less(costs_of(plain, kept_span, c), costs_of(*run.step, mode_span, c))) return true;
   }
   return false;
 }
