@@ -1,0 +1,195 @@
+// Hostile models for `PlannedModel`: candidates written as users may write them, run under random
+// valid plans and compared with the plain step to the bit.
+
+#include <ckpt/candidate.h>
+#include <ckpt/memory_tracker.h>
+#include <ckpt/model_profiler.h>
+#include <ckpt/planned_model.h>
+
+#include "support/forced_plan.h"
+#include "support/support.h"
+
+#include <functional>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace hostile_model_test {
+
+using ckpt::test::bit_equal;
+using LossFn = std::function<torch::Tensor()>;
+
+struct Step {
+  torch::Tensor loss;
+  std::vector<torch::Tensor> grads;
+};
+
+Step step_of(torch::nn::Module& model, const LossFn& loss_fn) {
+  for (auto& p : model.parameters()) p.mutable_grad().reset();
+  torch::manual_seed(7);
+  Step step;
+  step.loss = loss_fn();
+  step.loss.backward();
+  step.loss = step.loss.detach();
+  step.grads = ckpt::test::take_grads(model);
+  return step;
+}
+
+void expect_same(const Step& plain, const Step& planned) {
+  EXPECT_TRUE(bit_equal(plain.loss, planned.loss));
+  ASSERT_EQ(plain.grads.size(), planned.grads.size());
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    EXPECT_TRUE(bit_equal(plain.grads[i], planned.grads[i])) << "gradient " << i;
+  }
+}
+
+// Every random valid plan of `model`'s profile runs the plain step.
+void expect_every_plan_is_the_plain_step(const std::shared_ptr<torch::nn::Module>& model,
+                                         const LossFn& loss_fn, int plans) {
+  const Step plain = step_of(*model, loss_fn);
+  const ckpt::MeasuredModel measured = ckpt::profile_model(model, loss_fn);
+  std::mt19937 random(11);
+  for (int run = 0; run < plans;) {
+    const std::vector<int> choice = ckpt::test::random_valid_choice(measured.profile, random);
+    if (choice.empty()) continue;
+    ckpt::PlannedModel planned(model, ckpt::Budget::bytes(2 * measured.profile.plain_peak_bytes()));
+    planned.plan(ckpt::test::forced_choice(measured, choice));
+    SCOPED_TRACE(planned.summary());
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      expect_same(plain, step_of(*model, [&] { return planned.run(loss_fn); }));
+    }
+    ++run;
+  }
+}
+
+// A weight two candidates share (tied embeddings), a candidate that returns a view of its
+// argument, one that returns its argument itself, one with two outputs (one random), an integer
+// output a later candidate indexes with, and an output the loss reads besides its taker.
+struct QuirkyImpl : torch::nn::Module {
+  torch::Tensor tied;
+  torch::nn::Linear mid{nullptr};
+  torch::nn::Dropout drop{nullptr};
+
+  QuirkyImpl() {
+    tied = register_parameter("tied", torch::randn({96, 160}) * 0.2);
+    mid = register_module("mid", torch::nn::Linear(160, 64));
+    drop = register_module("drop", torch::nn::Dropout(0.25));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = ckpt::candidate(
+        "embed", [this](const torch::Tensor& v) { return torch::tanh(v.mm(tied)); }, x);
+    auto t = ckpt::candidate(
+        "view", [](const torch::Tensor& v) { return v.t(); }, h);
+    auto same = ckpt::candidate(
+        "identity", [](const torch::Tensor& v) { return v; }, t);
+    auto [a, b] = ckpt::candidate(
+        "pair",
+        [this](const torch::Tensor& v) {
+          auto u = mid(v.t());
+          return std::make_tuple(drop(torch::relu(u)), u.sigmoid());
+        },
+        same);
+    auto index = ckpt::candidate(
+        "argmax", [](const torch::Tensor& v) { return v.argmax(1, /*keepdim=*/true); }, b);
+    auto picked = ckpt::candidate(
+        "gather", [](const torch::Tensor& v, const torch::Tensor& i) { return v.gather(1, i) * v; },
+        a, index);
+    auto out = ckpt::candidate(
+        "unembed", [this](const torch::Tensor& v) { return v.mm(tied.narrow(1, 0, 64).t()); },
+        picked);
+    return out.pow(2).mean() + h.sum() * 1e-3;
+  }
+};
+TORCH_MODULE(Quirky);
+
+TEST(HostileModelTest, QuirkyCandidatesRunLikeThePlainStepUnderEveryPlan) {
+  torch::manual_seed(0);
+  Quirky model;
+  const torch::Tensor x = torch::randn({128, 96});
+  expect_every_plan_is_the_plain_step(
+      model.ptr(), [&] { return model->forward(x); }, 30);
+}
+
+// A recurrent cell shared by every time step, each step a candidate (named by its step) taking a
+// view of the sequence and returning its state as a tuple: a chain of candidates with one set of
+// parameters.
+struct LoopImpl : torch::nn::Module {
+  torch::nn::LSTMCell cell{nullptr};
+  torch::nn::Linear head{nullptr};
+
+  LoopImpl() {
+    cell = register_module("cell", torch::nn::LSTMCell(48, 96));
+    head = register_module("head", torch::nn::Linear(96, 8));
+  }
+
+  torch::Tensor forward(const torch::Tensor& sequence) {
+    torch::Tensor h = torch::zeros({sequence.size(1), 96});
+    torch::Tensor c = torch::zeros_like(h);
+    for (int64_t t = 0; t < sequence.size(0); ++t) {
+      std::tie(h, c) = ckpt::candidate(
+          "step" + std::to_string(t),
+          [this](const torch::Tensor& x, const torch::Tensor& h0, const torch::Tensor& c0) {
+            auto [h1, c1] = cell(x, std::make_tuple(h0, c0));
+            return std::make_tuple(h1, c1);
+          },
+          sequence.select(0, t), h, c);
+    }
+    return head(h).pow(2).mean();
+  }
+};
+TORCH_MODULE(Loop);
+
+TEST(HostileModelTest, ALoopOfCandidatesSharingACellRunsLikeThePlainStepUnderEveryPlan) {
+  torch::manual_seed(0);
+  Loop model;
+  const torch::Tensor sequence = torch::randn({6, 64, 48}, torch::requires_grad());
+  expect_every_plan_is_the_plain_step(
+      model.ptr(), [&] { return model->forward(sequence); }, 30);
+}
+
+// Takers of slices of an output, a tensor passed twice to one candidate, and an in-place write
+// into a slice of an output after its candidate.
+struct SlicesImpl : torch::nn::Module {
+  torch::nn::Linear first{nullptr}, left{nullptr}, right{nullptr};
+
+  SlicesImpl() {
+    first = register_module("first", torch::nn::Linear(64, 128));
+    left = register_module("left", torch::nn::Linear(64, 64));
+    right = register_module("right", torch::nn::Linear(64, 64));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = ckpt::candidate(
+        "first", [this](const torch::Tensor& v) { return torch::gelu(first(v)); }, x);
+    auto l = ckpt::candidate(
+        "left", [this](const torch::Tensor& v) { return torch::tanh(left(v)); },
+        h.narrow(1, 0, 64));
+    auto r = ckpt::candidate(
+        "right", [this](const torch::Tensor& v) { return right(v) * 0.5 + v; },
+        h.narrow(1, 64, 64));
+    r.narrow(0, 0, 8).mul_(2);
+    auto both = ckpt::candidate(
+        "both", [](const torch::Tensor& a, const torch::Tensor& b) { return a * b + a.sigmoid(); },
+        l, l);
+    auto joined = ckpt::candidate(
+        "joined",
+        [](const torch::Tensor& a, const torch::Tensor& b) {
+          return torch::cat({a, b}, 1).exp();
+        },
+        both, r);
+    return joined.pow(2).mean();
+  }
+};
+TORCH_MODULE(Slices);
+
+TEST(HostileModelTest, SlicedAndRepeatedArgumentsRunLikeThePlainStepUnderEveryPlan) {
+  torch::manual_seed(0);
+  Slices model;
+  const torch::Tensor x = torch::randn({256, 64});
+  expect_every_plan_is_the_plain_step(
+      model.ptr(), [&] { return model->forward(x); }, 30);
+}
+
+}  // namespace hostile_model_test
