@@ -106,8 +106,8 @@ struct MeasuredModel {
 };
 
 /// Measures the training step `loss_fn` (a forward through `model` to a scalar loss; backward is
-/// run for it) as the planner's timeline: an untimed plain step that finds the candidates, a plain
-/// step in which every candidate keeps everything, one step per storage mode in which every
+/// run for it) as the planner's timeline: an untimed plain forward that finds the candidates, a
+/// plain step in which every candidate keeps everything, one step per storage mode in which every
 /// candidate runs in that mode, one more per mode that keeps less than the plain step somewhere,
 /// where some candidate takes another's output without saving it (a U-Net decoder's concatenation
 /// of its skip: those takers kept, for the "<mode>, takers kept" options), and, for the

@@ -222,20 +222,24 @@ struct StepRecord {
 
 using StorageSet = std::unordered_set<const c10::StorageImpl*>;
 
-// Hooks that pass a saved tensor through and note its storage: what a plain forward saves.
+// Hooks that note the storage of each tensor a plain forward saves, and keep none: the step that
+// notes them runs no backward. (Kept, a saved output would hold its own graph alive: a cycle only
+// a backward breaks.)
 class NotingHooks final : public torch::autograd::SavedVariableHooks {
  public:
   explicit NotingHooks(std::shared_ptr<StorageSet> saved) : saved_(std::move(saved)) {}
   void call_pack_hook(const at::Tensor& tensor) override {
     if (tensor.defined() && tensor.has_storage())
       saved_->insert(tensor.storage().unsafeGetStorageImpl());
-    tensor_ = tensor;
   }
-  at::Tensor call_unpack_hook() override { return tensor_; }
+  at::Tensor call_unpack_hook() override {
+    TORCH_CHECK(false,
+                "ckpt::profile_model: internal error: the step that notes what forwards "
+                "save ran a backward.");
+  }
 
  private:
   std::shared_ptr<StorageSet> saved_;
-  at::Tensor tensor_;
 };
 
 // Steps that measure the "recomputed" options, each running every candidate checkpointed. A
@@ -354,13 +358,14 @@ struct RecomputeTrial {
 // How a step runs its candidates: each in `mode` (none: kept), but those `kept` marks (by
 // candidate), and the markers inside those in `parts` (none: plainly); with `trial`, as a step
 // of the "recomputed" trial; with `find_saved` (every candidate kept), noting which inputs each
-// candidate's forward saves (`WatchedStorage::saved`).
+// candidate's forward saves (`WatchedStorage::saved`); with `forward_only`, no backward.
 struct StepRun {
   std::optional<CheckpointOptions> mode;
   std::vector<bool> kept{};
   RecomputeTrial* trial = nullptr;
   bool find_saved = false;
   std::optional<CheckpointOptions> parts{};
+  bool forward_only = false;
 };
 
 // Runs the candidates of a step as `StepRun` says and records the step's events.
@@ -437,12 +442,13 @@ class StepRecorder final : public detail::CandidateRunner {
 
   void abandon() noexcept override { saving_.reset(); }
 
-  // A step of a "recomputed" trial whose forward ended no chain: its backward would measure
-  // nothing (`run_trials` drops such a step).
-  bool ends_no_chain() const {
+  // Whether the step's backward would measure nothing: a step that finds what forwards do, or a
+  // step of a "recomputed" trial whose forward ended no chain (`run_trials` drops such a step).
+  bool needs_no_backward() const {
     const RecomputeTrial* trial = run_.trial;
-    return trial != nullptr &&
-           std::find(trial->depth.begin(), trial->depth.end(), trial->length) == trial->depth.end();
+    return run_.forward_only ||
+           (trial != nullptr && std::find(trial->depth.begin(), trial->depth.end(),
+                                          trial->length) == trial->depth.end());
   }
 
  private:
@@ -568,7 +574,7 @@ void run_loss_and_backward(const StepSetup& setup, StepRecorder& recorder,
     recorder.take_groups_from(nullptr);
   }
   detail::check_step_loss(loss);
-  if (recorder.ends_no_chain()) return;  // a trial step that measures nothing: no backward
+  if (recorder.needs_no_backward()) return;
   // A profiled step's backward must leave no gradient behind: the model's are swapped by the
   // caller; those of leaves outside it (an input that requires grad, a loss's own parameters)
   // are found in the graph and put back here.
@@ -1728,7 +1734,7 @@ struct ModelProfiler::State {
   detail::CandidateNames names;
   bool watch_outside = true;
   std::shared_ptr<StepRecord> plain;
-  std::vector<std::set<int>> takers;  // unsaving takers, as the first (untimed) step saw them
+  std::vector<std::set<int>> takers;  // unsaving takers, as the first (untimed) forward saw them
   std::vector<bool> copies_inputs;    // by candidate: writes into its arguments
   std::vector<ModeRun> modes, with_kept_takers;
   std::optional<CheckpointOptions> trial_region;  // where the "recomputed" chains are measured
@@ -1762,16 +1768,20 @@ struct ProfilingCall {
   ProfilingCall& operator=(const ProfilingCall&) = delete;
 };
 
-// The plain steps: the one that finds the candidates and what each forward saves (it warms caches
-// and allocators too), then the one measured.
+// The plain steps: the forward that finds the candidates and what each forward saves (it warms
+// caches and allocators too), then the step measured.
 void measure_plain(ModelProfiler::State& s, ProfilingCall& call) {
-  const auto found =
-      record_step(call.setup, {std::nullopt, {}, nullptr, detail::saved_tensor_hooks_available()});
+  const auto found = record_step(call.setup, {std::nullopt,
+                                              {},
+                                              nullptr,
+                                              detail::saved_tensor_hooks_available(),
+                                              {},
+                                              /*forward_only=*/true});
   s.watch_outside = call.setup.watch_outside = found->wrote_outside;  // a dispatch mode costs
   call.rng.restore();
   s.plain = record_step(call.setup, {std::nullopt});
   const bool same = same_candidates(*found, *s.plain);
-  if (same) check_same_inputs(*s.plain, *found, "stored (the first, unmeasured step)");
+  if (same) check_same_inputs(*s.plain, *found, "stored (the first, unmeasured forward)");
   s.takers =
       same ? unsaving_takers(*found) : std::vector<std::set<int>>(s.plain->candidates.size());
   TORCH_CHECK(!s.plain->candidates.empty(),
