@@ -222,24 +222,35 @@ struct StepRecord {
 
 using StorageSet = std::unordered_set<const c10::StorageImpl*>;
 
-// Hooks that note the storage of each tensor a plain forward saves, and keep none: the step that
-// notes them runs no backward. (Kept, a saved output would hold its own graph alive: a cycle only
-// a backward breaks.)
+// What a plain forward saved: the storages the current candidate's saved tensors use, and the
+// tensors themselves, passed through for a backward the step function runs inside the forward (a
+// gradient penalty) and let go of once the forward is done: a saved output holds its own graph
+// alive, a cycle that, with no backward after the forward, nothing else breaks.
+struct SavedNotes {
+  StorageSet storages;
+  std::vector<at::Tensor> tensors;
+};
+
+// Hooks that pass a saved tensor through and note its storage.
 class NotingHooks final : public torch::autograd::SavedVariableHooks {
  public:
-  explicit NotingHooks(std::shared_ptr<StorageSet> saved) : saved_(std::move(saved)) {}
+  explicit NotingHooks(std::shared_ptr<SavedNotes> notes) : notes_(std::move(notes)) {}
   void call_pack_hook(const at::Tensor& tensor) override {
     if (tensor.defined() && tensor.has_storage())
-      saved_->insert(tensor.storage().unsafeGetStorageImpl());
+      notes_->storages.insert(tensor.storage().unsafeGetStorageImpl());
+    index_ = notes_->tensors.size();
+    notes_->tensors.push_back(tensor);
   }
   at::Tensor call_unpack_hook() override {
-    TORCH_CHECK(false,
-                "ckpt::profile_model: internal error: the step that notes what forwards "
-                "save ran a backward.");
+    TORCH_CHECK(index_ < notes_->tensors.size(),
+                "ckpt::profile_model: the graph of the step that finds the candidates is used "
+                "after its forward; return the loss without keeping that graph elsewhere.");
+    return notes_->tensors[index_];
   }
 
  private:
-  std::shared_ptr<StorageSet> saved_;
+  std::shared_ptr<SavedNotes> notes_;
+  size_t index_ = 0;
 };
 
 // Steps that measure the "recomputed" options, each running every candidate checkpointed. A
@@ -373,6 +384,10 @@ class StepRecorder final : public detail::CandidateRunner {
  public:
   StepRecorder(const detail::CandidateNames& names, StepRun run, std::shared_ptr<StepRecord> record)
       : names_(names), run_(std::move(run)), record_(std::move(record)) {}
+  // The step is over: the saved tensors passed through are let go of.
+  ~StepRecorder() override { saved_->tensors.clear(); }
+  StepRecorder(const StepRecorder&) = delete;
+  StepRecorder& operator=(const StepRecorder&) = delete;
 
   // The groups of the step's offloaded regions, while its forward runs (none: after it).
   void take_groups_from(detail::ManualOffloadScope* offloads) { offloads_ = offloads; }
@@ -397,7 +412,7 @@ class StepRecorder final : public detail::CandidateRunner {
     }
     current_ = index;
     if (run_.find_saved) {
-      saved_->clear();
+      saved_->storages.clear();
       saving_.emplace([saved = saved_] { return std::make_unique<NotingHooks>(saved); });
       for (const auto& t : inputs) {  // version counters hold no data
         if (t.defined())
@@ -456,7 +471,7 @@ class StepRecorder final : public detail::CandidateRunner {
     saving_.reset();
     const std::lock_guard<std::mutex> lock(record_->mutex);
     for (auto& w : record_->candidates[index].watched) {
-      if (!w.output) w.saved = saved_->count(w.address) > 0;
+      if (!w.output) w.saved = saved_->storages.count(w.address) > 0;
     }
   }
 
@@ -498,7 +513,7 @@ class StepRecorder final : public detail::CandidateRunner {
   int current_ = -1;
   bool offloaded_ = false;  // the current candidate runs as an offloaded region
   detail::ManualOffloadScope* offloads_ = nullptr;
-  std::shared_ptr<StorageSet> saved_ = std::make_shared<StorageSet>();
+  std::shared_ptr<SavedNotes> saved_ = std::make_shared<SavedNotes>();
   // In the `find_saved` step: the current candidate's tensor arguments' versions at its begin.
   std::vector<std::pair<int64_t, c10::VariableVersion>> input_versions_;
   std::optional<detail::SavedTensorHooksScope> saving_;
@@ -1769,7 +1784,7 @@ struct ProfilingCall {
 };
 
 // The plain steps: the forward that finds the candidates and what each forward saves (it warms
-// caches and allocators too), then the step measured.
+// the forward's caches too), then the step measured.
 void measure_plain(ModelProfiler::State& s, ProfilingCall& call) {
   const auto found = record_step(call.setup, {std::nullopt,
                                               {},
