@@ -221,4 +221,50 @@ TEST(HostileModelTest, ALossWithAGradientPenaltyInsideRunsLikeThePlainStepUnderE
       10, /*close=*/true);
 }
 
+// Outputs that share storage (a tensor and a view of it), an output that needs no gradient (a
+// mask) beside one that does, and an expanded (stride 0) argument.
+struct SharedImpl : torch::nn::Module {
+  torch::nn::Linear in{nullptr}, out{nullptr};
+
+  SharedImpl() {
+    in = register_module("in", torch::nn::Linear(64, 128));
+    out = register_module("out", torch::nn::Linear(64, 64));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto [whole, half] = ckpt::candidate(
+        "split",
+        [this](const torch::Tensor& v) {
+          auto h = torch::tanh(in(v));
+          return std::make_tuple(h, h.narrow(1, 0, 64));
+        },
+        x);
+    auto [kept, mask] = ckpt::candidate(
+        "mask",
+        [](const torch::Tensor& v) {
+          auto m = (v > 0).to(torch::kFloat);
+          return std::make_tuple(torch::sigmoid(v) * m, m);
+        },
+        half);
+    auto scale = ckpt::candidate(
+        "scale", [](const torch::Tensor& v) { return v.sum(0, /*keepdim=*/true).exp(); }, kept);
+    auto mixed = ckpt::candidate(
+        "mix",
+        [this](const torch::Tensor& a, const torch::Tensor& s, const torch::Tensor& m) {
+          return torch::tanh(out(a * s) + m);
+        },
+        whole.narrow(1, 64, 64), scale.expand({whole.size(0), 64}), mask);
+    return mixed.pow(2).mean();
+  }
+};
+TORCH_MODULE(Shared);
+
+TEST(HostileModelTest, OutputsSharingStorageMasksAndExpandedArgumentsRunLikeThePlainStep) {
+  torch::manual_seed(0);
+  Shared model;
+  const torch::Tensor x = torch::randn({256, 64});
+  expect_every_plan_is_the_plain_step(
+      model.ptr(), [&] { return model->forward(x); }, 30);
+}
+
 }  // namespace hostile_model_test
