@@ -224,8 +224,8 @@ using StorageSet = std::unordered_set<const c10::StorageImpl*>;
 
 // What a plain forward saved: the storages the current candidate's saved tensors use, and the
 // tensors themselves, passed through for a backward the step function runs inside the forward (a
-// gradient penalty) and let go of once the forward is done: a saved output holds its own graph
-// alive, a cycle that, with no backward after the forward, nothing else breaks.
+// gradient penalty) and let go of when the step ends (`~StepRecorder`): a saved output holds its
+// own graph alive, a cycle that, with no backward after the forward, nothing else breaks.
 struct SavedNotes {
   StorageSet storages;
   std::vector<at::Tensor> tensors;
