@@ -22,10 +22,23 @@ using LossFn = std::function<torch::Tensor()>;
 
 struct Step {
   torch::Tensor loss;
-  std::vector<torch::Tensor> grads;
+  std::vector<torch::Tensor> grads, buffers;
 };
 
-Step step_of(torch::nn::Module& model, const LossFn& loss_fn) {
+std::vector<torch::Tensor> buffers_of(const torch::nn::Module& model) {
+  std::vector<torch::Tensor> copies;
+  for (const auto& b : model.buffers()) copies.push_back(b.clone());
+  return copies;
+}
+
+// One step from no gradients and the buffers `start`.
+Step step_of(torch::nn::Module& model, const LossFn& loss_fn,
+             const std::vector<torch::Tensor>& start) {
+  {
+    const torch::NoGradGuard no_grad;
+    const auto buffers = model.buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(start[i]);
+  }
   for (auto& p : model.parameters()) p.mutable_grad().reset();
   torch::manual_seed(7);
   Step step;
@@ -33,6 +46,7 @@ Step step_of(torch::nn::Module& model, const LossFn& loss_fn) {
   step.loss.backward();
   step.loss = step.loss.detach();
   step.grads = ckpt::test::take_grads(model);
+  step.buffers = buffers_of(model);
   return step;
 }
 
@@ -41,6 +55,10 @@ Step step_of(torch::nn::Module& model, const LossFn& loss_fn) {
 // another order").
 void expect_same(const Step& plain, const Step& planned, bool close) {
   EXPECT_TRUE(bit_equal(plain.loss, planned.loss));
+  ASSERT_EQ(plain.buffers.size(), planned.buffers.size());
+  for (size_t i = 0; i < plain.buffers.size(); ++i) {
+    EXPECT_TRUE(bit_equal(plain.buffers[i], planned.buffers[i])) << "buffer " << i;
+  }
   ASSERT_EQ(plain.grads.size(), planned.grads.size());
   for (size_t i = 0; i < plain.grads.size(); ++i) {
     if (close) {
@@ -52,10 +70,12 @@ void expect_same(const Step& plain, const Step& planned, bool close) {
   }
 }
 
-// Every random valid plan of `model`'s profile runs the plain step.
+// Every random valid plan of `model`'s profile runs the plain step: its loss, gradients and
+// buffers.
 void expect_every_plan_is_the_plain_step(const std::shared_ptr<torch::nn::Module>& model,
                                          const LossFn& loss_fn, int plans, bool close = false) {
-  const Step plain = step_of(*model, loss_fn);
+  const std::vector<torch::Tensor> start = buffers_of(*model);
+  const Step plain = step_of(*model, loss_fn, start);
   // Every storage mode the CPU has, "two_pass" included.
   const ckpt::MeasuredModel measured = ckpt::profile_model(
       model, loss_fn, ckpt::ModelProfileOptions().storage_modes(ckpt::StorageModes::standard()));
@@ -63,11 +83,16 @@ void expect_every_plan_is_the_plain_step(const std::shared_ptr<torch::nn::Module
   for (int run = 0; run < plans;) {
     const std::vector<int> choice = ckpt::test::random_valid_choice(measured.profile, random);
     if (choice.empty()) continue;
-    ckpt::PlannedModel planned(model, ckpt::Budget::bytes(2 * measured.profile.plain_peak_bytes()));
+    ckpt::PlannedModel planned(
+        model, ckpt::Budget::bytes(2 * measured.profile.plain_peak_bytes()),
+        ckpt::PlannedModelOptions().storage_modes(ckpt::StorageModes::standard()));
     planned.plan(ckpt::test::forced_choice(measured, choice));
     SCOPED_TRACE(planned.summary());
     for (int repeat = 0; repeat < 2; ++repeat) {
-      expect_same(plain, step_of(*model, [&] { return planned.run(loss_fn); }), close);
+      expect_same(plain,
+                  step_of(
+                      *model, [&] { return planned.run(loss_fn); }, start),
+                  close);
     }
     ++run;
   }
@@ -262,6 +287,41 @@ TORCH_MODULE(Shared);
 TEST(HostileModelTest, OutputsSharingStorageMasksAndExpandedArgumentsRunLikeThePlainStep) {
   torch::manual_seed(0);
   Shared model;
+  const torch::Tensor x = torch::randn({256, 64});
+  expect_every_plan_is_the_plain_step(
+      model.ptr(), [&] { return model->forward(x); }, 30);
+}
+
+// One BatchNorm shared by three candidates in a loop of lambdas (its statistics updated three
+// times a step), and a BatchNorm inside a candidate whose output the next one drops and runs
+// again: each update happens once, as in the plain step.
+struct SharedNormImpl : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  torch::nn::BatchNorm1d shared{nullptr}, own{nullptr};
+
+  SharedNormImpl() {
+    a = register_module("a", torch::nn::Linear(64, 64));
+    b = register_module("b", torch::nn::Linear(64, 64));
+    shared = register_module("shared", torch::nn::BatchNorm1d(64));
+    own = register_module("own", torch::nn::BatchNorm1d(64));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = ckpt::candidate(
+        "first", [this](const torch::Tensor& v) { return torch::relu(own(a(v))); }, x);
+    for (int i = 0; i < 3; ++i) {
+      h = ckpt::candidate(
+          "loop" + std::to_string(i),
+          [this](const torch::Tensor& v) { return v + torch::tanh(shared(b(v))); }, h);
+    }
+    return h.pow(2).mean();
+  }
+};
+TORCH_MODULE(SharedNorm);
+
+TEST(HostileModelTest, BatchNormsSharedAndRecomputedUpdateTheirStatisticsOnce) {
+  torch::manual_seed(0);
+  SharedNorm model;
   const torch::Tensor x = torch::randn({256, 64});
   expect_every_plan_is_the_plain_step(
       model.ptr(), [&] { return model->forward(x); }, 30);
