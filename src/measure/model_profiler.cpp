@@ -12,6 +12,7 @@
 #include "autograd/step_rollback.h"
 #include "compat/torch_compat.h"
 #include "measure/free_watch.h"
+#include "measure/policy_preview.h"
 #include "measure/step_measure.h"
 
 #include <ATen/core/grad_mode.h>
@@ -122,6 +123,10 @@ struct CandidateRecord {
   bool writes_into_inputs = false;
   /// Markers its forward reached inside it (its parts).
   int inner_markers = 0;
+  /// Noted in the `find_saved` step: the bytes of the storages its forward made and saved, and
+  /// of those, per previewed policy (`StepRun::previews`), the bytes the policy would not keep.
+  int64_t saved_inside_bytes = 0;
+  std::vector<int64_t> policy_drops_bytes;
   /// Run offloaded: the device bytes its data took coming back, at its backward's start.
   int64_t fetched_bytes = 0;
 };
@@ -220,7 +225,7 @@ struct StepRecord {
   }
 };
 
-using StorageSet = std::unordered_set<const c10::StorageImpl*>;
+using detail::StorageSet;
 
 // What a plain forward saved: the storages the current candidate's saved tensors use, and the
 // tensors themselves, passed through for a backward the step function runs inside the forward (a
@@ -369,7 +374,8 @@ struct RecomputeTrial {
 // How a step runs its candidates: each in `mode` (none: kept), but those `kept` marks (by
 // candidate), and the markers inside those in `parts` (none: plainly); with `trial`, as a step
 // of the "recomputed" trial; with `find_saved` (every candidate kept), noting which inputs each
-// candidate's forward saves (`WatchedStorage::saved`); with `forward_only`, no backward.
+// candidate's forward saves (`WatchedStorage::saved`) and, for each policy in `previews`, what it
+// would not keep of that (`CandidateRecord::policy_drops_bytes`); with `forward_only`, no backward.
 struct StepRun {
   std::optional<CheckpointOptions> mode;
   std::vector<bool> kept{};
@@ -377,6 +383,7 @@ struct StepRun {
   bool find_saved = false;
   std::optional<CheckpointOptions> parts{};
   bool forward_only = false;
+  std::vector<SelectivePolicy> previews{};
 };
 
 // Runs the candidates of a step as `StepRun` says and records the step's events.
@@ -414,6 +421,10 @@ class StepRecorder final : public detail::CandidateRunner {
     if (run_.find_saved) {
       saved_->storages.clear();
       saving_.emplace([saved = saved_] { return std::make_unique<NotingHooks>(saved); });
+      if (!run_.previews.empty()) {
+        if (!preview_) preview_.emplace(run_.previews);
+        previewing_.emplace(*preview_);
+      }
       for (const auto& t : inputs) {  // version counters hold no data
         if (t.defined())
           input_versions_.emplace_back(t._version(), torch::autograd::impl::version_counter(t));
@@ -430,6 +441,8 @@ class StepRecorder final : public detail::CandidateRunner {
   void end(std::vector<at::Tensor>& outputs, const detail::RegionRequest& request) override {
     const int index = current_;
     if (saving_) {
+      previewing_.reset();
+      if (preview_) note_policy_drops(index, outputs);
       note_saved_inputs(index);
       bool written = false;
       for (const auto& [version, counter] : input_versions_) {
@@ -455,7 +468,10 @@ class StepRecorder final : public detail::CandidateRunner {
     if (offloaded_ && offloads_ != nullptr) bring_back_at_backward(index, outputs);
   }
 
-  void abandon() noexcept override { saving_.reset(); }
+  void abandon() noexcept override {
+    previewing_.reset();
+    saving_.reset();
+  }
 
   // Whether the step's backward would measure nothing: a step that finds what forwards do, or a
   // step of a "recomputed" trial whose forward ended no chain (`run_trials` drops such a step).
@@ -467,6 +483,26 @@ class StepRecorder final : public detail::CandidateRunner {
   }
 
  private:
+  // What each previewed policy would not keep of what the candidate's forward made and saved.
+  void note_policy_drops(int index, const std::vector<at::Tensor>& outputs) {
+    const detail::PolicyPreview::Made made = preview_->take();
+    StorageSet outputs_made;  // its outputs: every mode keeps them
+    for (const auto& t : outputs) outputs_made.insert(detail::storage_of(t));
+    int64_t inside = 0;
+    std::vector<int64_t> drops(made.kept.size());
+    for (const c10::StorageImpl* storage : saved_->storages) {
+      if (made.storages.count(storage) == 0 || outputs_made.count(storage) > 0) continue;
+      const auto bytes = static_cast<int64_t>(storage->nbytes());
+      inside += bytes;
+      for (size_t p = 0; p < drops.size(); ++p) {
+        if (made.kept[p].count(storage) == 0) drops[p] += bytes;
+      }
+    }
+    const std::lock_guard<std::mutex> lock(record_->mutex);
+    record_->candidates[index].saved_inside_bytes = inside;
+    record_->candidates[index].policy_drops_bytes = std::move(drops);
+  }
+
   void note_saved_inputs(int index) {
     saving_.reset();
     const std::lock_guard<std::mutex> lock(record_->mutex);
@@ -517,6 +553,8 @@ class StepRecorder final : public detail::CandidateRunner {
   // In the `find_saved` step: the current candidate's tensor arguments' versions at its begin.
   std::vector<std::pair<int64_t, c10::VariableVersion>> input_versions_;
   std::optional<detail::SavedTensorHooksScope> saving_;
+  std::optional<detail::PolicyPreview> preview_;
+  std::optional<detail::DispatchModeGuard> previewing_;
 };
 
 // The environment of the profiled steps.
@@ -1751,6 +1789,11 @@ struct ModelProfiler::State {
   std::shared_ptr<StepRecord> plain;
   std::vector<std::set<int>> takers;  // unsaving takers, as the first (untimed) forward saw them
   std::vector<bool> copies_inputs;    // by candidate: writes into its arguments
+  // The policy modes the first forward previewed, and by candidate what it saved inside itself
+  // and what each of those modes would not keep of that.
+  std::vector<std::string> previewed;
+  std::vector<int64_t> saved_inside;
+  std::vector<std::vector<int64_t>> policy_drops;
   std::vector<ModeRun> modes, with_kept_takers;
   std::optional<CheckpointOptions> trial_region;  // where the "recomputed" chains are measured
   std::vector<TrialRun> runs;
@@ -1786,12 +1829,20 @@ struct ProfilingCall {
 // The plain steps: the forward that finds the candidates and what each forward saves (it warms
 // the forward's caches too), then the step measured.
 void measure_plain(ModelProfiler::State& s, ProfilingCall& call) {
-  const auto found = record_step(call.setup, {std::nullopt,
-                                              {},
-                                              nullptr,
-                                              detail::saved_tensor_hooks_available(),
-                                              {},
-                                              /*forward_only=*/true});
+  const bool hooks = detail::saved_tensor_hooks_available();
+  std::vector<SelectivePolicy> previews;
+  if (hooks) {
+    for (const StorageMode& mode : s.options.storage_modes().all()) {
+      const std::optional<CheckpointOptions> region =
+          detail::candidate_region(mode, StorageSettings{s.options.selective_policy()}, s.device,
+                                   s.options.preserve_rng_state());
+      if (!region || !region->policy() || region->offload()) continue;
+      s.previewed.push_back(mode.name);
+      previews.push_back(region->policy());
+    }
+  }
+  const auto found = record_step(
+      call.setup, {std::nullopt, {}, nullptr, hooks, {}, /*forward_only=*/true, previews});
   s.watch_outside = call.setup.watch_outside = found->wrote_outside;  // a dispatch mode costs
   call.rng.restore();
   s.plain = record_step(call.setup, {std::nullopt});
@@ -1809,7 +1860,25 @@ void measure_plain(ModelProfiler::State& s, ProfilingCall& call) {
   if (!same) return;
   for (size_t c = 0; c < s.copies_inputs.size(); ++c) {
     s.copies_inputs[c] = found->candidates[c].writes_into_inputs;
+    s.saved_inside.push_back(found->candidates[c].saved_inside_bytes);
+    s.policy_drops.push_back(found->candidates[c].policy_drops_bytes);
   }
+}
+
+// Whether the first forward showed that policy mode `mode` would keep all but a negligible share
+// of what each candidate's plain forward made and saved (a policy that keeps every convolution's
+// output, on a ResNet: what it recomputes is BatchNorm's per-channel statistics). Its step could
+// then offer no option worth the step: a mode is offered where it keeps less, and this one keeps
+// at most 1% less anywhere (where it runs, its region also keeps its arguments).
+bool keeps_about_as_much(const ModelProfiler::State& s, const std::string& mode) {
+  const auto found = std::find(s.previewed.begin(), s.previewed.end(), mode);
+  if (found == s.previewed.end() || s.policy_drops.empty()) return false;
+  const auto p = static_cast<size_t>(found - s.previewed.begin());
+  for (size_t c = 0; c < s.policy_drops.size(); ++c) {
+    if (p >= s.policy_drops[c].size() || 100 * s.policy_drops[c][p] > s.saved_inside[c])
+      return false;
+  }
+  return true;
 }
 
 // One step per storage mode (more where it offloads, or where candidates have parts).
@@ -1819,7 +1888,7 @@ void measure_modes(ModelProfiler::State& s, ProfilingCall& call) {
   for (const StorageMode& mode : s.options.storage_modes().all()) {
     std::optional<CheckpointOptions> region =
         detail::candidate_region(mode, settings, s.device, s.options.preserve_rng_state());
-    if (!region) continue;
+    if (!region || keeps_about_as_much(s, mode.name)) continue;
     const std::vector<std::vector<bool>> groups =
         measured_together(*s.plain, region->offload(), s.options.host_budget_bytes());
     for (const std::vector<bool>& group : groups) {

@@ -1065,9 +1065,11 @@ TEST(ModelProfilerTest, AStepFunctionThatChangesItsBatchIsAClearError) {
 }
 
 // Issue 48: on the ResNet, "selective" (save_matmuls(): every convolution's output) keeps no
-// less than the plain step anywhere, and so offers no option; the step that measures it with
-// the takers kept is not run either (6 steps at construction before, 5 now), the options the same.
-TEST_F(RecomputedOutputsTest, AModeThatKeepsNoLessAnywhereIsNotMeasuredWithTakersKept) {
+// less than the plain step anywhere, and so offers no option. The first forward previews the
+// policy and finds that it would keep all but BatchNorm's statistics of what each block saves:
+// neither its step nor its step with the takers kept runs (6 steps at construction before, 4 now),
+// the options the same.
+TEST_F(RecomputedOutputsTest, APolicyThatKeepsAboutAsMuchIsNotMeasured) {
   auto model = make();
   int steps = 0;
   const LossFn loss = [&] {
@@ -1086,7 +1088,37 @@ TEST_F(RecomputedOutputsTest, AModeThatKeepsNoLessAnywhereIsNotMeasuredWithTaker
   EXPECT_EQ(steps, 4) << "found, plain, checkpointed, checkpointed with takers kept";
   steps = 0;
   EXPECT_EQ(option_names(ckpt::profile_model(model.ptr(), loss, without_chains)), checkpointed);
-  EXPECT_EQ(steps, 5) << "and selective";
+  EXPECT_EQ(steps, 4) << "and no selective step";
+  // A policy that recomputes the convolutions is measured.
+  steps = 0;
+  ckpt::profile_model(model.ptr(), loss,
+                      ckpt::ModelProfileOptions(without_chains)
+                          .selective_policy(ckpt::SelectivePolicy([](const ckpt::OpCall&) {
+                            return ckpt::CheckpointPolicy::PreferRecompute;
+                          })));
+  EXPECT_GE(steps, 5);
+}
+
+// A mode whose measured step keeps no less than the plain step anywhere is not measured again
+// beside the takers kept: candidates that save nothing (a product with a number, a sum) keep
+// their arguments checkpointed, more than plainly; the second takes the first's output without
+// saving it.
+TEST(ModelProfilerTest, AModeThatKeepsNoLessAnywhereIsNotMeasuredWithTakersKept) {
+  torch::manual_seed(0);
+  torch::nn::Linear head(64, 1);
+  const torch::Tensor x = torch::randn({256, 64}, torch::requires_grad());
+  int steps = 0;
+  const LossFn loss = [&] {
+    ++steps;
+    auto h = ckpt::candidate("scale", [](const torch::Tensor& v) { return v * 2; }, x);
+    auto s = ckpt::candidate(
+        "shift", [](const torch::Tensor& v, const torch::Tensor& w) { return v + w; }, h, x);
+    return head(s).sum();
+  };
+  ckpt::profile_model(head.ptr(), loss,
+                      ckpt::ModelProfileOptions().recompute_outputs(false).storage_modes(
+                          ckpt::StorageModes::defaults().remove("selective")));
+  EXPECT_EQ(steps, 3) << "found, plain, checkpointed; not checkpointed with takers kept";
 }
 
 // A longer chain measured with a step that stops reaching a candidate after its first trial step
