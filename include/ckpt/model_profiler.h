@@ -108,12 +108,13 @@ struct MeasuredModel {
 /// Measures the training step `loss_fn` (a forward through `model` to a scalar loss; backward is
 /// run for it) as the planner's timeline: an untimed plain forward that finds the candidates, a
 /// plain step in which every candidate keeps everything, one step per storage mode in which every
-/// candidate runs in that mode, one more per mode that keeps less than the plain step somewhere,
-/// where some candidate takes another's output without saving it (a U-Net decoder's concatenation
-/// of its skip: those takers kept, for the "<mode>, takers kept" options), and, for the
-/// "recomputed" options, more with every candidate checkpointed and some recomputing their
-/// outputs (up to L + 1 for chains of L). Each records, at every candidate's forward and backward
-/// boundaries, the live bytes, the peak since the last boundary and the time
+/// candidate runs in that mode (but a selective policy's mode that, the first forward shows, would
+/// keep all but 1% of what each candidate saves inside it), one more per mode that keeps less than
+/// the plain step somewhere, where some candidate takes another's output without saving it (a U-Net
+/// decoder's concatenation of its skip: those takers kept, for the "<mode>, takers kept" options),
+/// and, for the "recomputed" options, more with every candidate checkpointed and some recomputing
+/// their outputs (up to L + 1 for chains of L). Each records, at every candidate's forward and
+/// backward boundaries, the live bytes, the peak since the last boundary and the time
 /// (docs/memory-model.md, "Any model"). The parameters' gradients, the buffers (BatchNorm
 /// statistics) and the RNG state are left as they were. Errors: a candidate reached twice in one
 /// step, a module candidate outside `model`, no candidate at all, steps whose candidates differ
