@@ -14,11 +14,12 @@ bool makes_new_outputs(const c10::OperatorHandle& op) {
   return true;
 }
 
-// Whether a selective region keeps the new outputs of `op` where its policy says `decision`: not
-// a random draw, and not a `checkpoint_name` call (whose decision is the named tensor's
-// producer's, which the preview leaves uncounted: it may only under-count what a policy keeps).
+// Whether a selective region keeps the new outputs of `op` where it is, where its policy says
+// `decision`: saved (offloaded ones leave the device), not a random draw, and not a
+// `checkpoint_name` call (whose decision is the named tensor's producer's). Each exception may
+// only under-count what a policy keeps, and so only measure a mode the preview could have skipped.
 bool would_keep(CheckpointPolicy decision, const c10::OperatorHandle& op) {
-  if (decision == CheckpointPolicy::MustRecompute || decision == CheckpointPolicy::PreferRecompute)
+  if (decision != CheckpointPolicy::MustSave && decision != CheckpointPolicy::PreferSave)
     return false;
   return op.schema().name() != "ckpt::name" && !op.hasTag(at::Tag::nondeterministic_seeded);
 }
