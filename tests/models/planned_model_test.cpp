@@ -1110,7 +1110,8 @@ TEST(ModelProfilerTest, AModeThatKeepsNoLessAnywhereIsNotMeasuredWithTakersKept)
   int steps = 0;
   const LossFn loss = [&] {
     ++steps;
-    auto h = ckpt::candidate("scale", [](const torch::Tensor& v) { return v * 2; }, x);
+    auto h = ckpt::candidate(
+        "scale", [](const torch::Tensor& v) { return v * 2; }, x);
     auto s = ckpt::candidate(
         "shift", [](const torch::Tensor& v, const torch::Tensor& w) { return v + w; }, h, x);
     return head(s).sum();
