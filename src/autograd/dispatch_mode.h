@@ -49,6 +49,19 @@ inline bool returns_a_view(const c10::OperatorHandle& op) {
   return false;
 }
 
+/// Why a region cannot keep the outputs of `op` from its forward for its recompute, or nullptr
+/// when it can: an operator that writes into its arguments, one that returns a view, one that
+/// draws random numbers (skipping it in the recompute would shift the stream the rest replays).
+inline const char* why_outputs_cannot_be_kept(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.is_mutable()) return "which writes into its arguments (in place or out=)";
+  for (const auto& result : schema.returns()) {
+    if (result.alias_info() != nullptr) return "which returns a view of its input";
+  }
+  if (op.hasTag(at::Tag::nondeterministic_seeded)) return "which draws random numbers";
+  return nullptr;
+}
+
 /// Calls `fn` on each defined tensor in `value`: a tensor, or a list of tensors or of optional
 /// tensors (an operator's argument or return, as modes see it on the stack).
 template <class Fn>

@@ -4,24 +4,20 @@ namespace ckpt {
 namespace detail {
 namespace {
 
-// Whether the call makes new outputs: no view, no write into an argument (in place or out=).
+// Whether the call makes new outputs: no view, no write into an argument (in place or out=). A
+// random draw does: a selective region drops it.
 bool makes_new_outputs(const c10::OperatorHandle& op) {
-  const c10::FunctionSchema& schema = op.schema();
-  if (schema.is_mutable()) return false;
-  for (const auto& result : schema.returns()) {
-    if (result.alias_info() != nullptr) return false;
-  }
-  return true;
+  return !op.schema().is_mutable() && !returns_a_view(op);
 }
 
 // Whether a selective region keeps the new outputs of `op` where it is, where its policy says
-// `decision`: saved (offloaded ones leave the device), not a random draw, and not a
+// `decision`: saved (offloaded ones leave the device), outputs a region can keep, and not a
 // `checkpoint_name` call (whose decision is the named tensor's producer's). Each exception may
 // only under-count what a policy keeps, and so only measure a mode the preview could have skipped.
 bool would_keep(CheckpointPolicy decision, const c10::OperatorHandle& op) {
   if (decision != CheckpointPolicy::MustSave && decision != CheckpointPolicy::PreferSave)
     return false;
-  return op.schema().name() != "ckpt::name" && !op.hasTag(at::Tag::nondeterministic_seeded);
+  return op.schema().name() != "ckpt::name" && why_outputs_cannot_be_kept(op) == nullptr;
 }
 
 }  // namespace

@@ -22,17 +22,6 @@ namespace ckpt {
 namespace detail {
 namespace {
 
-// Why the outputs of `op` cannot be kept, or nullptr when they can.
-const char* cannot_keep(const c10::OperatorHandle& op) {
-  const c10::FunctionSchema& schema = op.schema();
-  if (schema.is_mutable()) return "which writes into its arguments (in place or out=)";
-  for (const auto& result : schema.returns()) {
-    if (result.alias_info() != nullptr) return "which returns a view of its input";
-  }
-  if (op.hasTag(at::Tag::nondeterministic_seeded)) return "which draws random numbers";
-  return nullptr;
-}
-
 enum class Keep { No, Prefer, Must };
 
 bool recomputes(CheckpointPolicy decision) {
@@ -68,7 +57,7 @@ const char* label(CheckpointPolicy decision) {
 // kept is an error.
 Keep keeps_outputs(CheckpointPolicy decision, const c10::OperatorHandle& op) {
   if (recomputes(decision)) return Keep::No;
-  const char* reason = cannot_keep(op);
+  const char* reason = why_outputs_cannot_be_kept(op);
   if (reason == nullptr) return must_keep(decision) ? Keep::Must : Keep::Prefer;
   TORCH_CHECK(!must_keep(decision), "ckpt::checkpoint: the selective policy says ", label(decision),
               " for ", operator_label(op.operator_name()), ", ", reason,
@@ -352,7 +341,7 @@ std::string CachingMode::keep_named(const at::Tensor& tensor, bool must, bool of
   const Call& call = *data.call;
   const std::string producer = operator_label(call.op.operator_name());
   if (data.written) return "its data was written in place after " + producer + " computed it";
-  if (const char* reason = cannot_keep(call.op))
+  if (const char* reason = why_outputs_cannot_be_kept(call.op))
     return "it was computed by " + producer + ", " + reason;
   auto& entries = kept_.entries;
   const auto place = std::lower_bound(

@@ -25,20 +25,10 @@ struct Step {
   std::vector<torch::Tensor> grads, buffers;
 };
 
-std::vector<torch::Tensor> buffers_of(const torch::nn::Module& model) {
-  std::vector<torch::Tensor> copies;
-  for (const auto& b : model.buffers()) copies.push_back(b.clone());
-  return copies;
-}
-
 // One step from no gradients and the buffers `start`.
 Step step_of(torch::nn::Module& model, const LossFn& loss_fn,
              const std::vector<torch::Tensor>& start) {
-  {
-    const torch::NoGradGuard no_grad;
-    const auto buffers = model.buffers();
-    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(start[i]);
-  }
+  ckpt::test::restore_buffers(model, start);
   for (auto& p : model.parameters()) p.mutable_grad().reset();
   torch::manual_seed(7);
   Step step;
@@ -46,7 +36,7 @@ Step step_of(torch::nn::Module& model, const LossFn& loss_fn,
   step.loss.backward();
   step.loss = step.loss.detach();
   step.grads = ckpt::test::take_grads(model);
-  step.buffers = buffers_of(model);
+  step.buffers = ckpt::test::copy_buffers(model);
   return step;
 }
 
@@ -74,7 +64,7 @@ void expect_same(const Step& plain, const Step& planned, bool close) {
 // buffers.
 void expect_every_plan_is_the_plain_step(const std::shared_ptr<torch::nn::Module>& model,
                                          const LossFn& loss_fn, int plans, bool close = false) {
-  const std::vector<torch::Tensor> start = buffers_of(*model);
+  const std::vector<torch::Tensor> start = ckpt::test::copy_buffers(*model);
   const Step plain = step_of(*model, loss_fn, start);
   // Every storage mode the CPU has, "two_pass" included.
   const ckpt::MeasuredModel measured = ckpt::profile_model(
