@@ -1,6 +1,7 @@
 #include <ckpt/model_profiler.h>
 
 #include "autograd/rng_state.h"
+#include "autograd/saved_tensor_hooks.h"
 #include "measure/model_options.h"
 
 #include <c10/util/Exception.h>
