@@ -4,6 +4,7 @@
 #include <ckpt/candidate.h>
 #include <ckpt/memory_tracker.h>
 #include <ckpt/model_profiler.h>
+#include <ckpt/modules.h>
 #include <ckpt/planned_model.h>
 
 #include "support/forced_plan.h"
@@ -315,6 +316,58 @@ TEST(HostileModelTest, BatchNormsSharedAndRecomputedUpdateTheirStatisticsOnce) {
   const torch::Tensor x = torch::randn({256, 64});
   expect_every_plan_is_the_plain_step(
       model.ptr(), [&] { return model->forward(x); }, 30);
+}
+
+// Blocks marked over parts of their own, the parts as users write them: a module part, one that
+// writes into its argument in place, one that draws dropout after a BatchNorm, one that returns a
+// view beside a new tensor, and a part with parts inside it (three levels). The blocks are a
+// Sequential's elements marked with `apply_candidates`; plans run them whole, checkpointed with
+// their parts checkpointed too, or recomputed for the next block.
+struct PartsBlockImpl : torch::nn::Module {
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+  torch::nn::Dropout drop{nullptr};
+
+  PartsBlockImpl() {
+    in = register_module("in", torch::nn::Linear(64, 64));
+    out = register_module("out", torch::nn::Linear(64, 64));
+    norm = register_module("norm", torch::nn::BatchNorm1d(64));
+    drop = register_module("drop", torch::nn::Dropout(0.2));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = ckpt::candidate(in, x);
+    h = ckpt::candidate(
+        *this, "relu_in_place", [](torch::Tensor v) { return v.relu_(); }, h);
+    auto [t, gate] = ckpt::candidate(
+        *this, "noisy",
+        [this](const torch::Tensor& v) {
+          torch::Tensor n = drop(norm(v));
+          return std::make_tuple(n.t(), torch::sigmoid(n));
+        },
+        h);
+    torch::Tensor mixed = ckpt::candidate(
+        *this, "deep",
+        [this](const torch::Tensor& a, const torch::Tensor& g) {
+          torch::Tensor inner = ckpt::candidate(
+              *this, "deep.inner", [](const torch::Tensor& v) { return torch::tanh(v); }, a.t());
+          return ckpt::candidate(out, inner * g);
+        },
+        t, gate);
+    return x + mixed;
+  }
+};
+TORCH_MODULE(PartsBlock);
+
+TEST(HostileModelTest, BlocksMarkedOverTheirPartsRunLikeThePlainStepUnderEveryPlan) {
+  torch::manual_seed(0);
+  torch::nn::Sequential blocks{PartsBlock(), PartsBlock(), PartsBlock()};
+  ckpt::apply_candidates(*blocks, [](const std::string& name, const torch::nn::Module&) {
+    return name.find('.') == std::string::npos;  // the blocks, not their modules
+  });
+  const torch::Tensor x = torch::randn({128, 64});
+  expect_every_plan_is_the_plain_step(
+      blocks.ptr(), [&] { return blocks->forward(x).pow(2).mean(); }, 30);
 }
 
 }  // namespace hostile_model_test
