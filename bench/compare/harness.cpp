@@ -454,7 +454,7 @@ ProfileInParts profile_in_parts(Workbench& bench, const StorageModes& modes) {
     profile.milliseconds.push_back(milliseconds_since(t0));
     profile.parts.push_back(profiler.measured());
     if (profiler.complete()) return profile;
-    profiler.measure_longer_chains(loss);
+    profiler.measure_more(loss);
   }
 }
 

@@ -124,9 +124,11 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
                             const ModelProfileOptions& options = {});
 
 /// `profile_model` in parts, for a planner that measures only what its budget needs: the
-/// constructor measures the plain step and every storage mode, `measure_longer_chains` the
-/// "recomputed" chains one length longer at a time (each length about L + 1 more steps), and
-/// `measured()` gives what is measured so far as the planner's model. Each call runs the step
+/// constructor measures the plain step and every storage mode, `measure_more` the options that
+/// save memory for more recompute, one group at a time: first, where candidates have parts, those
+/// candidates with their parts checkpointed (one or two steps), then the "recomputed" chains one
+/// length longer at a time (each length about L + 1 more steps); `measured()` gives what is
+/// measured so far as the planner's model. Each call runs the step
 /// (the same step each time: the same candidates in the same order) and leaves the parameters'
 /// gradients, the buffers and the RNG state as they were. One thread uses it at a time.
 ///
@@ -134,7 +136,7 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
 /// ```
 /// ckpt::ModelProfiler profiler(model, loss_fn);
 /// while (!profiler.complete() && !good_enough(profiler.measured())) {
-///   profiler.measure_longer_chains(loss_fn);
+///   profiler.measure_more(loss_fn);
 /// }
 /// ```
 class ModelProfiler {
@@ -149,12 +151,14 @@ class ModelProfiler {
 
   /// The longest chain of "recomputed" candidates measured so far (0: none).
   int chains_measured() const;
-  /// Whether every option the options ask for is measured: chains up to
-  /// `max_recompute_chain`, or none where the "recomputed" mode is off.
+  /// Whether every option the options ask for is measured: the candidates' parts, and chains up
+  /// to `max_recompute_chain` (none where the "recomputed" mode is off).
   bool complete() const;
-  /// Measures the chains one candidate longer than `chains_measured()`, running `loss_fn`, the
-  /// step measured at construction. An error once `complete()`.
-  void measure_longer_chains(const std::function<at::Tensor()>& loss_fn);
+  /// Measures the next group of options, running `loss_fn`, the step measured at construction:
+  /// the candidates with parts checkpointed with their parts checkpointed too (where any has
+  /// parts and they are not measured yet), else the chains one candidate longer than
+  /// `chains_measured()`. An error once `complete()`.
+  void measure_more(const std::function<at::Tensor()>& loss_fn);
   /// What is measured so far, as `profile_model` gives it once complete.
   MeasuredModel measured() const;
 

@@ -69,12 +69,13 @@ struct PlannedModelOptions {
   /// The longest chain of "recomputed" candidates offered
   /// (`ModelProfileOptions::max_recompute_chain`). Default: 4
   TORCH_ARG(int, max_recompute_chain) = 4;
-  /// Measure the "recomputed" chains, most of a first step's profiling (about L + 1 steps for
-  /// each length L, against one per storage mode), only as far as the budget needs: the first
-  /// step measures the plain step and the storage modes, and measures chains one length longer
-  /// (`ModelProfiler::measure_longer_chains`) only while no plan of what is measured fits the
-  /// budget. A plan may then be slower than the fastest of every option (a recomputed candidate
-  /// that would let a neighbour keep everything); `Budget::minimum()` and
+  /// Measure the options that save memory for more recompute, the "recomputed" chains (most of
+  /// a first step's profiling: about L + 1 steps for each length L, against one per storage
+  /// mode) and candidates with their parts checkpointed, only as far as the budget needs: the
+  /// first step measures the plain step and the storage modes, then the parts, then chains one
+  /// length longer (`ModelProfiler::measure_more`), only while no plan of what is measured fits
+  /// the budget. A plan may then be slower than the fastest of every option (a recomputed
+  /// candidate that would let a neighbour keep everything); `Budget::minimum()` and
   /// `OutOfMemory::Replan` (whose plans for less need the smallest) measure every option.
   /// Default: true
   TORCH_ARG(bool, measure_as_needed) = true;

@@ -457,7 +457,7 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
       measured = profiler.measured();
       if (fits_budget(measured->profile)) break;
     }
-    profiler.measure_longer_chains(loss_fn);
+    profiler.measure_more(loss_fn);
     measured.reset();
   }
   plan(measured ? std::move(*measured) : profiler.measured());

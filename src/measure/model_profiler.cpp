@@ -107,6 +107,8 @@ struct ModelProfiler::State {
   std::vector<std::vector<int64_t>> policy_drops;
   std::vector<ModeRun> modes, with_kept_takers;
   std::optional<CheckpointOptions> trial_region;  // where the "recomputed" chains are measured
+  // Where candidates have parts and their "parts checkpointed" steps have not run yet: the region.
+  std::optional<CheckpointOptions> parts_region;
   std::vector<TrialRun> runs;
   std::vector<std::set<int>> consumers, takers_seen;
   bool far_takers = false;
@@ -193,7 +195,15 @@ bool keeps_about_as_much(const ModelProfiler::State& s, const std::string& mode)
   return true;
 }
 
-// One step per storage mode (more where it offloads, or where candidates have parts).
+// By candidate, whether it has parts (markers reached inside it); empty where none has.
+std::vector<bool> with_parts(const StepRecord& plain) {
+  std::vector<bool> parts(plain.candidates.size());
+  for (size_t c = 0; c < parts.size(); ++c) parts[c] = plain.candidates[c].inner_markers > 0;
+  if (std::find(parts.begin(), parts.end(), true) == parts.end()) return {};
+  return parts;
+}
+
+// One step per storage mode (more where it offloads).
 void measure_modes(ModelProfiler::State& s, ProfilingCall& call) {
   const StorageSettings settings{s.options.selective_policy()};
   const std::vector<bool> kept = kept_takers(s.takers);
@@ -207,14 +217,10 @@ void measure_modes(ModelProfiler::State& s, ProfilingCall& call) {
       ModeRun run{mode.name, !region->offload(), nullptr, {}, group};
       measure_mode(call.setup, *s.plain, call.rng, *region, kept, run, s.modes, s.with_kept_takers);
     }
-    // Candidates with parts marked inside them: checkpointed with their parts checkpointed too.
-    if (mode.name != kCheckpointedMode || region->offload()) continue;
-    std::vector<bool> with_parts(s.plain->candidates.size());
-    for (size_t c = 0; c < with_parts.size(); ++c)
-      with_parts[c] = s.plain->candidates[c].inner_markers > 0;
-    if (std::find(with_parts.begin(), with_parts.end(), true) == with_parts.end()) continue;
-    ModeRun run{mode.name, true, nullptr, {}, with_parts, /*parts=*/true};
-    measure_mode(call.setup, *s.plain, call.rng, *region, kept, run, s.modes, s.with_kept_takers);
+    // Candidates with parts marked inside them: checkpointed with their parts checkpointed too,
+    // measured later (`measure_parts`).
+    if (mode.name == kCheckpointedMode && !region->offload() && !with_parts(*s.plain).empty())
+      s.parts_region = region;
   }
   const bool checkpointed = std::any_of(s.modes.begin(), s.modes.end(), [](const ModeRun& m) {
     return m.name == kCheckpointedMode && !m.parts;
@@ -224,6 +230,30 @@ void measure_modes(ModelProfiler::State& s, ProfilingCall& call) {
         s.options.storage_modes().at(kCheckpointedMode, "ckpt::profile_model"), settings, s.device,
         s.options.preserve_rng_state());
   }
+}
+
+// Inserts `runs` after the last run of the "checkpointed" mode in `into` (at the front where
+// none), where the profile lists the "parts checkpointed" options.
+void insert_after_checkpointed(std::vector<ModeRun>& into, std::vector<ModeRun> runs) {
+  auto at = into.begin();
+  for (auto it = into.begin(); it != into.end(); ++it) {
+    if (it->name == kCheckpointedMode) at = std::next(it);
+  }
+  into.insert(at, std::make_move_iterator(runs.begin()), std::make_move_iterator(runs.end()));
+}
+
+// The candidates with parts checkpointed with their parts checkpointed too: their backward holds
+// one part's activations at a time, for more recompute (the parts run once more), so that, as the
+// chains, these steps run only where a budget needs them. A step that fails leaves the profiler
+// as it was.
+void measure_parts(ModelProfiler::State& s, ProfilingCall& call) {
+  std::vector<ModeRun> modes, with_kept_takers;
+  const ModeRun run{kCheckpointedMode, true, nullptr, {}, with_parts(*s.plain), /*parts=*/true};
+  measure_mode(call.setup, *s.plain, call.rng, *s.parts_region, kept_takers(s.takers), run, modes,
+               with_kept_takers);
+  insert_after_checkpointed(s.modes, std::move(modes));
+  insert_after_checkpointed(s.with_kept_takers, std::move(with_kept_takers));
+  s.parts_region.reset();
 }
 
 // The trial steps of chains of `length`. Where a candidate's outputs go to one beyond the longest
@@ -290,10 +320,11 @@ int ModelProfiler::chains_measured() const {
 }
 
 bool ModelProfiler::complete() const {
-  return !state_->trial_region || state_->chains >= state_->options.max_recompute_chain();
+  return !state_->parts_region &&
+         (!state_->trial_region || state_->chains >= state_->options.max_recompute_chain());
 }
 
-void ModelProfiler::measure_longer_chains(const std::function<at::Tensor()>& loss_fn) {
+void ModelProfiler::measure_more(const std::function<at::Tensor()>& loss_fn) {
   using namespace model_profiling;
   TORCH_CHECK(!complete(), "ckpt::ModelProfiler: every option is measured already (chains of ",
               state_->chains, " measured, ",
@@ -301,7 +332,11 @@ void ModelProfiler::measure_longer_chains(const std::function<at::Tensor()>& los
                                    : "no \"recomputed\" options asked for",
               "); check complete() first.");
   ProfilingCall call(*state_, loss_fn);
-  measure_chains(*state_, call, state_->chains + 1);
+  if (state_->parts_region) {
+    measure_parts(*state_, call);
+  } else {
+    measure_chains(*state_, call, state_->chains + 1);
+  }
 }
 
 MeasuredModel ModelProfiler::measured() const {
@@ -338,7 +373,7 @@ MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
                             const std::function<at::Tensor()>& loss_fn,
                             const ModelProfileOptions& options) {
   ModelProfiler profiler(model, loss_fn, options);
-  while (!profiler.complete()) profiler.measure_longer_chains(loss_fn);
+  while (!profiler.complete()) profiler.measure_more(loss_fn);
   return profiler.measured();
 }
 

@@ -322,6 +322,59 @@ TEST_F(PlannedModelTest, UNetTakersKeptOptionsExcludeTheirDecoderBlocksOtherOpti
   EXPECT_GE(offered, levels);
 }
 
+// Issue 48: candidates with their parts checkpointed hold less for more recompute, as the
+// recomputed chains do, and are measured as they are, only where the budget needs them: the
+// profiler in parts measures them first (one step, and one with the decoder blocks kept), then the
+// chains, and ends with `profile_model`'s options; a plan whose budget the blocks checkpointed
+// whole fit runs no such step. Fails with the parts measured at construction.
+TEST_F(PlannedModelTest, TheCandidatesPartsAreMeasuredOnlyWhereTheBudgetNeedsThem) {
+  auto model = ckpt::models::make_unet(small_unet());
+  int steps = 0;
+  const LossFn loss = [&] {
+    ++steps;
+    return unet_loss(model);
+  };
+  const auto parts_offered = [](const ckpt::MeasuredModel& measured) {
+    int offered = 0;
+    for (const auto& candidate : measured.profile.candidates) {
+      for (const auto& option : candidate.options) offered += option.run.parts_checkpointed;
+    }
+    return offered;
+  };
+  const auto options = ckpt::ModelProfileOptions().recompute_outputs(false);
+  const ckpt::MeasuredModel whole = ckpt::profile_model(model.ptr(), loss, options);
+  ASSERT_GT(parts_offered(whole), 0);
+  ckpt::ModelProfiler profiler(model.ptr(), loss, options);
+  EXPECT_FALSE(profiler.complete()) << "the parts are left to measure";
+  const ckpt::MeasuredModel before_parts = profiler.measured();
+  EXPECT_EQ(parts_offered(before_parts), 0);
+  steps = 0;
+  profiler.measure_more(loss);
+  EXPECT_EQ(steps, 2) << "the parts, and the parts beside the decoder blocks kept";
+  EXPECT_TRUE(profiler.complete());
+  const auto names = [](const ckpt::MeasuredModel& measured) {
+    std::vector<std::string> all;
+    for (const auto& candidate : measured.profile.candidates) {
+      for (const auto& option : candidate.options)
+        all.push_back(candidate.name + " " + option.name);
+    }
+    return all;
+  };
+  EXPECT_EQ(names(profiler.measured()), names(whole));
+
+  // A budget the blocks checkpointed whole fit: no step measures the parts.
+  const int64_t fits_whole = ckpt::plan::min_model_budget(before_parts.profile);
+  ASSERT_GT(fits_whole, ckpt::plan::min_model_budget(whole.profile));
+  ckpt::PlannedModel as_needed(model.ptr(), ckpt::Budget::bytes(fits_whole + fits_whole / 50),
+                               ckpt::PlannedModelOptions().recompute_outputs(false));
+  as_needed.run(loss).backward();
+  EXPECT_EQ(parts_offered(as_needed.measured()), 0);
+  ckpt::PlannedModel smallest(model.ptr(), ckpt::Budget::minimum(),
+                              ckpt::PlannedModelOptions().recompute_outputs(false));
+  smallest.run(loss).backward();
+  EXPECT_GT(parts_offered(smallest.measured()), 0);
+}
+
 // Four candidates, each taking the one before's output as a temporary: a region that drops such
 // an argument (a recomputed output) frees it inside its own forward.
 // Each block of the U-Net marks its parts inside (its ConvBnRelu, its up-sampling), so it offers
@@ -960,11 +1013,11 @@ TEST_F(RecomputedOutputsTest, AProfilerInPartsMeasuresWhatProfileModelMeasures) 
   EXPECT_EQ(names(profiler.measured()),
             names(ckpt::profile_model(model.ptr(), loss,
                                       ckpt::ModelProfileOptions().recompute_outputs(false))));
-  while (!profiler.complete()) profiler.measure_longer_chains(loss);
+  while (!profiler.complete()) profiler.measure_more(loss);
   EXPECT_EQ(profiler.chains_measured(), ckpt::ModelProfileOptions().max_recompute_chain());
   EXPECT_TRUE(bit_equal(torch::rand({4}), next_draw)) << "the random stream moved";
   EXPECT_EQ(names(profiler.measured()), names(ckpt::profile_model(model.ptr(), loss)));
-  EXPECT_THROW(profiler.measure_longer_chains(loss), c10::Error);
+  EXPECT_THROW(profiler.measure_more(loss), c10::Error);
 }
 
 // Issue 48: a trial step that would end no chain is not run. Along a chain of 8 candidates, the
@@ -995,7 +1048,7 @@ TEST(ModelProfilerTest, ATrialStepThatWouldEndNoChainIsNotRun) {
   ckpt::ModelProfiler profiler(model.ptr(), loss);
   for (const auto& [length, steps_and_ends] : expected) {
     steps = 0;
-    profiler.measure_longer_chains(loss);
+    profiler.measure_more(loss);
     std::set<size_t> ends;  // the candidates offered an option that ends a chain of `length`
     const ckpt::MeasuredModel measured = profiler.measured();
     for (size_t c = 0; c < measured.profile.candidates.size(); ++c) {
@@ -1139,11 +1192,11 @@ TEST_F(RecomputedOutputsTest, AProfilerStepThatReachesOtherCandidatesChangesNoth
     }
     return y.pow(2).mean();
   };
-  EXPECT_THROW(profiler.measure_longer_chains(skips_a_block_later), c10::Error);
+  EXPECT_THROW(profiler.measure_more(skips_a_block_later), c10::Error);
   EXPECT_GE(calls, 2);
   EXPECT_EQ(profiler.chains_measured(), 0);
   EXPECT_EQ(option_names(profiler.measured()), before);
-  profiler.measure_longer_chains(loss);
+  profiler.measure_more(loss);
   EXPECT_EQ(profiler.chains_measured(), 1);
   EXPECT_GT(longest_chain_offered(profiler.measured()), 0);
 }
