@@ -1,6 +1,7 @@
 #include "bench_models.h"
 
 #include <ckpt/candidate.h>
+#include <ckpt/modules.h>
 #include <ckpt/sequential.h>
 #include <torch/torch.h>
 
@@ -278,6 +279,12 @@ torch::nn::Sequential build_model(const ModelConfig& c) {
     model = join_chains(blocks);  // 2 x depth stages: the planner may cut between the halves
   }
   return model;
+}
+
+void mark_residual_blocks(torch::nn::Sequential& chain) {
+  ckpt::apply_candidates(*chain, [](const std::string& /*name*/, const torch::nn::Module& module) {
+    return dynamic_cast<const ResidualBlockImpl*>(&module) != nullptr;
+  });
 }
 
 at::Tensor make_input(const ModelConfig& c) {

@@ -55,6 +55,13 @@ std::vector<std::string> model_names();
 /// Builds the chain with deterministic weights (seeded).
 torch::nn::Sequential build_model(const ModelConfig& config);
 
+/// Marks each residual block of a bench ResNet's chain (`build_model`) as a candidate of
+/// `ckpt::PlannedModel` over the two convolution halves its forward marks inside
+/// (`ckpt::apply_candidates`), so that a plan may run a block whole, checkpointed, or with its
+/// halves checkpointed inside it (docs/any-model.md: mark the blocks, and their parts inside
+/// them). Other models' chains are left as they are: each of their stages marks one candidate.
+void mark_residual_blocks(torch::nn::Sequential& chain);
+
 /// A deterministic synthetic input for the model (not requiring grad).
 at::Tensor make_input(const ModelConfig& config);
 

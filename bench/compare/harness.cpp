@@ -473,6 +473,9 @@ void add_model_planned_methods(const std::string& name, const StorageModes& mode
       return out.square().mean();
     };
   };
+  // The ResNet's blocks are marked over the halves they mark inside (the other rows run the
+  // marked elements as they ran them: a marker without a planner is the plain call).
+  models::mark_residual_blocks(bench.model);
   ProfileInParts profile;
   int64_t min_budget = 0;
   try {

@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
   for (const char* name : {"resnet", "transformer"}) {
     const auto config = ckpt::models::model_config(name, quick);
     auto chain = ckpt::models::build_model(config);
+    ckpt::models::mark_residual_blocks(chain);
     report_model(
         name, chain.ptr(),
         [chain, x = ckpt::models::make_input(config)]() mutable {
