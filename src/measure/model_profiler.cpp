@@ -242,10 +242,10 @@ void insert_after_checkpointed(std::vector<ModeRun>& into, std::vector<ModeRun> 
   into.insert(at, std::make_move_iterator(runs.begin()), std::make_move_iterator(runs.end()));
 }
 
-// The candidates with parts checkpointed with their parts checkpointed too: their backward holds
-// one part's activations at a time, for more recompute (the parts run once more), so that, as the
-// chains, these steps run only where a budget needs them. A step that fails leaves the profiler
-// as it was.
+// Measures the candidates that have parts, checkpointed with their parts checkpointed too. Like a
+// recomputed chain, that saves memory for more recompute (the backward holds one part's
+// activations at a time, and each part runs once more), so these steps run only where a budget
+// needs them. A step that fails leaves the profiler as it was.
 void measure_parts(ModelProfiler::State& s, ProfilingCall& call) {
   std::vector<ModeRun> modes, with_kept_takers;
   const ModeRun run{kCheckpointedMode, true, nullptr, {}, with_parts(*s.plain), /*parts=*/true};
