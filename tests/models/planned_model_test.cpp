@@ -373,6 +373,22 @@ TEST_F(PlannedModelTest, TheCandidatesPartsAreMeasuredOnlyWhereTheBudgetNeedsThe
                               ckpt::PlannedModelOptions().recompute_outputs(false));
   smallest.run(loss).backward();
   EXPECT_GT(parts_offered(smallest.measured()), 0);
+
+  // A budget that only the parts fit: measured in the first step, they plan the plain step's
+  // gradients and buffers, within the prediction.
+  SCOPED_TRACE("a budget only the parts fit");
+  const int64_t only_parts = (fits_whole + ckpt::plan::min_model_budget(whole.profile)) / 2;
+  ckpt::PlannedModel needs_parts(model.ptr(), ckpt::Budget::bytes(only_parts));
+  needs_parts.run(loss).backward();
+  EXPECT_GT(parts_offered(needs_parts.measured()), 0);
+  for (const auto& candidate : needs_parts.measured().profile.candidates) {
+    for (const auto& option : candidate.options) {
+      EXPECT_FALSE(option.run.outputs_recomputed) << "the chains measured too: " << option.name;
+    }
+  }
+  expect_planned_like_plain<ckpt::models::UNet>(
+      ckpt::models::make_unet(small_unet()), ckpt::models::make_unet(small_unet()), unet_loss,
+      ckpt::Budget::bytes(only_parts), 0.005, unet_skips_over_counted);
 }
 
 // Four candidates, each taking the one before's output as a temporary: a region that drops such
