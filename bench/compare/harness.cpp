@@ -473,9 +473,6 @@ void add_model_planned_methods(const std::string& name, const StorageModes& mode
       return out.square().mean();
     };
   };
-  // The ResNet's blocks are marked over the halves they mark inside (the other rows run the
-  // marked elements as they ran them: a marker without a planner is the plain call).
-  models::mark_residual_blocks(bench.model);
   ProfileInParts profile;
   int64_t min_budget = 0;
   try {
@@ -600,6 +597,9 @@ std::vector<BenchRow> run_model(const BenchOptions& options, const std::string& 
   std::cerr << "ckpt bench: " << name << ": " << config.description << "\n";
 
   Workbench bench(config, torch::Device(options.device));
+  // The ResNet's blocks marked over the halves they mark inside, for PlannedModel, before any row
+  // runs: every row runs the same elements (a marker without a planner is the plain call).
+  models::mark_residual_blocks(bench.model);
   const auto segments = segment_counts(static_cast<int>(bench.model->size()));
   const torch::Device device(options.device);
   Methods methods = sequential_methods(name, bench.model, segments, !device.is_cpu(),

@@ -112,13 +112,14 @@ struct MeasuredModel {
 /// keep all but 1% of what each candidate saves inside it), one more per mode that keeps less than
 /// the plain step somewhere, where some candidate takes another's output without saving it (a U-Net
 /// decoder's concatenation of its skip: those takers kept, for the "<mode>, takers kept" options),
-/// and, for the "recomputed" options, more with every candidate checkpointed and some recomputing
-/// their outputs (up to L + 1 for chains of L). Each records, at every candidate's forward and
-/// backward boundaries, the live bytes, the peak since the last boundary and the time
-/// (docs/memory-model.md, "Any model"). The parameters' gradients, the buffers (BatchNorm
-/// statistics) and the RNG state are left as they were. Errors: a candidate reached twice in one
-/// step, a module candidate outside `model`, no candidate at all, steps whose candidates differ
-/// or take tensors of other shapes, a loss that isn't a scalar requiring grad.
+/// for candidates with parts marked inside them, one more (and its kept-takers twin) with their
+/// parts checkpointed too, and, for the "recomputed" options, more with every candidate
+/// checkpointed and some recomputing their outputs (up to L + 1 for chains of L). Each records, at
+/// every candidate's forward and backward boundaries, the live bytes, the peak since the last
+/// boundary and the time (docs/memory-model.md, "Any model"). The parameters' gradients, the
+/// buffers (BatchNorm statistics) and the RNG state are left as they were. Errors: a candidate
+/// reached twice in one step, a module candidate outside `model`, no candidate at all, steps whose
+/// candidates differ or take tensors of other shapes, a loss that isn't a scalar requiring grad.
 MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
                             const std::function<at::Tensor()>& loss_fn,
                             const ModelProfileOptions& options = {});
