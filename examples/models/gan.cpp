@@ -2,11 +2,15 @@
 // detached (the discriminator's step) and attached (the generator's step). The checkpointed run
 // cuts the generator into segments with ckpt::checkpoint_sequential and wraps the discriminator's
 // layers in place with apply_checkpointing; the discriminator's dropout masks are replayed in the
-// recompute. Both models stay identical to the plain run to the bit.
+// recompute. The planned run marks the discriminator's layers as candidates and runs its step
+// under a ckpt::PlannedModel, which plans each of the discriminator's two calls (on real samples,
+// then on generated ones) apart. Every model stays identical to the plain run's to the bit.
 
 #include <ckpt/ckpt.h>
 
 #include "same_training.h"
+
+#include <optional>
 
 namespace nn = torch::nn;
 
@@ -15,16 +19,19 @@ nn::Sequential make_generator() {
                         nn::BatchNorm1d(64), nn::ReLU(), nn::Linear(64, 48), nn::Tanh());
 }
 
-nn::Sequential make_discriminator(bool checkpointed) {
+enum class Run { plain, checkpointed, planned };
+
+nn::Sequential make_discriminator(Run run) {
   nn::Sequential model(nn::Linear(48, 64),
                        nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)), nn::Dropout(0.3),
                        nn::Linear(64, 1));
-  if (checkpointed) {
-    // The hidden layer and the dropout become regions; names stay "0.weight", "3.bias".
-    ckpt::apply_checkpointing(*model, [](const std::string& name, const nn::Module&) {
-      return name == "0" || name == "2";
-    });
-  }
+  // The hidden layer and the dropout become regions, or candidates a planner chooses for; names
+  // stay "0.weight", "3.bias".
+  const auto hidden = [](const std::string& name, const nn::Module&) {
+    return name == "0" || name == "2";
+  };
+  if (run == Run::checkpointed) ckpt::apply_checkpointing(*model, hidden);
+  if (run == Run::planned) ckpt::apply_candidates(*model, hidden);
   return model;
 }
 
@@ -35,18 +42,22 @@ nn::Sequential on(nn::Sequential model, const torch::Device& device) {
 }
 
 struct Gan {
-  Gan(bool checkpointed, const torch::Device& device)
+  Gan(Run run, const torch::Device& device)
       : generator(on(make_generator(), device)),
-        discriminator(on(make_discriminator(checkpointed), device)),
+        discriminator(on(make_discriminator(run), device)),
         generator_optimizer(generator->parameters(),
                             torch::optim::AdamOptions(2e-4).betas({0.5, 0.999})),
         discriminator_optimizer(discriminator->parameters(),
                                 torch::optim::AdamOptions(2e-4).betas({0.5, 0.999})),
-        checkpointed(checkpointed) {}
+        run(run) {
+    // The discriminator's step in the least memory any plan needs; the generator's step runs
+    // the candidates plainly (no planner at work there).
+    if (run == Run::planned) planned_step.emplace(discriminator.ptr(), ckpt::Budget::minimum());
+  }
 
   torch::Tensor generate(const torch::Tensor& noise) {
-    return checkpointed ? ckpt::checkpoint_sequential(generator, /*segments=*/3, noise)
-                        : generator->forward(noise);
+    return run == Run::checkpointed ? ckpt::checkpoint_sequential(generator, /*segments=*/3, noise)
+                                    : generator->forward(noise);
   }
 
   // One step of each model; returns both losses.
@@ -58,8 +69,11 @@ struct Gan {
     };
     discriminator_optimizer.zero_grad();
     const auto fake = generate(noise);
-    auto d_loss =
-        bce(discriminator->forward(real), 1.0f) + bce(discriminator->forward(fake.detach()), 0.0f);
+    const auto discriminator_loss = [&] {
+      return bce(discriminator->forward(real), 1.0f) +
+             bce(discriminator->forward(fake.detach()), 0.0f);
+    };
+    auto d_loss = planned_step ? planned_step->run(discriminator_loss) : discriminator_loss();
     d_loss.backward();
     discriminator_optimizer.step();
 
@@ -72,15 +86,19 @@ struct Gan {
 
   nn::Sequential generator, discriminator;
   torch::optim::Adam generator_optimizer, discriminator_optimizer;
-  bool checkpointed;
+  Run run;
+  std::optional<ckpt::PlannedModel> planned_step;
 };
 
 int main(int argc, char** argv) {
   const torch::Device device = examples::device_from_arguments(argc, argv);
   torch::manual_seed(0);
-  Gan plain(false, device), checkpointed(true, device);
-  examples::copy_state(*plain.generator, *checkpointed.generator);
-  examples::copy_state(*plain.discriminator, *checkpointed.discriminator);
+  Gan plain(Run::plain, device), checkpointed(Run::checkpointed, device),
+      planned(Run::planned, device);
+  for (Gan* copy : {&checkpointed, &planned}) {
+    examples::copy_state(*plain.generator, *copy->generator);
+    examples::copy_state(*plain.discriminator, *copy->discriminator);
+  }
 
   bool ok = true;
   for (int step = 0; step < 5; ++step) {
@@ -88,12 +106,14 @@ int main(int argc, char** argv) {
     const auto noise = torch::randn({12, 16}).to(device);
     torch::manual_seed(300 + step);
     const auto [plain_d, plain_g] = plain.step(real, noise);
-    torch::manual_seed(300 + step);
-    const auto [checkpointed_d, checkpointed_g] = checkpointed.step(real, noise);
-    ok &= examples::same("discriminator loss", plain_d, checkpointed_d);
-    ok &= examples::same("generator loss", plain_g, checkpointed_g);
-    ok &= examples::same_state(*plain.generator, *checkpointed.generator);
-    ok &= examples::same_state(*plain.discriminator, *checkpointed.discriminator);
+    for (Gan* copy : {&checkpointed, &planned}) {
+      torch::manual_seed(300 + step);
+      const auto [copy_d, copy_g] = copy->step(real, noise);
+      ok &= examples::same("discriminator loss", plain_d, copy_d);
+      ok &= examples::same("generator loss", plain_g, copy_g);
+      ok &= examples::same_state(*plain.generator, *copy->generator);
+      ok &= examples::same_state(*plain.discriminator, *copy->discriminator);
+    }
     std::cout << "step " << step << "  D " << plain_d.item<float>() << "  G "
               << plain_g.item<float>() << (ok ? "  identical\n" : "  DIFFERENT\n");
   }

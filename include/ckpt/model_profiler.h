@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace ckpt {
@@ -116,10 +117,11 @@ struct MeasuredModel {
 /// parts checkpointed too, and, for the "recomputed" options, more with every candidate
 /// checkpointed and some recomputing their outputs (up to L + 1 for chains of L). Each records, at
 /// every candidate's forward and backward boundaries, the live bytes, the peak since the last
-/// boundary and the time (docs/memory-model.md, "Any model"). The parameters' gradients, the
-/// buffers (BatchNorm statistics) and the RNG state are left as they were. Errors: a candidate
-/// reached twice in one step, a module candidate outside `model`, no candidate at all, steps whose
-/// candidates differ or take tensors of other shapes, a loss that isn't a scalar requiring grad.
+/// boundary and the time (docs/memory-model.md, "Any model"). A candidate reached again in the
+/// step is a candidate of its own, named after its call ("d.0#2": `detail::CandidateCalls`). The
+/// parameters' gradients, the buffers (BatchNorm statistics) and the RNG state are left as they
+/// were. Errors: a module candidate outside `model`, no candidate at all, steps whose candidates
+/// differ or take tensors of other shapes, a loss that isn't a scalar requiring grad.
 MeasuredModel profile_model(const std::shared_ptr<torch::nn::Module>& model,
                             const std::function<at::Tensor()>& loss_fn,
                             const ModelProfileOptions& options = {});
@@ -181,6 +183,24 @@ class CandidateNames {
 
  private:
   std::unordered_map<const torch::nn::Module*, std::string> paths_;
+};
+
+/// Names the candidates of one step in the order the step reaches them. A candidate reached again
+/// in the same step (a discriminator applied to real and to generated samples, a layer whose
+/// weights several depths share) is a candidate of its own, named after its call: "d.0", then
+/// "d.0#2", "d.0#3". The profiler and `PlannedModel` name a step's calls alike, so that a plan
+/// finds each call again.
+class CandidateCalls {
+ public:
+  explicit CandidateCalls(const CandidateNames& names) : names_(names) {}
+  /// The name of this call of candidate `name` (`CandidateNames::resolve`'s): that name at its
+  /// first call, numbered after it at later ones, never a name an earlier call took.
+  std::string name(const std::string& name, const torch::nn::Module* module);
+
+ private:
+  const CandidateNames& names_;
+  std::unordered_set<std::string> taken_;
+  std::unordered_map<std::string, int> later_calls_;  // by name: the later calls numbered so far
 };
 
 /// Raises the error for a step function whose result is not the step's loss (one number that

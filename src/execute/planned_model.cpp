@@ -142,7 +142,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   Runner(const Plan& plan, const detail::CandidateNames& names,
          detail::ManualOffloadScope& offloads)
       : plan_(plan),
-        names_(names),
+        calls_(names),
         offloads_(offloads),
         groups_(std::make_shared<Groups>(plan.regions.size())),
         first_taker_(plan.regions.size(), -1) {}
@@ -150,7 +150,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
                                          std::vector<at::Tensor>& inputs,
                                          detail::RegionRequest& request) override {
-    const std::string resolved = names_.resolve(name, module);
+    const std::string resolved = calls_.name(name, module);
     const auto& expected = plan_.measured.candidates;
     if (next_ >= expected.size()) {
       throw PlanMismatch(c10::str("the step reached candidate \"", resolved, "\" after the ",
@@ -272,7 +272,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   using Groups = std::vector<std::weak_ptr<detail::OffloadGroup>>;  // by candidate
 
   const Plan& plan_;
-  const detail::CandidateNames& names_;
+  detail::CandidateCalls calls_;
   detail::ManualOffloadScope& offloads_;
   std::shared_ptr<Groups> groups_;  // the step's offloaded candidates' data, for its backward
   // Under a report: the running candidate's first region, and if it runs plainly, what it holds.

@@ -61,6 +61,17 @@ std::string CandidateNames::resolve(const std::string& name,
   return found->second.empty() ? name : found->second + "." + name;
 }
 
+std::string CandidateCalls::name(const std::string& name, const torch::nn::Module* module) {
+  const std::string resolved = names_.resolve(name, module);
+  if (taken_.insert(resolved).second) return resolved;
+  int& later = later_calls_[resolved];
+  std::string numbered;
+  do {  // past a number a candidate named so took already
+    numbered = resolved + "#" + std::to_string(++later + 1);
+  } while (!taken_.insert(numbered).second);
+  return numbered;
+}
+
 }  // namespace detail
 
 void detail::check_step_loss(const at::Tensor& loss) {

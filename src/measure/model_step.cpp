@@ -57,7 +57,7 @@ class NotingHooks final : public torch::autograd::SavedVariableHooks {
 class StepRecorder final : public detail::CandidateRunner {
  public:
   StepRecorder(const detail::CandidateNames& names, StepRun run, std::shared_ptr<StepRecord> record)
-      : names_(names), run_(std::move(run)), record_(std::move(record)) {}
+      : calls_(names), run_(std::move(run)), record_(std::move(record)) {}
   // The step is over: the saved tensors passed through are let go of.
   ~StepRecorder() override { saved_->tensors.clear(); }
   StepRecorder(const StepRecorder&) = delete;
@@ -69,12 +69,7 @@ class StepRecorder final : public detail::CandidateRunner {
   std::optional<CheckpointOptions> begin(const std::string& name, const torch::nn::Module* module,
                                          std::vector<at::Tensor>& inputs,
                                          detail::RegionRequest& request) override {
-    const std::string resolved = names_.resolve(name, module);
-    TORCH_CHECK(seen_.insert(resolved).second, "ckpt::candidate: \"", resolved,
-                "\" is reached twice in one step. A candidate is one call: give each call its "
-                "own name (ckpt::candidate(\"name\", fn, args...)), or mark the block that holds "
-                "both calls instead.");
-    const int index = add_candidate(resolved, inputs);
+    const int index = add_candidate(calls_.name(name, module), inputs);
     if (run_.trial != nullptr) run_.trial->request(index, inputs, request);
     record_->record(EventKind::ForwardBegin, index);
     for (auto& t : inputs) {
@@ -209,10 +204,9 @@ class StepRecorder final : public detail::CandidateRunner {
     return index;
   }
 
-  const detail::CandidateNames& names_;
+  detail::CandidateCalls calls_;
   StepRun run_;
   std::shared_ptr<StepRecord> record_;
-  std::unordered_set<std::string> seen_;
   int current_ = -1;
   bool offloaded_ = false;  // the current candidate runs as an offloaded region
   detail::ManualOffloadScope* offloads_ = nullptr;

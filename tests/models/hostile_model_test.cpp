@@ -370,4 +370,70 @@ TEST(HostileModelTest, BlocksMarkedOverTheirPartsRunLikeThePlainStepUnderEveryPl
       blocks.ptr(), [&] { return blocks->forward(x).pow(2).mean(); }, 30);
 }
 
+// Candidates reached more than once in a step, each call a candidate of its own: a GAN's
+// discriminator (its elements marked with `apply_candidates`: dropout, BatchNorm) applied to real
+// samples and to the generator's, a layer whose weights three depths share, and a block with parts
+// marked inside it called twice, the second time on the first call's output.
+struct TwoCallsImpl : torch::nn::Module {
+  torch::nn::Sequential generator{nullptr}, discriminator{nullptr};
+  torch::nn::Linear tied{nullptr};
+  PartsBlock twice{nullptr};
+
+  TwoCallsImpl() {
+    generator = register_module(
+        "generator", torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::Tanh()));
+    discriminator = register_module(
+        "discriminator", torch::nn::Sequential(torch::nn::Linear(64, 96), torch::nn::LeakyReLU(),
+                                               torch::nn::Dropout(0.2), torch::nn::Linear(96, 96),
+                                               torch::nn::BatchNorm1d(96), torch::nn::LeakyReLU(),
+                                               torch::nn::Linear(96, 1)));
+    ckpt::apply_candidates(*discriminator,
+                           [](const std::string&, const torch::nn::Module&) { return true; });
+    tied = register_module("tied", torch::nn::Linear(64, 64));
+    twice = register_module("twice", PartsBlock());
+  }
+
+  torch::Tensor forward(const torch::Tensor& real, const torch::Tensor& noise) {
+    torch::Tensor fake = ckpt::candidate(generator, noise);
+    for (int depth = 0; depth < 3; ++depth) fake = fake + ckpt::candidate(tied, fake).tanh();
+    fake = ckpt::candidate(twice, ckpt::candidate(twice, fake));
+    return torch::softplus(-discriminator->forward(real)).mean() +
+           torch::softplus(discriminator->forward(fake)).mean();
+  }
+};
+TORCH_MODULE(TwoCalls);
+
+TEST(HostileModelTest, CandidatesReachedMoreThanOnceRunLikeThePlainStepUnderEveryPlan) {
+  torch::manual_seed(0);
+  TwoCalls model;
+  const torch::Tensor real = torch::randn({128, 64});
+  const torch::Tensor noise = torch::randn({128, 16});
+  const LossFn loss_fn = [&] { return model->forward(real, noise); };
+  const ckpt::MeasuredModel measured = ckpt::profile_model(model.ptr(), loss_fn);
+  std::vector<std::string> names;
+  for (const auto& candidate : measured.candidates) names.push_back(candidate.name);
+  const std::vector<std::string> expected = {"generator",
+                                             "tied",
+                                             "tied#2",
+                                             "tied#3",
+                                             "twice",
+                                             "twice#2",
+                                             "discriminator.0",
+                                             "discriminator.1",
+                                             "discriminator.2",
+                                             "discriminator.3",
+                                             "discriminator.4",
+                                             "discriminator.5",
+                                             "discriminator.6",
+                                             "discriminator.0#2",
+                                             "discriminator.1#2",
+                                             "discriminator.2#2",
+                                             "discriminator.3#2",
+                                             "discriminator.4#2",
+                                             "discriminator.5#2",
+                                             "discriminator.6#2"};
+  EXPECT_EQ(names, expected);
+  expect_every_plan_is_the_plain_step(model.ptr(), loss_fn, 30);
+}
+
 }  // namespace hostile_model_test

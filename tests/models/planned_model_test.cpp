@@ -1317,17 +1317,86 @@ struct PlannedModelErrorTest : PlannedModelTest {
   }
 };
 
-TEST_F(PlannedModelErrorTest, ACandidateReachedTwiceIsAnError) {
+TEST_F(PlannedModelErrorTest, ACandidateReachedTwiceIsACandidatePerCall) {
   model->b_twice = true;
+  const StepResult plain = measured_step(*model, loss_fn);
+  ckpt::test::restore_buffers(*model, buffers_before);
   ckpt::PlannedModel planned(model, ckpt::Budget::minimum());
-  try {
-    planned.run(loss_fn);
-    FAIL() << "expected an error";
-  } catch (const c10::Error& e) {
-    EXPECT_TRUE(has(e.what(), "\"b\" is reached twice in one step")) << e.what();
+  planned.plan(loss_fn);
+  std::vector<std::string> names;
+  for (const auto& candidate : planned.measured().candidates) names.push_back(candidate.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "b", "b#2"}));
+  expect_same_step(plain, measured_step(*model, [&] { return planned.run(loss_fn); }));
+}
+
+TEST(CandidateCallsTest, LaterCallsAreNumberedPastEveryNameTakenBefore) {
+  const auto root = std::make_shared<torch::nn::Module>();
+  const ckpt::detail::CandidateNames paths(*root);
+  ckpt::detail::CandidateCalls calls(paths);
+  std::vector<std::string> names;
+  for (const char* name : {"b#2", "a", "b", "b", "a", "b", "b#2"})
+    names.push_back(calls.name(name, nullptr));
+  EXPECT_EQ(names, (std::vector<std::string>{"b#2", "a", "b", "b#3", "a#2", "b#4", "b#2#2"}));
+}
+
+// A GAN's generator step: the discriminator, its blocks marked, applied to real samples and to
+// the generator's.
+struct DiscriminatorBlockImpl : torch::nn::Module {
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+
+  DiscriminatorBlockImpl(int64_t inputs, int64_t width) {
+    in = register_module("in", torch::nn::Linear(inputs, width));
+    norm = register_module("norm", torch::nn::BatchNorm1d(width));
+    out = register_module("out", torch::nn::Linear(width, width));
   }
-  EXPECT_FALSE(planned.planned());
-  expect_model_untouched();
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::leaky_relu(out(torch::leaky_relu(norm(in(x)), 0.2)), 0.2);
+  }
+};
+TORCH_MODULE(DiscriminatorBlock);
+
+struct GanStepImpl : torch::nn::Module {
+  torch::nn::Sequential generator{nullptr}, discriminator{nullptr};
+  torch::Tensor real, noise;
+
+  GanStepImpl() {
+    generator = register_module(
+        "generator", torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::ReLU(),
+                                           torch::nn::Linear(256, 256), torch::nn::Tanh()));
+    discriminator =
+        register_module("discriminator", torch::nn::Sequential(DiscriminatorBlock(256, 256),
+                                                               DiscriminatorBlock(256, 256),
+                                                               torch::nn::Linear(256, 1)));
+    ckpt::apply_candidates(*discriminator, [](const std::string& name, const torch::nn::Module&) {
+      return name == "0" || name == "1";
+    });
+    real = torch::randn({1024, 256});
+    noise = torch::randn({1024, 32});
+  }
+  torch::Tensor forward() {
+    const torch::Tensor fake = ckpt::candidate(generator, noise);
+    return torch::softplus(-discriminator->forward(real)).mean() +
+           torch::softplus(discriminator->forward(fake)).mean();
+  }
+};
+TORCH_MODULE(GanStep);
+
+TEST_F(PlannedModelTest, AGanStepIsPlannedForEachCallOfItsDiscriminator) {
+  expect_planned_like_plain_at_every_budget<GanStep>(
+      [] {
+        torch::manual_seed(0);
+        return GanStep();
+      },
+      [](GanStep& model) { return model->forward(); });
+  torch::manual_seed(0);
+  GanStep model;
+  ckpt::PlannedModel planned(model.ptr(), ckpt::Budget::minimum());
+  planned.plan([&] { return model->forward(); });
+  EXPECT_EQ(planned.measured().candidates.size(), 5U);
+  // Each call has a plan of its own: the first call's blocks are not kept while the second runs.
+  EXPECT_NE(planned.mode_of("discriminator.0"), "stored") << planned.summary();
+  EXPECT_NE(planned.mode_of("discriminator.0#2"), "stored") << planned.summary();
 }
 
 TEST_F(PlannedModelErrorTest, ProfilingLeavesGradientsBuffersAndRandomStreamAsTheyWere) {
