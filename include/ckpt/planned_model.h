@@ -97,7 +97,9 @@ struct PlannedModelOptions {
 /// step's memory timeline, docs/memory-model.md "Any model"), solves for the fastest storage mode
 /// of each candidate whose predicted peak fits the budget, and runs the step so. Later steps run
 /// the same plan: a step whose candidates or their input shapes grow or change is re-planned or
-/// refused (`PlannedModelOptions::on_input_change`), never run on a stale plan. Gradients and
+/// refused (`PlannedModelOptions::on_input_change`), never run on a stale plan; the last three
+/// plans re-planning replaced are kept, and a step one of them was made for runs under it again
+/// without profiling (batches of a few sizes, sequences of a few lengths). Gradients and
 /// buffers are those of the plain step; RNG is replayed. Percentages are of the plain step's
 /// measured peak; "min" is the smallest feasible budget; a budget below it raises
 /// `InfeasibleBudget`, which carries it; at a budget that holds the plain step, a plan
@@ -145,9 +147,10 @@ class PlannedModel {
       return at::Tensor(loss(output));
     }));
   }
-  /// Profiles the step `loss_fn` (running it several times, state put back) and solves.
+  /// Profiles the step `loss_fn` (running it several times, state put back) and solves; the plans
+  /// kept for other steps go.
   void plan(const std::function<at::Tensor()>& loss_fn);
-  /// Solves for a given measurement instead of profiling.
+  /// Solves for a given measurement instead of profiling; the plans kept for other steps go.
   void plan(MeasuredModel measured);
 
   bool planned() const { return plan_.has_value(); }
@@ -155,7 +158,8 @@ class PlannedModel {
   const MeasuredModel& measured() const;
   /// The chosen option of each candidate and its prediction.
   const plan::ModelPlan& solution() const;
-  /// The storage mode of candidate `name` ("stored", "checkpointed", ...).
+  /// The storage mode of candidate `name` ("stored", "checkpointed", ...; a later call of a
+  /// candidate the step reaches more than once is named after its call: "d.0#2").
   const std::string& mode_of(const std::string& name) const;
   /// The budget in bytes the plan was solved for.
   int64_t budget_bytes() const;
@@ -190,6 +194,8 @@ class PlannedModel {
   void replan_for_less(c10::OutOfMemoryError& error, std::optional<int64_t> held_bytes,
                        bool in_backward);
   at::Tensor run_planned(const std::function<at::Tensor()>& loss_fn);
+  // Profiles the step `loss_fn` and solves: the plan, not yet the current one.
+  Plan profile_and_solve(const std::function<at::Tensor()>& loss_fn) const;
   // Whether some plan of `profile`'s options fits the budget, its headroom included.
   bool fits_budget(const plan::ModelProfile& profile) const;
   // Solves `measured` for `budget`: the plan, not yet the current one.
@@ -200,6 +206,7 @@ class PlannedModel {
   Budget budget_;
   PlannedModelOptions options_;
   std::optional<Plan> plan_;
+  std::vector<Plan> other_plans_;  // made for steps that reached other candidates or shapes
 };
 
 }  // namespace ckpt

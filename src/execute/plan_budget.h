@@ -3,7 +3,7 @@
 // What both planners (`PlannedSequential` and `PlannedModel`) do the same way around their
 // solvers: resolve the budget asked for against the plain step's peak and the smallest plan's,
 // with headroom; answer a budget no plan fits; plan for less after the device ran out of memory;
-// and decide what an input the plan was not made for does.
+// decide what an input the plan was not made for does, and keep the plans made for other inputs.
 
 #include <ckpt/planned_sequential.h>
 
@@ -15,6 +15,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ckpt {
@@ -86,6 +87,32 @@ struct StepConditions {
   /// `model_name` ("the chain"); empty where nothing does.
   std::string change_from(const StepConditions& planned, const char* model_name) const;
 };
+
+/// How many plans for other inputs a planner keeps beside its current one.
+constexpr size_t kOtherPlansKept = 3;
+
+/// Keeps `plan`, made for an input the step no longer runs, among `others` (the oldest goes
+/// where `kOtherPlansKept` are kept already): a step on that input again runs it without
+/// profiling (batches of a few sizes, sequences of a few lengths).
+template <class Plan>
+void keep_other_plan(std::vector<Plan>& others, Plan plan) {
+  if (others.size() == kOtherPlansKept) others.erase(others.begin());
+  others.push_back(std::move(plan));
+}
+
+/// Makes the first of `others` that `fits` accepts the current plan (`fits` is called with it in
+/// `current`), keeping the one it replaces in its place; false, with `current` as it was, where
+/// none does.
+template <class Plan, class Fits>
+bool switch_to_other_plan(std::vector<Plan>& others, Plan& current, const Fits& fits) {
+  using std::swap;
+  for (Plan& other : others) {
+    swap(other, current);
+    if (fits(current)) return true;
+    swap(other, current);
+  }
+  return false;
+}
 
 /// What a step whose input the plan was not made for does (`change` says how it differs):
 /// raises an error that ends with `advice` under InputChange::Error, and warns that the step

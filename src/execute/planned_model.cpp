@@ -315,13 +315,22 @@ at::Tensor PlannedModel::run_checked(const std::function<at::Tensor()>& loss_fn)
     return run_planned(loss_fn);
   };
   std::string change;
-  if (std::optional<at::Tensor> loss = run_or_put_back(model_, step, change)) return *loss;
+  std::optional<at::Tensor> loss = run_or_put_back(model_, step, change);
+  // A plan kept for another step may be this one's: a mismatch puts the state back again.
+  const auto runs_the_step = [&](const Plan& /*current*/) {
+    std::string other_change;
+    loss = run_or_put_back(model_, step, other_change);
+    return loss.has_value();
+  };
+  if (loss || detail::switch_to_other_plan(other_plans_, *plan_, runs_the_step)) return *loss;
   detail::on_input_change("ckpt::PlannedModel", options_.on_input_change(), change,
                           "The step did not run and the model's state is as it was. Plan with the "
                           "largest input (plan(loss_fn)), or let it re-plan: "
                           "PlannedModelOptions().on_input_change(InputChange::Replan).");
-  plan(loss_fn);
-  if (std::optional<at::Tensor> loss = run_or_put_back(model_, step, change)) return *loss;
+  Plan next = profile_and_solve(loss_fn);
+  detail::keep_other_plan(other_plans_, std::move(*plan_));
+  plan_ = std::move(next);
+  if ((loss = run_or_put_back(model_, step, change))) return *loss;
   TORCH_CHECK(false, "ckpt::PlannedModel: ", change,
               " right after profiling the same step: the model's candidates change from one "
               "forward to the next. Mark only blocks that every step reaches in the same order.");
@@ -422,6 +431,7 @@ void PlannedModel::replan_for_less(c10::OutOfMemoryError& error, std::optional<i
   smaller->conditions = failed.conditions;
   budget_ = Budget::bytes(smaller_budget);  // later plans (a changed input) stay as small
   plan_ = std::move(smaller);
+  other_plans_.clear();  // made for the budget before
 }
 
 at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn) {
@@ -440,6 +450,17 @@ at::Tensor PlannedModel::run_planned(const std::function<at::Tensor()>& loss_fn)
 }
 
 void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
+  plan_ = profile_and_solve(loss_fn);
+  other_plans_.clear();
+}
+
+void PlannedModel::plan(MeasuredModel measured) {
+  plan_ = make_plan(std::move(measured), budget_);
+  other_plans_.clear();
+}
+
+PlannedModel::Plan PlannedModel::profile_and_solve(
+    const std::function<at::Tensor()>& loss_fn) const {
   ModelProfiler profiler(model_, loss_fn,
                          ModelProfileOptions()
                              .storage_modes(options_.storage_modes())
@@ -460,14 +481,11 @@ void PlannedModel::plan(const std::function<at::Tensor()>& loss_fn) {
     profiler.measure_more(loss_fn);
     measured.reset();
   }
-  plan(measured ? std::move(*measured) : profiler.measured());
+  Plan next = make_plan(measured ? std::move(*measured) : profiler.measured(), budget_);
   // Profiling left the model as it found it.
-  plan_->conditions = std::make_shared<const detail::StepConditions>(
-      detail::StepConditions::current(*model_, plan_->measured.device.type()));
-}
-
-void PlannedModel::plan(MeasuredModel measured) {
-  plan_ = make_plan(std::move(measured), budget_);
+  next.conditions = std::make_shared<const detail::StepConditions>(
+      detail::StepConditions::current(*model_, next.measured.device.type()));
+  return next;
 }
 
 bool PlannedModel::fits_budget(const plan::ModelProfile& profile) const {

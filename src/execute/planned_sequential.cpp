@@ -446,11 +446,9 @@ std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::plan_for(
     return plan.input->holds(input) && *plan.conditions == now;
   };
   if (plan_ && holds(*plan_)) return plan_;
-  for (auto& other : other_plans_) {
-    if (!holds(*other)) continue;
-    std::swap(other, plan_);
+  if (detail::switch_to_other_plan(other_plans_, plan_,
+                                   [&](const auto& other) { return holds(*other); }))
     return plan_;
-  }
   if (plan_) {
     const std::string conditions = now.change_from(*plan_->conditions, "the chain");
     const auto [change, advice] =
@@ -461,9 +459,7 @@ std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::plan_for(
                   "Plan under the conditions the steps run in, or set "
                   "PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan).");
     detail::on_input_change("ckpt::PlannedSequential", options.on_input_change(), change, advice);
-    constexpr size_t kOtherPlans = 3;
-    if (other_plans_.size() == kOtherPlans) other_plans_.erase(other_plans_.begin());
-    other_plans_.push_back(std::move(plan_));
+    detail::keep_other_plan(other_plans_, std::move(plan_));
   }
   plan_ = measure_and_solve(input);
   return plan_;

@@ -1548,6 +1548,56 @@ TEST_F(PlannedModelErrorTest, ALargerInputIsPlannedForAgain) {
             (std::vector<int64_t>{12, 16}));
 }
 
+// Steps that reach three sets of candidates in turn (b once, not at all, twice: a loop of
+// varying length): each is profiled once, its plan kept while the others run, and a step that
+// reaches that set again runs its plan without profiling or a warning, as the plain step runs.
+// (A smaller batch needs no plan of its own: the plan of a larger one holds it.)
+TEST_F(PlannedModelErrorTest, StepsThatReachCandidatesPlannedForBeforeRunTheirKeptPlans) {
+  int calls = 0;
+  const LossFn counted = [&] {
+    ++calls;
+    return loss_fn();
+  };
+  ckpt::PlannedModel planned(model, ckpt::Budget::minimum());
+  const auto reach = [&](int b_calls) {
+    model->reach_b = b_calls > 0;
+    model->b_twice = b_calls > 1;
+  };
+  const std::vector<int> b_calls = {1, 0, 2, 1, 0, 2, 0, 1};
+  for (size_t step = 0; step < b_calls.size(); ++step) {
+    SCOPED_TRACE("step " + std::to_string(step) + ", b reached " + std::to_string(b_calls[step]) +
+                 " times");
+    reach(b_calls[step]);
+    torch::manual_seed(static_cast<uint64_t>(step));
+    x = torch::randn({8, 16});
+    const std::vector<torch::Tensor> buffers = buffers_of(*model);
+    const StepResult plain = measured_step(*model, loss_fn);
+    ckpt::test::restore_buffers(*model, buffers);
+    calls = 0;
+    ckpt::test::WarningCapture warnings;
+    expect_same_step(plain, measured_step(*model, [&] { return planned.run(counted); }));
+    EXPECT_EQ(planned.measured().candidates.size(), static_cast<size_t>(1 + b_calls[step]));
+    if (step < 3) {  // profiled: several steps, and a warning from the second set on
+      EXPECT_GT(calls, 3);
+      EXPECT_EQ(warnings.contains("planning again"), step > 0);
+    } else {  // the current plan's step stops where it differs, then a kept plan runs
+      EXPECT_LE(calls, 3);
+      EXPECT_FALSE(warnings.contains("planning again"));
+    }
+  }
+  // Three plans are kept beside the current one: two more sets drop one (b reached twice, here).
+  reach(1);
+  for (const int64_t batch : {12, 16}) {  // larger batches: plans of their own
+    x = torch::randn({batch, 16});
+    planned.run(loss_fn);
+  }
+  reach(2);
+  x = torch::randn({8, 16});
+  calls = 0;
+  planned.run(counted);
+  EXPECT_GT(calls, 3);
+}
+
 // Profiled with the model in eval, a plan ran in training, where dropout and batch norm keep
 // other tensors for the backward, with nothing said: modes other than the profiled ones are
 // refused with the state as it was, or planned for again.
