@@ -39,7 +39,9 @@ struct TensorShape {
   static TensorShape of(const at::Tensor& tensor);
   /// Whether `tensor` needs no more memory than this: same dtype, device and number of
   /// dimensions, no dimension larger, and not requiring grad where this did not.
-  bool holds(const at::Tensor& tensor) const;
+  bool holds(const at::Tensor& tensor) const { return holds(of(tensor)); }
+  /// The same for a tensor of shape `shape`.
+  bool holds(const TensorShape& shape) const;
   std::string to_string() const;
 };
 

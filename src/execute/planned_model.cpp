@@ -31,41 +31,62 @@ namespace {
 
 // A step whose candidates are not those the plan was made for; `what` says what changed.
 struct PlanMismatch : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit PlanMismatch(const std::string& what, std::vector<ProfiledCandidate> reached = {},
+                        bool step_ended = false)
+      : std::runtime_error(what), reached(std::move(reached)), step_ended(step_ended) {}
+
+  // The candidates the step reached up to where it differed (that one included), and whether
+  // it ended there: then they are all of its candidates.
+  std::vector<ProfiledCandidate> reached;
+  bool step_ended = false;
 };
 
-std::string first_mismatch(const ProfiledCandidate& expected, const std::string& name,
-                           const std::vector<at::Tensor>& inputs) {
+// Empty where candidate `reached` is the profiled one `expected`, taking no larger inputs; else
+// what differs.
+std::string first_mismatch(const ProfiledCandidate& expected, const ProfiledCandidate& reached) {
+  const std::string& name = reached.name;
   if (expected.name != name) {
     return c10::str("the step reached candidate \"", name, "\" where the profiled step reached \"",
                     expected.name, "\"");
   }
-  if (inputs.size() != expected.inputs.size()) {
-    return c10::str("candidate \"", name, "\" took ", inputs.size(),
+  if (reached.inputs.size() != expected.inputs.size()) {
+    return c10::str("candidate \"", name, "\" took ", reached.inputs.size(),
                     " tensors where the profiled step gave it ", expected.inputs.size());
   }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (expected.inputs[i].holds(inputs[i])) continue;
-    return c10::str("input ", i, " of candidate \"", name, "\" is ",
-                    TensorShape::of(inputs[i]).to_string(), " where the plan was profiled with ",
-                    expected.inputs[i].to_string());
+  for (size_t i = 0; i < reached.inputs.size(); ++i) {
+    if (expected.inputs[i].holds(reached.inputs[i])) continue;
+    return c10::str("input ", i, " of candidate \"", name, "\" is ", reached.inputs[i].to_string(),
+                    " where the plan was profiled with ", expected.inputs[i].to_string());
   }
   return "";
 }
 
+// Whether a plan made for a step that reached `planned` may be the plan of the step `mismatch`
+// stopped: the same candidates as far as that step went (all of them, where it ended), taking
+// no larger inputs. (A mismatch of the step's conditions reached none: any plan may be.)
+bool may_fit(const std::vector<ProfiledCandidate>& planned, const PlanMismatch& mismatch) {
+  const std::vector<ProfiledCandidate>& reached = mismatch.reached;
+  if (planned.size() < reached.size() || (mismatch.step_ended && planned.size() > reached.size()))
+    return false;
+  for (size_t c = 0; c < reached.size(); ++c) {
+    if (!first_mismatch(planned[c], reached[c]).empty()) return false;
+  }
+  return true;
+}
+
 // Runs `step`, putting the model's buffers and the RNG back where it does not complete: none
-// (and `change` says what changed) where the step's candidates are not the plan's; an error of
+// (and `mismatch` says what changed) where the step's candidates are not the plan's; an error of
 // the step itself passes on.
 std::optional<at::Tensor> run_or_put_back(const std::shared_ptr<torch::nn::Module>& model,
                                           const std::function<at::Tensor()>& step,
-                                          std::string& change) {
+                                          std::optional<PlanMismatch>& mismatch) {
   detail::StepRollback rollback(model);  // the profiler holds the same (its copies count)
   try {
     at::Tensor loss = step();
     rollback.dismiss();
     return loss;
-  } catch (const PlanMismatch& mismatch) {
-    change = mismatch.what();
+  } catch (const PlanMismatch& caught) {
+    mismatch = caught;
   }
   return std::nullopt;
 }
@@ -151,13 +172,17 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
                                          std::vector<at::Tensor>& inputs,
                                          detail::RegionRequest& request) override {
     const std::string resolved = calls_.name(name, module);
+    ProfiledCandidate candidate{resolved, {}};
+    for (const auto& t : inputs) candidate.inputs.push_back(TensorShape::of(t));
+    reached_.push_back(std::move(candidate));
     const auto& expected = plan_.measured.candidates;
     if (next_ >= expected.size()) {
       throw PlanMismatch(c10::str("the step reached candidate \"", resolved, "\" after the ",
-                                  expected.size(), " candidates of the profiled step"));
+                                  expected.size(), " candidates of the profiled step"),
+                         reached_);
     }
-    const std::string mismatch = first_mismatch(expected[next_], resolved, inputs);
-    if (!mismatch.empty()) throw PlanMismatch(mismatch);
+    const std::string mismatch = first_mismatch(expected[next_], reached_.back());
+    if (!mismatch.empty()) throw PlanMismatch(mismatch, reached_);
     const size_t c = next_++;
     offloads_.take_last();  // a group that finished before it is not its own
     // Its region's memory and report are named after it: "blocks.3/region 1".
@@ -195,9 +220,10 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   void finish() {
     const auto& expected = plan_.measured.candidates;
     if (next_ != expected.size()) {
-      throw PlanMismatch(c10::str("the step reached ", next_, " of the ", expected.size(),
-                                  " candidates of the profiled step, not \"", expected[next_].name,
-                                  "\""));
+      throw PlanMismatch(
+          c10::str("the step reached ", next_, " of the ", expected.size(),
+                   " candidates of the profiled step, not \"", expected[next_].name, "\""),
+          reached_, /*step_ended=*/true);
     }
     report_held_outputs();
   }
@@ -286,6 +312,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
   };
   std::vector<CandidateOutput> outputs_;
   size_t next_ = 0;
+  std::vector<ProfiledCandidate> reached_;    // this step's candidates so far
   detail::RecomputableOutputs recomputable_;  // this step's "recomputed" candidates' outputs
   std::vector<int> first_taker_;              // by candidate: the first that took its outputs
   std::optional<MemoryLabel> label_;  // the running candidate's (candidates do not nest here)
@@ -314,24 +341,26 @@ at::Tensor PlannedModel::run_checked(const std::function<at::Tensor()>& loss_fn)
     }
     return run_planned(loss_fn);
   };
-  std::string change;
-  std::optional<at::Tensor> loss = run_or_put_back(model_, step, change);
-  // A plan kept for another step may be this one's: a mismatch puts the state back again.
-  const auto runs_the_step = [&](const Plan& /*current*/) {
-    std::string other_change;
-    loss = run_or_put_back(model_, step, other_change);
-    return loss.has_value();
+  std::optional<PlanMismatch> mismatch;
+  std::optional<at::Tensor> loss = run_or_put_back(model_, step, mismatch);
+  if (loss) return *loss;
+  // A plan kept for another step may be this one's: tried where it fits what the step reached
+  // (a mismatch puts the state back again).
+  const PlanMismatch change = *mismatch;
+  const auto runs_the_step = [&](const Plan& kept) {
+    return may_fit(kept.measured.candidates, change) &&
+           (loss = run_or_put_back(model_, step, mismatch)).has_value();
   };
-  if (loss || detail::switch_to_other_plan(other_plans_, *plan_, runs_the_step)) return *loss;
-  detail::on_input_change("ckpt::PlannedModel", options_.on_input_change(), change,
+  if (detail::switch_to_other_plan(other_plans_, *plan_, runs_the_step)) return *loss;
+  detail::on_input_change("ckpt::PlannedModel", options_.on_input_change(), change.what(),
                           "The step did not run and the model's state is as it was. Plan with the "
                           "largest input (plan(loss_fn)), or let it re-plan: "
                           "PlannedModelOptions().on_input_change(InputChange::Replan).");
   Plan next = profile_and_solve(loss_fn);
   detail::keep_other_plan(other_plans_, std::move(*plan_));
   plan_ = std::move(next);
-  if ((loss = run_or_put_back(model_, step, change))) return *loss;
-  TORCH_CHECK(false, "ckpt::PlannedModel: ", change,
+  if ((loss = run_or_put_back(model_, step, mismatch))) return *loss;
+  TORCH_CHECK(false, "ckpt::PlannedModel: ", mismatch->what(),
               " right after profiling the same step: the model's candidates change from one "
               "forward to the next. Mark only blocks that every step reaches in the same order.");
 }

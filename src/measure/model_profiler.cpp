@@ -21,13 +21,13 @@ TensorShape TensorShape::of(const at::Tensor& tensor) {
   return {tensor.sizes().vec(), tensor.scalar_type(), tensor.device(), tensor.requires_grad()};
 }
 
-bool TensorShape::holds(const at::Tensor& tensor) const {
-  if (!tensor.defined()) return dtype == c10::ScalarType::Undefined;
-  if (tensor.scalar_type() != dtype || tensor.device() != device) return false;
-  if (tensor.dim() != static_cast<int64_t>(sizes.size())) return false;
-  if (tensor.requires_grad() && !requires_grad) return false;
+bool TensorShape::holds(const TensorShape& shape) const {
+  if (shape.dtype == c10::ScalarType::Undefined) return dtype == c10::ScalarType::Undefined;
+  if (shape.dtype != dtype || shape.device != device) return false;
+  if (shape.sizes.size() != sizes.size()) return false;
+  if (shape.requires_grad && !requires_grad) return false;
   for (size_t d = 0; d < sizes.size(); ++d) {
-    if (tensor.size(static_cast<int64_t>(d)) > sizes[d]) return false;
+    if (shape.sizes[d] > sizes[d]) return false;
   }
   return true;
 }
