@@ -98,10 +98,10 @@ struct PlannedModelOptions {
 /// of each candidate whose predicted peak fits the budget, and runs the step so. Later steps run
 /// the same plan: a step whose candidates or their input shapes grow or change is re-planned or
 /// refused (`PlannedModelOptions::on_input_change`), never run on a stale plan; the last three
-/// plans re-planning replaced are kept, and a step one of them was made for runs under it again
-/// without profiling (batches of a few sizes, sequences of a few lengths). Gradients and
-/// buffers are those of the plain step; RNG is replayed. Percentages are of the plain step's
-/// measured peak; "min" is the smallest feasible budget; a budget below it raises
+/// plans re-planning replaced are kept (but those the new plan runs the steps of), and a step one
+/// of them was made for runs under it again without profiling (sequences of a few lengths).
+/// Gradients and buffers are those of the plain step; RNG is replayed. Percentages are of the
+/// plain step's measured peak; "min" is the smallest feasible budget; a budget below it raises
 /// `InfeasibleBudget`, which carries it; at a budget that holds the plain step, a plan
 /// predicted no faster than it runs the plain step (every candidate stored). One thread runs a
 /// `PlannedModel` at a time.

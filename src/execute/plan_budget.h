@@ -11,6 +11,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -91,13 +92,23 @@ struct StepConditions {
 /// How many plans for other inputs a planner keeps beside its current one.
 constexpr size_t kOtherPlansKept = 3;
 
-/// Keeps `plan`, made for an input the step no longer runs, among `others` (the oldest goes
-/// where `kOtherPlansKept` are kept already): a step on that input again runs it without
-/// profiling (batches of a few sizes, sequences of a few lengths).
-template <class Plan>
-void keep_other_plan(std::vector<Plan>& others, Plan plan) {
-  if (others.size() == kOtherPlansKept) others.erase(others.begin());
-  others.push_back(std::move(plan));
+/// Makes `next`, planned for an input the current plan was not made for, the current plan. The
+/// one it replaces is kept among `others` (the oldest goes where `kOtherPlansKept` are kept
+/// already), so that a step on its input again runs it without profiling (batches of a few
+/// sizes, sequences of a few lengths), unless `next` runs every step it was made for
+/// (`serves(next, plan)`: a plan for a larger batch runs a smaller one); kept plans that `next`
+/// serves go too.
+template <class Plan, class Serves>
+void replace_current_plan(std::vector<Plan>& others, Plan& current, Plan next,
+                          const Serves& serves) {
+  others.erase(std::remove_if(others.begin(), others.end(),
+                              [&](const Plan& kept) { return serves(next, kept); }),
+               others.end());
+  if (!serves(next, current)) {
+    if (others.size() == kOtherPlansKept) others.erase(others.begin());
+    others.push_back(std::move(current));
+  }
+  current = std::move(next);
 }
 
 /// Makes the first of `others` that `fits` accepts the current plan (`fits` is called with it in

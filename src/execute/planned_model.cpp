@@ -74,6 +74,16 @@ bool may_fit(const std::vector<ProfiledCandidate>& planned, const PlanMismatch& 
   return true;
 }
 
+// Whether plan `larger` runs every step `other` was made for: under the same conditions, the
+// same candidates, each taking no larger inputs (a plan for a larger batch runs a smaller one).
+template <class Plan>
+bool serves(const Plan& larger, const Plan& other) {
+  if (!larger.conditions || !other.conditions || !(*larger.conditions == *other.conditions))
+    return false;
+  return may_fit(larger.measured.candidates,
+                 PlanMismatch("", other.measured.candidates, /*step_ended=*/true));
+}
+
 // Runs `step`, putting the model's buffers and the RNG back where it does not complete: none
 // (and `mismatch` says what changed) where the step's candidates are not the plan's; an error of
 // the step itself passes on.
@@ -356,9 +366,7 @@ at::Tensor PlannedModel::run_checked(const std::function<at::Tensor()>& loss_fn)
                           "The step did not run and the model's state is as it was. Plan with the "
                           "largest input (plan(loss_fn)), or let it re-plan: "
                           "PlannedModelOptions().on_input_change(InputChange::Replan).");
-  Plan next = profile_and_solve(loss_fn);
-  detail::keep_other_plan(other_plans_, std::move(*plan_));
-  plan_ = std::move(next);
+  detail::replace_current_plan(other_plans_, *plan_, profile_and_solve(loss_fn), serves<Plan>);
   if ((loss = run_or_put_back(model_, step, mismatch))) return *loss;
   TORCH_CHECK(false, "ckpt::PlannedModel: ", mismatch->what(),
               " right after profiling the same step: the model's candidates change from one "

@@ -459,9 +459,18 @@ std::shared_ptr<const detail::ChainPlan> PlannedSequentialImpl::plan_for(
                   "Plan under the conditions the steps run in, or set "
                   "PlannedSequentialOptions().on_input_change(ckpt::InputChange::Replan).");
     detail::on_input_change("ckpt::PlannedSequential", options.on_input_change(), change, advice);
-    detail::keep_other_plan(other_plans_, std::move(plan_));
   }
-  plan_ = measure_and_solve(input);
+  std::shared_ptr<const detail::ChainPlan> next = measure_and_solve(input);
+  if (!plan_) {
+    plan_ = std::move(next);
+    return plan_;
+  }
+  // A plan for a larger input runs a smaller one under the same conditions.
+  const auto serves = [](const auto& larger, const auto& other) {
+    return other->input && larger->input->holds(*other->input) &&
+           *larger->conditions == *other->conditions;
+  };
+  detail::replace_current_plan(other_plans_, plan_, std::move(next), serves);
   return plan_;
 }
 
