@@ -50,6 +50,9 @@ struct ProfiledCandidate {
   std::string name;
   /// Its input tensors (undefined ones included, as an empty shape of dtype Undefined).
   std::vector<TensorShape> inputs;
+
+  /// Candidate `name` reached with `inputs`.
+  static ProfiledCandidate of(std::string name, const std::vector<at::Tensor>& inputs);
 };
 
 /// Options of `profile_model`.

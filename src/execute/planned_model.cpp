@@ -61,12 +61,12 @@ std::string first_mismatch(const ProfiledCandidate& expected, const ProfiledCand
   return "";
 }
 
-// Whether a plan made for a step that reached `planned` may be the plan of the step `mismatch`
-// stopped: the same candidates as far as that step went (all of them, where it ended), taking
-// no larger inputs. (A mismatch of the step's conditions reached none: any plan may be.)
-bool may_fit(const std::vector<ProfiledCandidate>& planned, const PlanMismatch& mismatch) {
-  const std::vector<ProfiledCandidate>& reached = mismatch.reached;
-  if (planned.size() < reached.size() || (mismatch.step_ended && planned.size() > reached.size()))
+// Whether a plan made for a step that reached `planned` may be the plan of a step that reached
+// `reached` (all its candidates where `all_reached`, else as far as it went): the same
+// candidates, each taking no larger inputs.
+bool fits_reached(const std::vector<ProfiledCandidate>& planned,
+                  const std::vector<ProfiledCandidate>& reached, bool all_reached) {
+  if (planned.size() < reached.size() || (all_reached && planned.size() > reached.size()))
     return false;
   for (size_t c = 0; c < reached.size(); ++c) {
     if (!first_mismatch(planned[c], reached[c]).empty()) return false;
@@ -78,10 +78,9 @@ bool may_fit(const std::vector<ProfiledCandidate>& planned, const PlanMismatch& 
 // same candidates, each taking no larger inputs (a plan for a larger batch runs a smaller one).
 template <class Plan>
 bool serves(const Plan& larger, const Plan& other) {
-  if (!larger.conditions || !other.conditions || !(*larger.conditions == *other.conditions))
-    return false;
-  return may_fit(larger.measured.candidates,
-                 PlanMismatch("", other.measured.candidates, /*step_ended=*/true));
+  return larger.conditions && other.conditions && *larger.conditions == *other.conditions &&
+         fits_reached(larger.measured.candidates, other.measured.candidates,
+                      /*all_reached=*/true);
 }
 
 // Runs `step`, putting the model's buffers and the RNG back where it does not complete: none
@@ -182,9 +181,7 @@ class PlannedModel::Runner final : public detail::CandidateRunner {
                                          std::vector<at::Tensor>& inputs,
                                          detail::RegionRequest& request) override {
     const std::string resolved = calls_.name(name, module);
-    ProfiledCandidate candidate{resolved, {}};
-    for (const auto& t : inputs) candidate.inputs.push_back(TensorShape::of(t));
-    reached_.push_back(std::move(candidate));
+    reached_.push_back(ProfiledCandidate::of(resolved, inputs));
     const auto& expected = plan_.measured.candidates;
     if (next_ >= expected.size()) {
       throw PlanMismatch(c10::str("the step reached candidate \"", resolved, "\" after the ",
@@ -358,7 +355,8 @@ at::Tensor PlannedModel::run_checked(const std::function<at::Tensor()>& loss_fn)
   // (a mismatch puts the state back again).
   const PlanMismatch change = *mismatch;
   const auto runs_the_step = [&](const Plan& kept) {
-    return may_fit(kept.measured.candidates, change) &&
+    // A mismatch of the step's conditions reached no candidate: any kept plan may be its.
+    return fits_reached(kept.measured.candidates, change.reached, change.step_ended) &&
            (loss = run_or_put_back(model_, step, mismatch)).has_value();
   };
   if (detail::switch_to_other_plan(other_plans_, *plan_, runs_the_step)) return *loss;

@@ -21,6 +21,13 @@ TensorShape TensorShape::of(const at::Tensor& tensor) {
   return {tensor.sizes().vec(), tensor.scalar_type(), tensor.device(), tensor.requires_grad()};
 }
 
+ProfiledCandidate ProfiledCandidate::of(std::string name, const std::vector<at::Tensor>& inputs) {
+  ProfiledCandidate candidate{std::move(name), {}};
+  candidate.inputs.reserve(inputs.size());
+  for (const auto& t : inputs) candidate.inputs.push_back(TensorShape::of(t));
+  return candidate;
+}
+
 bool TensorShape::holds(const TensorShape& shape) const {
   if (shape.dtype == c10::ScalarType::Undefined) return dtype == c10::ScalarType::Undefined;
   if (shape.dtype != dtype || shape.device != device) return false;

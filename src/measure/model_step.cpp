@@ -195,8 +195,7 @@ class StepRecorder final : public detail::CandidateRunner {
 
   int add_candidate(const std::string& name, const std::vector<at::Tensor>& inputs) {
     CandidateRecord c;
-    c.profiled.name = name;
-    for (const auto& t : inputs) c.profiled.inputs.push_back(TensorShape::of(t));
+    c.profiled = ProfiledCandidate::of(name, inputs);
     const std::lock_guard<std::mutex> lock(record_->mutex);
     record_->candidates.push_back(std::move(c));
     const int index = static_cast<int>(record_->candidates.size()) - 1;
